@@ -1,0 +1,53 @@
+"""Operator settings: command-line flags over environment variables over defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_DATA_DIR = "gateway-data"
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    database_url: str
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    envoy_admin_port: int = 0  # 0: Envoy picks a free port
+    max_request_bytes: int = 50 * 1024 * 1024
+
+    @property
+    def grpc_target(self) -> str:
+        return f"{self.grpc_host}:{self.grpc_port}"
+
+
+def sqlite_url(data_dir: Path) -> str:
+    return f"sqlite+aiosqlite:///{(data_dir / 'gateway.db').resolve()}"
+
+
+def load_settings(
+    data_dir: str | os.PathLike[str] | None = None,
+    database_url: str | None = None,
+    **overrides: object,
+) -> Settings:
+    """Resolve settings; `None` means "not given on the command line"."""
+    env = os.environ
+    folder = Path(data_dir or env.get("GATEWAY_DATA_DIR") or DEFAULT_DATA_DIR)
+    url = database_url or env.get("GATEWAY_DATABASE_URL") or sqlite_url(folder)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(data_dir=folder, database_url=normalize_database_url(url), **given)  # type: ignore[arg-type]
+
+
+def normalize_database_url(url: str) -> str:
+    """Accept the plain URLs operators write and pick the async driver for them."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        return "postgresql+asyncpg://" + url[len("postgresql://") :]
+    if url.startswith("sqlite:///"):
+        return "sqlite+aiosqlite:///" + url[len("sqlite:///") :]
+    return url

@@ -1,0 +1,117 @@
+"""Tables. Money is integer micro-dollars (1 USD = 1_000_000); time is UTC."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+
+class UtcDateTime(sa.types.TypeDecorator[datetime]):
+    """A datetime stored as UTC and always read back timezone-aware (SQLite drops the zone)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Account(SQLModel, table=True):
+    __tablename__ = "accounts"
+
+    id: str = Field(primary_key=True, max_length=40)
+    name: str = Field(max_length=255)
+    credits_purchased_micros: int = Field(default=0, sa_type=sa.BigInteger)
+    exempt_free_limits: bool = False
+    created_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class Workspace(SQLModel, table=True):
+    __tablename__ = "workspaces"
+
+    id: str = Field(primary_key=True, max_length=40)
+    account_id: str = Field(foreign_key="accounts.id", index=True, max_length=40)
+    name: str = Field(unique=True, max_length=255)
+    intern_programme: bool = False
+    vault_writes_disabled: bool = False
+    default_callback_url: str | None = Field(default=None, max_length=2048)
+    created_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class Intern(SQLModel, table=True):
+    __tablename__ = "interns"
+    __table_args__ = (sa.UniqueConstraint("workspace_id", "name"),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    workspace_id: str = Field(foreign_key="workspaces.id", index=True, max_length=40)
+    name: str = Field(max_length=255)
+    created_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class ApiKey(SQLModel, table=True):
+    """An API key, stored as the SHA-256 of the key; the key itself is never stored."""
+
+    __tablename__ = "api_keys"
+
+    hash: str = Field(primary_key=True, max_length=64)
+    workspace_id: str = Field(foreign_key="workspaces.id", index=True, max_length=40)
+    intern_id: str | None = Field(default=None, foreign_key="interns.id", max_length=40)
+    name: str = Field(max_length=255)
+    label: str = Field(max_length=64)
+    limit_micros: int | None = Field(default=None, sa_type=sa.BigInteger)
+    limit_reset: str | None = Field(default=None, max_length=16)
+    include_byok_in_limit: bool = False
+    disabled: bool = False
+    is_management: bool = False
+    exempt_free_limits: bool = False
+    expires_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    creator_user_id: str | None = Field(default=None, max_length=255)
+    external_user: str | None = Field(default=None, max_length=255)
+    created_at: datetime = Field(sa_type=UtcDateTime)
+    updated_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    last_used_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+
+
+class UsageCounter(SQLModel, table=True):
+    """Spend of one key or one account in one period, so reading usage is O(1).
+
+    `period` is `all` (period_start 1970-01-01), `day`, `week` (Monday) or `month` (the 1st);
+    `free_requests` counts `:free` model requests (used on account/day rows).
+    """
+
+    __tablename__ = "usage_counters"
+
+    subject: str = Field(primary_key=True, max_length=8)  # "key" | "account"
+    subject_id: str = Field(primary_key=True, max_length=64)
+    period: str = Field(primary_key=True, max_length=8)
+    period_start: date = Field(primary_key=True)
+    spend_micros: int = Field(default=0, sa_type=sa.BigInteger)
+    byok_micros: int = Field(default=0, sa_type=sa.BigInteger)
+    free_requests: int = 0
+
+
+class LedgerEntry(SQLModel, table=True):
+    """The audit trail: one row per purchase or charge; reconciles with the counters."""
+
+    __tablename__ = "ledger_entries"
+
+    id: int | None = Field(default=None, primary_key=True)
+    account_id: str = Field(foreign_key="accounts.id", index=True, max_length=40)
+    key_hash: str | None = Field(default=None, index=True, max_length=64)
+    kind: str = Field(max_length=16)  # "purchase" | "charge"
+    amount_micros: int = Field(sa_type=sa.BigInteger)
+    is_byok: bool = False
+    reference: str | None = Field(default=None, max_length=255)
+    created_at: datetime = Field(sa_type=UtcDateTime)

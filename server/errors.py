@@ -1,0 +1,101 @@
+"""The one error type. Every handler failure is a GatewayError; the service layer turns it into
+gRPC status + rich details for gRPC callers and the documented JSON body for REST callers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+# Closest canonical gRPC code for each HTTP status the API reference documents.
+GRPC_CODE_FOR_STATUS: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    402: grpc.StatusCode.FAILED_PRECONDITION,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+    410: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    500: grpc.StatusCode.INTERNAL,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    502: grpc.StatusCode.UNAVAILABLE,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    524: grpc.StatusCode.DEADLINE_EXCEEDED,
+    529: grpc.StatusCode.UNAVAILABLE,
+}
+
+# Error bodies travel to Envoy in a trailer; keep them far below header-size limits.
+MAX_MESSAGE_CHARS = 1000
+
+
+@dataclass
+class GatewayError(Exception):
+    """A failure with its HTTP status, client-facing message, optional metadata and headers.
+
+    `message` and `metadata` are shown to the client as they are: never put secrets,
+    exception text or other internals in them.
+    """
+
+    status: int
+    message: str
+    metadata: Mapping[str, Any] | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    retry_after_seconds: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+        if self.status not in GRPC_CODE_FOR_STATUS:
+            raise ValueError(f"undocumented error status {self.status}")
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        return GRPC_CODE_FOR_STATUS[self.status]
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.status, "message": self.message[:MAX_MESSAGE_CHARS]}
+        if self.metadata is not None:
+            error["metadata"] = dict(self.metadata)
+        return {"error": error}
+
+    def body_json(self) -> str:
+        # ensure_ascii keeps the body valid as an HTTP header value.
+        return json.dumps(self.body(), separators=(",", ":"), ensure_ascii=True)
+
+    def response_headers(self) -> dict[str, str]:
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        if self.retry_after_seconds is not None:
+            headers["retry-after"] = str(self.retry_after_seconds)
+        return headers
+
+
+def bad_request(message: str, param: str | None = None, **extra: Any) -> GatewayError:
+    metadata: dict[str, Any] | None = None
+    if param is not None or extra:
+        metadata = {**({"param": param} if param is not None else {}), **extra}
+    return GatewayError(400, message, metadata)
+
+
+def unauthorized(message: str = "Missing or invalid API key") -> GatewayError:
+    return GatewayError(401, message)
+
+
+def forbidden(message: str) -> GatewayError:
+    return GatewayError(403, message)
+
+
+def not_found(message: str) -> GatewayError:
+    return GatewayError(404, message)
+
+
+def not_implemented(what: str) -> GatewayError:
+    return GatewayError(501, f"{what} is not implemented yet")
+
+
+INTERNAL_ERROR = GatewayError(500, "Internal server error")
