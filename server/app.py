@@ -1,0 +1,120 @@
+"""Builds and runs the grpc.aio server: services, health, reflection, error handling."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from server.auth import Authenticator
+from server.clock import Clock, SystemClock
+from server.config import Settings
+from server.contract import (
+    SERVICES,
+    audio_pb2_grpc,
+    keys_pb2_grpc,
+    management_pb2_grpc,
+    vault_pb2_grpc,
+    videos_pb2_grpc,
+)
+from server.db.engine import SessionFactory, create_engine, session_factory
+from server.db.migrate import upgrade
+from server.services.keys import KeysService
+from server.services.management import ManagementService
+from server.services.rpc import ErrorInterceptor
+from server.services.unimplemented import (
+    PendingAudioService,
+    PendingVaultService,
+    PendingVideosService,
+)
+
+log = logging.getLogger("gateway.server")
+
+
+@dataclass
+class Core:
+    """The dependencies every service gets, built once."""
+
+    settings: Settings
+    engine: AsyncEngine
+    sessions: SessionFactory
+    clock: Clock
+    auth: Authenticator
+
+
+def build_core(settings: Settings, clock: Clock | None = None) -> Core:
+    engine = create_engine(settings.database_url)
+    sessions = session_factory(engine)
+    clock = clock or SystemClock()
+    return Core(
+        settings=settings,
+        engine=engine,
+        sessions=sessions,
+        clock=clock,
+        auth=Authenticator(sessions, clock),
+    )
+
+
+def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    keys_pb2_grpc.add_KeysServicer_to_server(
+        KeysService(core.auth, core.sessions, core.clock), server
+    )
+    management_pb2_grpc.add_ManagementServicer_to_server(
+        ManagementService(core.auth, core.sessions, core.clock), server
+    )
+    videos_pb2_grpc.add_VideosServicer_to_server(PendingVideosService(core.auth), server)
+    audio_pb2_grpc.add_AudioServicer_to_server(PendingAudioService(core.auth), server)
+    vault_pb2_grpc.add_VaultServicer_to_server(PendingVaultService(core.auth), server)
+
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (
+            *SERVICES,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    return server, health_servicer
+
+
+async def serve(
+    settings: Settings, started: asyncio.Event | None = None, stop: asyncio.Event | None = None
+) -> None:
+    """Migrate, serve until `stop` is set, then drain in-flight calls and close."""
+    await upgrade(settings.database_url)
+    core = build_core(settings)
+    server, health_servicer = build_server(core)
+    bound = server.add_insecure_port(settings.grpc_target)
+    if bound == 0:
+        raise OSError(f"cannot listen on {settings.grpc_target}")
+    await server.start()
+    for service in ("", *SERVICES):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    log.info("gRPC server listening on %s", settings.grpc_target)
+    if started is not None:
+        started.set()
+    try:
+        if stop is None:
+            await server.wait_for_termination()
+        else:
+            await stop.wait()
+    finally:
+        await health_servicer.enter_graceful_shutdown()
+        await server.stop(grace=10)
+        await core.engine.dispose()

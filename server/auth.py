@@ -1,0 +1,91 @@
+"""Bearer-key authentication: who is calling, in which workspace and account."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+import sqlalchemy as sa
+
+from server.accounts.keys import KEY_PATTERN, hash_key, hashes_match
+from server.clock import Clock
+from server.db.engine import SessionFactory
+from server.db.models import Account, ApiKey, Workspace
+from server.errors import GatewayError, forbidden, unauthorized
+
+# last_used_at is refreshed at most this often, to keep reads free of writes.
+LAST_USED_GRANULARITY = timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class Principal:
+    key: ApiKey
+    workspace: Workspace
+    account: Account
+
+
+def bearer_token(metadata: Sequence[tuple[str, str | bytes]]) -> str:
+    """The key from `authorization: Bearer <key>`; 401 when absent or malformed."""
+    values = [v for k, v in metadata if k.lower() == "authorization"]
+    if not values:
+        raise unauthorized("Missing Authorization header: send 'Authorization: Bearer <API key>'")
+    if len(values) > 1:
+        raise unauthorized("More than one Authorization header")
+    value = values[0]
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    scheme, _, token = value.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise unauthorized("Malformed Authorization header: expected 'Bearer <API key>'")
+    return token
+
+
+class Authenticator:
+    def __init__(self, sessions: SessionFactory, clock: Clock) -> None:
+        self._sessions = sessions
+        self._clock = clock
+
+    async def authenticate(self, metadata: Sequence[tuple[str, str | bytes]]) -> Principal:
+        token = bearer_token(metadata)
+        if not KEY_PATTERN.match(token):
+            raise unauthorized("Invalid API key")
+        presented = hash_key(token)
+        now = self._clock.now()
+        async with self._sessions() as session:
+            row = (
+                await session.execute(
+                    sa.select(ApiKey, Workspace, Account)
+                    .join(Workspace, Workspace.id == ApiKey.workspace_id)  # type: ignore[arg-type]
+                    .join(Account, Account.id == Workspace.account_id)  # type: ignore[arg-type]
+                    .where(ApiKey.hash == presented)  # type: ignore[arg-type]
+                )
+            ).one_or_none()
+            if row is None or not hashes_match(row[0].hash, presented):
+                raise unauthorized("Invalid API key")
+            key, workspace, account = row
+            if key.disabled:
+                raise unauthorized("API key is disabled")
+            if key.expires_at is not None and key.expires_at <= now:
+                raise unauthorized("API key has expired")
+            if key.last_used_at is None or now - key.last_used_at >= LAST_USED_GRANULARITY:
+                await session.execute(
+                    sa.update(ApiKey)
+                    .where(ApiKey.hash == key.hash)  # type: ignore[arg-type]
+                    .values(last_used_at=now)
+                )
+                await session.commit()
+                key.last_used_at = now
+        return Principal(key=key, workspace=workspace, account=account)
+
+    async def authenticate_management(
+        self, metadata: Sequence[tuple[str, str | bytes]]
+    ) -> Principal:
+        principal = await self.authenticate(metadata)
+        if not principal.key.is_management:
+            raise forbidden("This operation requires a management key")
+        return principal
+
+
+__all__ = ["Authenticator", "GatewayError", "Principal", "bearer_token"]

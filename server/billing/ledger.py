@@ -1,0 +1,77 @@
+"""The credit ledger: purchases and charges, each written with its counters in one transaction."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from server.billing.usage import ACCOUNT, KEY, add_usage
+from server.db.models import Account, LedgerEntry
+
+PURCHASE = "purchase"
+CHARGE = "charge"
+
+
+async def add_credits(
+    session: AsyncSession,
+    account_id: str,
+    amount_micros: int,
+    now: datetime,
+    reference: str | None = None,
+) -> LedgerEntry:
+    """Record a credit purchase. The caller commits."""
+    if amount_micros <= 0:
+        raise ValueError("a purchase must be a positive amount")
+    result = await session.execute(
+        sa.update(Account)
+        .where(Account.id == account_id)  # type: ignore[arg-type]
+        .values(credits_purchased_micros=Account.credits_purchased_micros + amount_micros)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        raise LookupError(f"no account {account_id}")
+    entry = LedgerEntry(
+        account_id=account_id,
+        kind=PURCHASE,
+        amount_micros=amount_micros,
+        reference=reference,
+        created_at=now,
+    )
+    session.add(entry)
+    await session.flush()
+    return entry
+
+
+async def record_charge(
+    session: AsyncSession,
+    *,
+    account_id: str,
+    key_hash: str,
+    amount_micros: int,
+    is_byok: bool,
+    now: datetime,
+    reference: str | None = None,
+) -> LedgerEntry:
+    """Record what a request cost, on the ledger and the key's and account's counters.
+
+    BYOK usage is counted in the byok counters only: the provider bills the workspace
+    directly. The caller commits.
+    """
+    if amount_micros < 0:
+        raise ValueError("a charge cannot be negative")
+    entry = LedgerEntry(
+        account_id=account_id,
+        key_hash=key_hash,
+        kind=CHARGE,
+        amount_micros=amount_micros,
+        is_byok=is_byok,
+        reference=reference,
+        created_at=now,
+    )
+    session.add(entry)
+    spend, byok = (0, amount_micros) if is_byok else (amount_micros, 0)
+    for subject, subject_id in ((KEY, key_hash), (ACCOUNT, account_id)):
+        await add_usage(session, subject, subject_id, now, spend_micros=spend, byok_micros=byok)
+    await session.flush()
+    return entry

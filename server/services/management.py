@@ -1,0 +1,260 @@
+"""Management service: /api/v1/keys and /api/v1/credits, for management keys only."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import grpc
+from google.protobuf import struct_pb2
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from server.accounts import keys as key_store
+from server.accounts.workspaces import workspace_by_id, workspace_ids_of_account
+from server.auth import Authenticator, Principal
+from server.billing.key_status import key_status
+from server.billing.money import micros_to_json_number, usd_to_micros
+from server.billing.usage import ACCOUNT, read_usage
+from server.clock import Clock
+from server.contract import management_pb2, management_pb2_grpc
+from server.db.engine import SessionFactory
+from server.db.models import ApiKey
+from server.errors import bad_request, not_found
+from server.services.rpc import (
+    metadata_of,
+    nullable_string,
+    nullable_timestamp,
+    nullable_usd,
+    timestamp,
+)
+
+_SECONDS_PRECISION = re.compile(r"T\d{2}:\d{2}:\d{2}")
+
+
+def _usd_or_null(value: struct_pb2.Value, param: str) -> int | None:
+    kind = value.WhichOneof("kind")
+    if kind == "null_value":
+        return None
+    if kind != "number_value":
+        raise bad_request(f"{param} must be a number or null", param=param)
+    # repr() gives the shortest decimal that round-trips: the number the client wrote.
+    micros = usd_to_micros(Decimal(repr(value.number_value)))
+    return key_store.check_limit(micros)
+
+
+def _string_or_null(value: struct_pb2.Value, param: str) -> str | None:
+    kind = value.WhichOneof("kind")
+    if kind == "null_value":
+        return None
+    if kind != "string_value":
+        raise bad_request(f"{param} must be a string or null", param=param)
+    return value.string_value
+
+
+def _expiry(value: struct_pb2.Value) -> datetime | None:
+    text = _string_or_null(value, "expires_at")
+    if text is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        parsed = None
+    if parsed is None or not _SECONDS_PRECISION.search(text):
+        raise bad_request(
+            "expires_at must be an ISO 8601 UTC timestamp with seconds (YYYY-MM-DDTHH:MM:SSZ)",
+            param="expires_at",
+        )
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _requested_workspace(
+    request: management_pb2.ListKeysRequest | management_pb2.CreateKeyRequest,
+) -> str | None:
+    return request.workspace_id if request.HasField("workspace_id") else None
+
+
+class ManagementService(management_pb2_grpc.ManagementServicer):
+    def __init__(self, auth: Authenticator, sessions: SessionFactory, clock: Clock) -> None:
+        self._auth = auth
+        self._sessions = sessions
+        self._clock = clock
+
+    async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
+        return await self._auth.authenticate_management(metadata_of(context))
+
+    async def _key_message(
+        self, session: AsyncSession, key: ApiKey, principal: Principal
+    ) -> management_pb2.ApiKey:
+        status = await key_status(session, key, principal.account, self._clock.now())
+        usage = status.usage
+        return management_pb2.ApiKey(
+            hash=key.hash,
+            name=key.name,
+            label=key.label,
+            disabled=key.disabled,
+            limit=nullable_usd(key.limit_micros),
+            limit_remaining=nullable_usd(status.limit_remaining_micros),
+            limit_reset=nullable_string(key.limit_reset),
+            include_byok_in_limit=key.include_byok_in_limit,
+            usage=micros_to_json_number(usage.spend["all"]),
+            usage_daily=micros_to_json_number(usage.spend["day"]),
+            usage_weekly=micros_to_json_number(usage.spend["week"]),
+            usage_monthly=micros_to_json_number(usage.spend["month"]),
+            byok_usage=micros_to_json_number(usage.byok["all"]),
+            byok_usage_daily=micros_to_json_number(usage.byok["day"]),
+            byok_usage_weekly=micros_to_json_number(usage.byok["week"]),
+            byok_usage_monthly=micros_to_json_number(usage.byok["month"]),
+            created_at=timestamp(key.created_at),
+            updated_at=nullable_timestamp(key.updated_at),
+            last_used_at=nullable_timestamp(key.last_used_at),
+            expires_at=nullable_timestamp(key.expires_at),
+            creator_user_id=nullable_string(key.creator_user_id),
+            external_user=nullable_string(key.external_user),
+            workspace_id=key.workspace_id,
+            is_management_key=key.is_management,
+        )
+
+    async def _workspace_ids(
+        self, session: AsyncSession, principal: Principal, wanted: str | None
+    ) -> list[str]:
+        """The workspaces a request may act on: one named workspace of the caller's account,
+        or by default the caller's own."""
+        if not wanted:
+            return [principal.workspace.id]
+        if wanted not in await workspace_ids_of_account(session, principal.account.id):
+            raise not_found(f"workspace {wanted!r} not found")
+        return [wanted]
+
+    async def ListKeys(
+        self, request: management_pb2.ListKeysRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.ListKeysResponse:
+        principal = await self._principal(context)
+        async with self._sessions() as session:
+            workspace_ids = await self._workspace_ids(
+                session,
+                principal,
+                request.workspace_id if request.HasField("workspace_id") else None,
+            )
+            keys = await key_store.list_keys(
+                session,
+                workspace_ids,
+                self._clock.now(),
+                include_disabled=request.include_disabled,
+                include_expired=request.include_expired,
+                offset=request.offset,
+            )
+            data = [await self._key_message(session, key, principal) for key in keys]
+        return management_pb2.ListKeysResponse(data=data)
+
+    async def CreateKey(
+        self, request: management_pb2.CreateKeyRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.CreateKeyResponse:
+        principal = await self._principal(context)
+        limit = _usd_or_null(request.limit, "limit") if request.HasField("limit") else None
+        reset = (
+            key_store.check_limit_reset(_string_or_null(request.limit_reset, "limit_reset"))
+            if request.HasField("limit_reset")
+            else None
+        )
+        expires_at = _expiry(request.expires_at) if request.HasField("expires_at") else None
+        creator = (
+            _string_or_null(request.creator_user_id, "creator_user_id")
+            if request.HasField("creator_user_id")
+            else None
+        )
+        external_user = None
+        if request.HasField("external"):
+            user = request.external.fields.get("user_id") or request.external.fields.get("id")
+            external_user = user.string_value if user is not None else None
+        now = self._clock.now()
+        async with self._sessions() as session:
+            (workspace_id,) = await self._workspace_ids(
+                session,
+                principal,
+                request.workspace_id if request.HasField("workspace_id") else None,
+            )
+            workspace = await workspace_by_id(session, workspace_id)
+            assert workspace is not None
+            key, plaintext = await key_store.create_key(
+                session,
+                workspace=workspace,
+                name=request.name,
+                now=now,
+                limit=key_store.KeyLimit(limit, reset),
+                include_byok_in_limit=request.include_byok_in_limit,
+                expires_at=expires_at,
+                creator_user_id=creator,
+                external_user=external_user,
+            )
+            await session.commit()
+            message = await self._key_message(session, key, principal)
+        return management_pb2.CreateKeyResponse(data=message, key=plaintext)
+
+    async def _account_key(
+        self, session: AsyncSession, principal: Principal, key_hash: str
+    ) -> ApiKey:
+        workspace_ids = await workspace_ids_of_account(session, principal.account.id)
+        return await key_store.find_key(session, key_hash, workspace_ids)
+
+    async def GetKey(
+        self, request: management_pb2.GetKeyRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.KeyResponse:
+        principal = await self._principal(context)
+        async with self._sessions() as session:
+            key = await self._account_key(session, principal, request.hash)
+            return management_pb2.KeyResponse(data=await self._key_message(session, key, principal))
+
+    async def UpdateKey(
+        self, request: management_pb2.UpdateKeyRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.KeyResponse:
+        principal = await self._principal(context)
+        # Validate everything before touching the row: nothing is half-applied.
+        changes: dict[str, object] = {}
+        if request.HasField("name"):
+            changes["name"] = key_store.check_name(request.name)
+        if request.HasField("disabled"):
+            changes["disabled"] = request.disabled
+        if request.HasField("limit"):
+            changes["limit_micros"] = _usd_or_null(request.limit, "limit")
+        if request.HasField("limit_reset"):
+            changes["limit_reset"] = key_store.check_limit_reset(
+                _string_or_null(request.limit_reset, "limit_reset")
+            )
+        if request.HasField("include_byok_in_limit"):
+            changes["include_byok_in_limit"] = request.include_byok_in_limit
+        async with self._sessions() as session:
+            key = await self._account_key(session, principal, request.hash)
+            if request.HasField("workspace_id"):
+                (changes["workspace_id"],) = await self._workspace_ids(
+                    session, principal, request.workspace_id
+                )
+            for field_name, value in changes.items():
+                setattr(key, field_name, value)
+            key.updated_at = self._clock.now()
+            session.add(key)
+            await session.commit()
+            return management_pb2.KeyResponse(data=await self._key_message(session, key, principal))
+
+    async def DeleteKey(
+        self, request: management_pb2.DeleteKeyRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.DeleteKeyResponse:
+        principal = await self._principal(context)
+        async with self._sessions() as session:
+            key = await self._account_key(session, principal, request.hash)
+            await session.delete(key)
+            await session.commit()
+        return management_pb2.DeleteKeyResponse(deleted=True)
+
+    async def GetCredits(
+        self, request: management_pb2.GetCreditsRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.CreditsResponse:
+        principal = await self._principal(context)
+        async with self._sessions() as session:
+            usage = await read_usage(session, ACCOUNT, principal.account.id, self._clock.now())
+        return management_pb2.CreditsResponse(
+            data=management_pb2.Credits(
+                total_credits=micros_to_json_number(principal.account.credits_purchased_micros),
+                total_usage=micros_to_json_number(usage.spend["all"]),
+            )
+        )

@@ -1,0 +1,58 @@
+"""Videos, Audio and Vault: the contract is complete; until their features land each rpc
+authenticates the caller and answers 501 in the documented error shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from server.auth import Authenticator
+from server.contract import audio_pb2_grpc, vault_pb2_grpc, videos_pb2_grpc
+from server.errors import not_implemented
+from server.services.rpc import metadata_of
+
+
+def _pending(feature: str) -> Any:
+    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._auth.authenticate(metadata_of(context))
+        raise not_implemented(feature)
+
+    return handler
+
+
+def _pending_stream(feature: str) -> Any:
+    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._auth.authenticate(metadata_of(context))
+        raise not_implemented(feature)
+        yield  # an async generator, as streaming handlers are
+
+    return handler
+
+
+class _Pending:
+    def __init__(self, auth: Authenticator) -> None:
+        self._auth = auth
+
+
+class PendingVideosService(_Pending, videos_pb2_grpc.VideosServicer):
+    CreateVideo = _pending("Video generation")
+    ListVideoModels = _pending("Video generation")
+    GetVideo = _pending("Video generation")
+    GetVideoContent = _pending_stream("Video generation")
+
+
+class PendingAudioService(_Pending, audio_pb2_grpc.AudioServicer):
+    Transcribe = _pending("Speech-to-text")
+    CreateTranscription = _pending("Speech-to-text")
+
+
+class PendingVaultService(_Pending, vault_pb2_grpc.VaultServicer):
+    PutSecret = _pending("The vault")
+    ListSecrets = _pending("The vault")
+    DeleteSecret = _pending("The vault")
+    PutInternSecret = _pending("The vault")
+    ListInternSecrets = _pending("The vault")
+    DeleteInternSecret = _pending("The vault")
+    CopySecretsToIntern = _pending("The vault")
+    ListEffectiveSecrets = _pending("The vault")
