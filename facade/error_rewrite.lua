@@ -1,0 +1,106 @@
+-- The REST side of the error model. Listed BEFORE grpc_json_transcoder in http_filters, so
+-- on the response path it runs AFTER it (encoder filters run in reverse order).
+--
+-- * gRPC failure: the server put the HTTP status and the documented JSON body in metadata
+--   (x-http-status, x-error-body): apply them, copy Retry-After / X-RateLimit-*, and strip
+--   every gRPC internal. A failure without them (from the gRPC stack itself) gets a fixed,
+--   documented message: internals never reach the client.
+-- * gRPC success with x-http-status (202, 204): apply that status.
+
+-- gRPC code -> HTTP status and message, for failures that did not come from a gateway handler.
+local FALLBACK = {
+  [1] = { 408, "Request cancelled before completing" },
+  [2] = { 500, "Internal server error" },
+  [3] = { 400, "Invalid request" },
+  [4] = { 504, "Operation aborted due to timeout" },
+  [5] = { 404, "Not Found" },
+  [6] = { 409, "Conflict" },
+  [7] = { 403, "Forbidden" },
+  [8] = { 413, "Request payload too large" },
+  [9] = { 400, "Invalid request" },
+  [10] = { 409, "Conflict" },
+  [11] = { 400, "Invalid request" },
+  [12] = { 404, "Not Found" },
+  [13] = { 500, "Internal server error" },
+  [14] = { 503, "Service temporarily unavailable" },
+  [15] = { 500, "Internal server error" },
+  [16] = { 401, "Missing or invalid API key" },
+}
+
+local INTERNAL = { "x-http-status", "x-error-body", "grpc-status", "grpc-message",
+                   "grpc-status-details-bin", "grpc-accept-encoding", "content-length",
+                   "x-envoy-upstream-service-time" }
+
+local function copied_header(name)
+  return name == "retry-after" or name:sub(1, 12) == "x-ratelimit-"
+end
+
+local function fallback_body(status, message)
+  return '{"error":{"code":' .. status .. ',"message":"' .. message .. '"}}'
+end
+
+local function rewrite_error(handle, grpc_status)
+  local h = handle:headers()
+  local status = h:get("x-http-status")
+  local body = h:get("x-error-body")
+  local copy = {}
+  for k, v in pairs(h) do
+    if copied_header(k) then copy[k] = v end
+  end
+  -- Trailers-only response: the stream has ended and body(true) returns an empty buffer.
+  -- Headers then trailers (the server sent metadata before failing): body(true) yields until
+  -- the trailers and returns nil, so read the trailers and ask again.
+  local b = handle:body(true)
+  if b == nil then
+    local t = handle:trailers()
+    if t ~= nil then
+      status = status or t:get("x-http-status")
+      body = body or t:get("x-error-body")
+      for k, v in pairs(t) do
+        if copied_header(k) then copy[k] = v end
+      end
+      for k, _ in pairs(copy) do t:remove(k) end
+      for _, k in ipairs(INTERNAL) do t:remove(k) end
+    end
+    b = handle:body(true)
+  end
+  if status == nil or body == nil then
+    local fb = FALLBACK[tonumber(grpc_status)] or { 500, "Internal server error" }
+    status = tostring(fb[1])
+    body = fallback_body(fb[1], fb[2])
+  end
+  h = handle:headers()  -- header wrappers taken before a yield are invalid afterwards
+  for _, k in ipairs(INTERNAL) do h:remove(k) end
+  h:replace(":status", status)
+  h:replace("content-type", "application/json")
+  for k, v in pairs(copy) do h:replace(k, v) end
+  b:setBytes(body)
+end
+
+function envoy_on_response(handle)
+  local h = handle:headers()
+  local grpc_status = h:get("grpc-status")
+  if grpc_status ~= nil and grpc_status ~= "0" then
+    rewrite_error(handle, grpc_status)
+    return
+  end
+  h:remove("grpc-status"); h:remove("grpc-message"); h:remove("grpc-accept-encoding")
+  h:remove("grpc-status-details-bin")
+  h:remove("x-envoy-upstream-service-time")
+  local xs = h:get("x-http-status")
+  if xs ~= nil then
+    h:remove("x-http-status")
+    h:replace(":status", xs)
+    if xs == "204" then
+      h:remove("content-type")
+      handle:body(true):setBytes("")
+      handle:headers():remove("content-length")
+    end
+  end
+  -- The transcoder forwards grpc-status/grpc-message as trailers too; HTTP/2 clients would
+  -- see them. Strip them (this waits for the end of the stream).
+  local t = handle:trailers()
+  if t ~= nil then
+    t:remove("grpc-status"); t:remove("grpc-message"); t:remove("grpc-status-details-bin")
+  end
+end

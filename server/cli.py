@@ -1,0 +1,374 @@
+"""`gateway`: run the gateway and administer keys, workspaces, interns and credits."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from server.accounts import keys as key_store
+from server.accounts import workspaces
+from server.billing.ledger import add_credits
+from server.billing.money import usd_to_micros
+from server.billing.periods import LIMIT_RESETS
+from server.clock import SystemClock
+from server.config import Settings, load_settings
+from server.db.engine import create_engine, session_factory
+from server.db.migrate import upgrade
+from server.db.models import ApiKey
+from server.errors import GatewayError
+
+log = logging.getLogger("gateway")
+
+
+def _usd(text: str) -> Decimal:
+    try:
+        value = Decimal(text)
+    except InvalidOperation as exc:
+        raise argparse.ArgumentTypeError(f"not an amount in USD: {text!r}") from exc
+    if not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError(f"amount must be a number >= 0: {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from exc
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"port must be 1-65535: {text!r}")
+    return port
+
+
+def _on_off(text: str) -> bool:
+    if text.lower() in ("on", "true", "yes", "1"):
+        return True
+    if text.lower() in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, not {text!r}")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = load_settings(args.data_dir, args.database_url)
+    if settings.database_url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return settings
+
+
+async def _with_session(
+    args: argparse.Namespace, work: Callable[[AsyncSession, datetime], Awaitable[Any]]
+) -> Any:
+    """Migrate, run `work` in one transaction, commit."""
+    settings = _settings(args)
+    await upgrade(settings.database_url)
+    engine = create_engine(settings.database_url)
+    try:
+        async with session_factory(engine)() as session:
+            result = await work(session, SystemClock().now())
+            await session.commit()
+            return result
+    finally:
+        await engine.dispose()
+
+
+async def _workspace(session: AsyncSession, name: str | None, now: datetime) -> Any:
+    if name is None:
+        return await workspaces.default_workspace(session, now)
+    return await workspaces.workspace_by_name(session, name)
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+async def cmd_up(args: argparse.Namespace) -> int:
+    from facade.stack import run_stack  # Envoy is only needed here
+
+    settings = load_settings(
+        args.data_dir,
+        args.database_url,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        http_host=args.host,
+    )
+    if settings.database_url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+
+    def announce(base_url: str) -> None:
+        print(f"Gateway ready: REST {base_url}  gRPC {settings.grpc_target}", flush=True)
+        print("Press Ctrl-C to stop.", flush=True)
+
+    await run_stack(settings, stop, announce)
+    print("Gateway stopped.", flush=True)
+    return 0
+
+
+async def cmd_migrate(args: argparse.Namespace) -> int:
+    await upgrade(_settings(args).database_url)
+    print("Database schema is up to date.")
+    return 0
+
+
+async def cmd_workspaces_create(args: argparse.Namespace) -> int:
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        return await workspaces.create_workspace(
+            session, args.name, now, intern_programme=args.intern_programme
+        )
+
+    workspace = await _with_session(args, work)
+    print(f"Created workspace {workspace.name} ({workspace.id})")
+    print(workspace.id)
+    return 0
+
+
+async def cmd_workspaces_update(args: argparse.Namespace) -> int:
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        workspace = await workspaces.workspace_by_name(session, args.name)
+        return await workspaces.update_workspace(
+            session,
+            workspace,
+            intern_programme=args.intern_programme,
+            vault_writes_disabled=None if args.vault_writes is None else not args.vault_writes,
+            default_callback_url=args.default_callback_url,
+        )
+
+    workspace = await _with_session(args, work)
+    print(
+        f"Workspace {workspace.name}: intern programme "
+        f"{'on' if workspace.intern_programme else 'off'}, vault writes "
+        f"{'off' if workspace.vault_writes_disabled else 'on'}, default callback URL "
+        f"{workspace.default_callback_url or '(none)'}"
+    )
+    return 0
+
+
+async def cmd_interns_create(args: argparse.Namespace) -> int:
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        workspace = await workspaces.workspace_by_name(session, args.workspace)
+        return await workspaces.create_intern(session, workspace, args.name, now)
+
+    intern = await _with_session(args, work)
+    print(f"Created intern {intern.name} in workspace {args.workspace}")
+    print(intern.id)
+    return 0
+
+
+async def cmd_keys_create(args: argparse.Namespace) -> int:
+    if args.limit_reset is not None and args.limit is None:
+        raise GatewayError(400, "--limit-reset needs --limit")
+
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        workspace = await _workspace(session, args.workspace, now)
+        intern_id = None
+        if args.intern is not None:
+            intern_id = await _intern_id(session, workspace.id, args.intern)
+        limit = None if args.limit is None else usd_to_micros(args.limit)
+        return await key_store.create_key(
+            session,
+            workspace=workspace,
+            name=args.name,
+            now=now,
+            limit=key_store.KeyLimit(limit, args.limit_reset),
+            management=args.management,
+            intern_id=intern_id,
+        )
+
+    key, plaintext = await _with_session(args, work)
+    kind = "management key" if key.is_management else "API key"
+    print(f"Created {kind} {key.name} (hash {key.hash}). It is shown once; store it now:")
+    print(plaintext)
+    return 0
+
+
+async def _intern_id(session: AsyncSession, workspace_id: str, name: str) -> str:
+    from sqlmodel import select
+
+    from server.db.models import Intern
+
+    intern = (
+        await session.exec(
+            select(Intern).where(Intern.workspace_id == workspace_id, Intern.name == name)
+        )
+    ).one_or_none()
+    if intern is None:
+        raise GatewayError(404, f"no intern named {name!r} in that workspace")
+    return intern.id
+
+
+async def cmd_keys_update(args: argparse.Namespace) -> int:
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        key = await session.get(ApiKey, args.hash)
+        if key is None:
+            raise GatewayError(404, f"no API key with hash {args.hash}")
+        if args.disabled is not None:
+            key.disabled = args.disabled
+        if args.exempt_free_limits is not None:
+            key.exempt_free_limits = args.exempt_free_limits
+        key.updated_at = now
+        session.add(key)
+        return key
+
+    key = await _with_session(args, work)
+    print(
+        f"Key {key.name} ({key.hash}): {'disabled' if key.disabled else 'enabled'}, "
+        f"free-model limits {'exempt' if key.exempt_free_limits else 'apply'}"
+    )
+    return 0
+
+
+async def cmd_keys_list(args: argparse.Namespace) -> int:
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        workspace = await _workspace(session, args.workspace, now)
+        return await key_store.list_keys(
+            session, [workspace.id], now, include_disabled=True, include_expired=True
+        )
+
+    for key in await _with_session(args, work):
+        flags = [
+            f for f, on in (("management", key.is_management), ("disabled", key.disabled)) if on
+        ]
+        print(f"{key.hash}  {key.label}  {key.name}  {' '.join(flags)}".rstrip())
+    return 0
+
+
+async def cmd_credits_add(args: argparse.Namespace) -> int:
+    micros = usd_to_micros(args.amount)
+    if micros <= 0:
+        raise GatewayError(400, "--amount must be greater than 0")
+
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        workspace = await _workspace(session, args.workspace, now)
+        await add_credits(session, workspace.account_id, micros, now, reference="operator CLI")
+        return workspace
+
+    workspace = await _with_session(args, work)
+    print(f"Added {args.amount} USD of credits to the account of workspace {workspace.name}")
+    return 0
+
+
+# --- parser ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--data-dir",
+        help="folder of the embedded SQLite database and generated files "
+        "(env GATEWAY_DATA_DIR, default ./gateway-data)",
+    )
+    common.add_argument(
+        "--database-url",
+        help="SQLAlchemy URL, e.g. postgresql://user@host/db (env GATEWAY_DATABASE_URL; "
+        "default: SQLite in the data dir)",
+    )
+    parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser("up", parents=[common], help="run the gRPC server and Envoy")
+    up.add_argument("--http-port", type=_port, default=8080, help="REST port (default 8080)")
+    up.add_argument("--grpc-port", type=_port, default=50051, help="gRPC port (default 50051)")
+    up.add_argument("--host", default="127.0.0.1", help="REST listen address")
+    up.set_defaults(run=cmd_up)
+
+    migrate = commands.add_parser("migrate", parents=[common], help="apply schema migrations")
+    migrate.set_defaults(run=cmd_migrate)
+
+    ws = commands.add_parser("workspaces", help="manage workspaces").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    ws_create = ws.add_parser("create", parents=[common], help="create a workspace")
+    ws_create.add_argument("name")
+    ws_create.add_argument(
+        "--intern-programme",
+        action="store_true",
+        help="give the workspace access to the intern programme (vault)",
+    )
+    ws_create.set_defaults(run=cmd_workspaces_create)
+    ws_update = ws.add_parser("update", parents=[common], help="change a workspace")
+    ws_update.add_argument("name")
+    ws_update.add_argument("--intern-programme", type=_on_off, metavar="on|off")
+    ws_update.add_argument("--vault-writes", type=_on_off, metavar="on|off")
+    ws_update.add_argument(
+        "--default-callback-url",
+        metavar="URL",
+        help="webhook URL for video jobs without callback_url ('' clears)",
+    )
+    ws_update.set_defaults(run=cmd_workspaces_update)
+
+    interns = commands.add_parser("interns", help="manage interns").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    intern_create = interns.add_parser("create", parents=[common], help="create an intern")
+    intern_create.add_argument("--workspace", required=True)
+    intern_create.add_argument("name")
+    intern_create.set_defaults(run=cmd_interns_create)
+
+    keys = commands.add_parser("keys", help="manage API keys").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    key_create = keys.add_parser(
+        "create", parents=[common], help="issue a key (printed alone on the last line)"
+    )
+    key_create.add_argument("--name", required=True)
+    key_create.add_argument("--workspace", help="workspace name (default: 'default')")
+    key_create.add_argument("--intern", help="confine the key to this intern of the workspace")
+    key_create.add_argument("--limit", type=_usd, help="credit cap in USD")
+    key_create.add_argument("--limit-reset", choices=LIMIT_RESETS)
+    key_create.add_argument(
+        "--management", action="store_true", help="a management key (may use /keys and /credits)"
+    )
+    key_create.set_defaults(run=cmd_keys_create)
+    key_update = keys.add_parser("update", parents=[common], help="change a key")
+    key_update.add_argument("hash")
+    key_update.add_argument("--disabled", dest="disabled", action="store_true", default=None)
+    key_update.add_argument("--enabled", dest="disabled", action="store_false")
+    key_update.add_argument("--exempt-free-limits", type=_on_off, metavar="on|off")
+    key_update.set_defaults(run=cmd_keys_update)
+    key_list = keys.add_parser("list", parents=[common], help="list keys of a workspace")
+    key_list.add_argument("--workspace")
+    key_list.set_defaults(run=cmd_keys_list)
+
+    credits = commands.add_parser("credits", help="manage credits").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    credits_add = credits.add_parser("add", parents=[common], help="record a credit purchase")
+    credits_add.add_argument("--amount", type=_usd, required=True, help="USD")
+    credits_add.add_argument("--workspace", help="workspace name (default: 'default')")
+    credits_add.set_defaults(run=cmd_credits_add)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for noisy in ("alembic", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return asyncio.run(args.run(args))
+    except GatewayError as error:
+        print(f"gateway: error: {error.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except (OSError, TimeoutError, RuntimeError) as error:
+        with contextlib.suppress(Exception):
+            log.debug("failure", exc_info=True)
+        print(f"gateway: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
