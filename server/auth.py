@@ -55,7 +55,7 @@ class Authenticator:
         now = self._clock.now()
         async with self._sessions() as session:
             row = (
-                await session.execute(
+                await session.exec(
                     sa.select(ApiKey, Workspace, Account)
                     .join(Workspace, Workspace.id == ApiKey.workspace_id)  # type: ignore[arg-type]
                     .join(Account, Account.id == Workspace.account_id)  # type: ignore[arg-type]
@@ -70,7 +70,7 @@ class Authenticator:
             if key.expires_at is not None and key.expires_at <= now:
                 raise unauthorized("API key has expired")
             if key.last_used_at is None or now - key.last_used_at >= LAST_USED_GRANULARITY:
-                await session.execute(
+                await session.exec(
                     sa.update(ApiKey)
                     .where(ApiKey.hash == key.hash)  # type: ignore[arg-type]
                     .values(last_used_at=now)

@@ -112,7 +112,7 @@ async def account_of(session: AsyncSession, workspace: Workspace) -> Account:
 
 
 async def workspace_ids_of_account(session: AsyncSession, account_id: str) -> list[str]:
-    rows = await session.execute(
+    rows = await session.exec(
         sa.select(Workspace.id).where(Workspace.account_id == account_id)  # type: ignore[arg-type]
     )
     return [row[0] for row in rows]

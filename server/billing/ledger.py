@@ -24,7 +24,7 @@ async def add_credits(
     """Record a credit purchase. The caller commits."""
     if amount_micros <= 0:
         raise ValueError("a purchase must be a positive amount")
-    result = await session.execute(
+    result = await session.exec(
         sa.update(Account)
         .where(Account.id == account_id)  # type: ignore[arg-type]
         .values(credits_purchased_micros=Account.credits_purchased_micros + amount_micros)

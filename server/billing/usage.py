@@ -42,7 +42,7 @@ async def read_usage(
             for period in PERIODS
         )
     )
-    rows = await session.execute(
+    rows = await session.exec(
         sa.select(
             table.c.period, table.c.spend_micros, table.c.byok_micros, table.c.free_requests
         ).where(table.c.subject == subject, table.c.subject_id == subject_id, wanted)
@@ -93,4 +93,4 @@ async def add_usage(
             "free_requests": table.c.free_requests + statement.excluded.free_requests,
         },
     )
-    await session.execute(statement)
+    await session.exec(statement)

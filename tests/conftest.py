@@ -1,0 +1,128 @@
+"""Fixtures: real databases (a SQLite file, a fresh PostgreSQL database), the real gateway
+(gRPC server + Envoy) started with `gateway up`, and an Admin to seed data."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from server.db.engine import create_engine, session_factory
+from server.db.migrate import upgrade
+from tests.support.admin import Admin
+from tests.support.processes import GatewayProcess
+
+PG_HOST = os.environ.get("GATEWAY_TEST_PG_HOST", "127.0.0.1")
+PG_USER = os.environ.get("GATEWAY_TEST_PG_USER", "postgres")
+PG_ADMIN_DSN = f"postgresql://{PG_USER}@{PG_HOST}:5432/test"
+BACKENDS = ("sqlite", "postgres")
+
+
+async def _create_pg_database() -> str:
+    name = f"gw_test_{uuid.uuid4().hex[:12]}"
+    try:
+        connection = await asyncpg.connect(PG_ADMIN_DSN, timeout=5)
+    except (OSError, asyncpg.PostgresError) as exc:
+        # PostgreSQL-backed tests are part of the suite: an unreachable server fails them
+        # rather than silently skipping them.
+        pytest.fail(f"PostgreSQL at {PG_HOST}:5432 is not reachable: {exc}")
+    try:
+        await connection.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await connection.close()
+    return f"postgresql+asyncpg://{PG_USER}@{PG_HOST}:5432/{name}"
+
+
+async def _drop_pg_database(url: str) -> None:
+    name = url.rsplit("/", 1)[1]
+    connection = await asyncpg.connect(PG_ADMIN_DSN, timeout=5)
+    try:
+        await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await connection.close()
+
+
+class Databases:
+    """Creates migrated databases of either backend and drops the PostgreSQL ones at the end."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pg_urls: list[str] = []
+
+    async def new(self, backend: str) -> str:
+        if backend == "sqlite":
+            folder = self.root / f"sqlite-{secrets.token_hex(4)}"
+            folder.mkdir(parents=True)
+            url = f"sqlite+aiosqlite:///{folder / 'gateway.db'}"
+        else:
+            url = await _create_pg_database()
+            self.pg_urls.append(url)
+        await upgrade(url)
+        return url
+
+    async def close(self) -> None:
+        for url in self.pg_urls:
+            await _drop_pg_database(url)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def databases(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Databases]:
+    dbs = Databases(tmp_path_factory.mktemp("databases"))
+    yield dbs
+    await dbs.close()
+
+
+@pytest_asyncio.fixture(params=BACKENDS)
+async def db_url(request: pytest.FixtureRequest, databases: Databases) -> str:
+    """A fresh, migrated database of each backend."""
+    return await databases.new(request.param)
+
+
+@pytest_asyncio.fixture
+async def admin_db(db_url: str) -> AsyncIterator[Admin]:
+    engine = create_engine(db_url)
+    yield Admin(session_factory(engine))
+    await engine.dispose()
+
+
+class Stack:
+    def __init__(self, gateway: GatewayProcess, admin: Admin) -> None:
+        self.gateway = gateway
+        self.admin = admin
+
+    @property
+    def base_url(self) -> str:
+        return self.gateway.base_url
+
+    @property
+    def grpc_target(self) -> str:
+        return self.gateway.grpc_target
+
+
+@pytest_asyncio.fixture(scope="session", params=BACKENDS)
+async def stack(
+    request: pytest.FixtureRequest, databases: Databases, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
+    """The real gateway (server + Envoy) on each backend, shared by the tests of a session."""
+    url = await databases.new(request.param)
+    data_dir = tmp_path_factory.mktemp(f"stack-{request.param}")
+    gateway = GatewayProcess(data_dir=data_dir, database_url=url)
+    await asyncio.to_thread(gateway.start)
+    engine = create_engine(url)
+    try:
+        yield Stack(gateway, Admin(session_factory(engine)))
+    finally:
+        await engine.dispose()
+        await asyncio.to_thread(gateway.stop)
+
+
+@pytest.fixture
+def unique() -> Iterator[str]:
+    yield secrets.token_hex(4)

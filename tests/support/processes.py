@@ -1,0 +1,87 @@
+"""Starting and stopping the real gateway for tests: `gateway up` in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+READY_LINE = "Gateway ready"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class GatewayProcess:
+    """One `gateway up` (gRPC server + Envoy) with its own ports and data dir."""
+
+    data_dir: Path
+    database_url: str
+    http_port: int = field(default_factory=free_port)
+    grpc_port: int = field(default_factory=free_port)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen[str] | None = None
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/api/v1"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self, ready_within: float = 60.0) -> GatewayProcess:
+        env = {**os.environ, "GATEWAY_DATABASE_URL": self.database_url, **self.extra_env}
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "server.cli", "up",
+                "--data-dir", str(self.data_dir),
+                "--http-port", str(self.http_port),
+                "--grpc-port", str(self.grpc_port),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.process is not None and self.process.stdout is not None
+            for line in self.process.stdout:
+                self.output.append(line)
+                if READY_LINE in line:
+                    ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + ready_within
+        while not ready.wait(0.1):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("gateway did not start:\n" + "".join(self.output))
+        return self
+
+    def stop(self, grace: float = 20.0) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def log(self) -> str:
+        return "".join(self.output)
