@@ -44,6 +44,7 @@ _LOCAL_REPLY_MESSAGES: tuple[tuple[int, int, str | None], ...] = (
     (404, 404, "Not Found"),
     (408, 408, "Request timed out before completing"),
     (413, 413, "Request payload too large"),
+    (426, 400, "Unsupported HTTP version"),
     (431, 413, "Request headers too large"),
     (500, 500, "Internal server error"),
     (502, 502, "Provider returned error"),
@@ -102,6 +103,14 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         },
         "local_reply_config": _local_reply_config(),
         "http_filters": [
+            {
+                # Bounds every request body: past the limit Envoy answers 413 itself.
+                "name": "envoy.filters.http.buffer",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                    "max_request_bytes": options.max_request_bytes,
+                },
+            },
             {
                 "name": "envoy.filters.http.lua",
                 "typed_config": {

@@ -10,9 +10,21 @@ from openrouter import OpenRouter
 from tests.conftest import Stack
 
 REFERENCE_FIELDS = {
-    "label", "limit", "limit_reset", "limit_remaining", "include_byok_in_limit", "usage",
-    "usage_daily", "usage_weekly", "usage_monthly", "byok_usage", "byok_usage_daily",
-    "byok_usage_weekly", "byok_usage_monthly", "is_free_tier", "free_model_daily_requests",
+    "label",
+    "limit",
+    "limit_reset",
+    "limit_remaining",
+    "include_byok_in_limit",
+    "usage",
+    "usage_daily",
+    "usage_weekly",
+    "usage_monthly",
+    "byok_usage",
+    "byok_usage_daily",
+    "byok_usage_weekly",
+    "byok_usage_monthly",
+    "is_free_tier",
+    "free_model_daily_requests",
 }
 
 
@@ -38,8 +50,9 @@ async def test_key_status_has_every_reference_field_with_nulls(stack: Stack, uni
 
 async def test_key_status_reports_limits_usage_and_tier(stack: Stack, unique: str) -> None:
     workspace = await stack.admin.workspace(f"ks2-{unique}")
-    issued = await stack.admin.key(workspace, "capped", limit="5", limit_reset="daily",
-                                   include_byok_in_limit=True)
+    issued = await stack.admin.key(
+        workspace, "capped", limit="5", limit_reset="daily", include_byok_in_limit=True
+    )
     await stack.admin.credits(workspace, "9")
     await stack.admin.charge(issued, "1.25")
     await stack.admin.charge(issued, "0.5", is_byok=True)

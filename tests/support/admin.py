@@ -72,11 +72,17 @@ class Admin:
 
     async def credits(self, workspace: Workspace, amount: str) -> None:
         async with self.sessions() as session:
-            await add_credits(session, workspace.account_id, usd_to_micros(amount), self.clock.now())
+            await add_credits(
+                session, workspace.account_id, usd_to_micros(amount), self.clock.now()
+            )
             await session.commit()
 
     async def charge(
-        self, issued: IssuedKey, amount: str | Decimal, *, is_byok: bool = False,
+        self,
+        issued: IssuedKey,
+        amount: str | Decimal,
+        *,
+        is_byok: bool = False,
         at: datetime | None = None,
     ) -> None:
         async with self.sessions() as session:

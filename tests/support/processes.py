@@ -45,10 +45,16 @@ class GatewayProcess:
         env = {**os.environ, "GATEWAY_DATABASE_URL": self.database_url, **self.extra_env}
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "server.cli", "up",
-                "--data-dir", str(self.data_dir),
-                "--http-port", str(self.http_port),
-                "--grpc-port", str(self.grpc_port),
+                sys.executable,
+                "-m",
+                "server.cli",
+                "up",
+                "--data-dir",
+                str(self.data_dir),
+                "--http-port",
+                str(self.http_port),
+                "--grpc-port",
+                str(self.grpc_port),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
