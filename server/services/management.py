@@ -22,6 +22,7 @@ from server.db.engine import SessionFactory
 from server.db.models import ApiKey
 from server.errors import bad_request, not_found
 from server.services.rpc import (
+    answer_with_status,
     metadata_of,
     nullable_string,
     nullable_timestamp,
@@ -189,6 +190,7 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
             )
             await session.commit()
             message = await self._key_message(session, key, principal)
+        await answer_with_status(context, 201)
         return management_pb2.CreateKeyResponse(data=message, key=plaintext)
 
     async def _account_key(

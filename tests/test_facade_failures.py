@@ -1,0 +1,110 @@
+"""Failures outside the handlers: a crashed query, an unreachable server, a slow server.
+Internals (exception text, Envoy reset reasons) never reach the client."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from facade.envoy_config import EnvoyOptions, Upstream
+from facade.launcher import EnvoyProcess
+from server.contract import DESCRIPTOR_SET, SERVICES, keys_pb2, keys_pb2_grpc
+from server.db.engine import create_engine, session_factory
+from tests.support.admin import Admin
+from tests.support.processes import GatewayProcess, free_port
+
+
+async def _envoy(tmp_path: Path, upstream_port: int, timeout_s: int = 300) -> EnvoyProcess:
+    envoy = EnvoyProcess(
+        EnvoyOptions(
+            descriptor_path=str(DESCRIPTOR_SET),
+            services=SERVICES,
+            upstreams=(Upstream("127.0.0.1", upstream_port),),
+            listen_port=free_port(),
+            route_timeout_seconds=timeout_s,
+        ),
+        tmp_path / "envoy",
+        concurrency=1,
+    )
+    await envoy.start()
+    return envoy
+
+
+def _url(envoy: EnvoyProcess, path: str) -> str:
+    return f"http://127.0.0.1:{envoy.options.listen_port}{path}"
+
+
+async def test_unreachable_server_is_503_without_reset_reason(tmp_path: Path) -> None:
+    envoy = await _envoy(tmp_path, free_port())  # nothing listens there
+    try:
+        async with httpx.AsyncClient() as client:
+            response = await client.get(_url(envoy, "/api/v1/key"))
+    finally:
+        await envoy.stop()
+    assert response.status_code == 503
+    assert response.json() == {"error": {"code": 503, "message": "Service temporarily unavailable"}}
+    assert "reset" not in response.text and "upstream" not in response.text
+
+
+class _SlowKeys(keys_pb2_grpc.KeysServicer):
+    async def GetCurrentKey(self, request: object, context: object) -> keys_pb2.CurrentKeyResponse:
+        await asyncio.sleep(5)
+        return keys_pb2.CurrentKeyResponse()
+
+
+@pytest.fixture
+async def slow_server() -> AsyncIterator[int]:
+    server = grpc.aio.server()
+    keys_pb2_grpc.add_KeysServicer_to_server(_SlowKeys(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    yield port
+    await server.stop(grace=None)
+
+
+async def test_upstream_timeout_is_524(tmp_path: Path, slow_server: int) -> None:
+    envoy = await _envoy(tmp_path, slow_server, timeout_s=1)
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            response = await client.get(_url(envoy, "/api/v1/key"))
+    finally:
+        await envoy.stop()
+    assert response.status_code == 524
+    assert response.json() == {"error": {"code": 524, "message": "Request timed out"}}
+
+
+async def test_an_unhandled_exception_is_a_bare_500(tmp_path: Path) -> None:
+    """A real failure inside a handler (the database lost a table) becomes the documented
+    500 for REST and INTERNAL for gRPC; the exception text appears in neither."""
+    data_dir = tmp_path / "gw"
+    url = f"sqlite+aiosqlite:///{data_dir / 'gateway.db'}"
+    gateway = GatewayProcess(data_dir=data_dir, database_url=url)
+    await asyncio.to_thread(gateway.start)
+    engine = create_engine(url)
+    try:
+        admin = Admin(session_factory(engine))
+        issued = await admin.key(await admin.workspace("broken"))
+        with sqlite3.connect(data_dir / "gateway.db") as connection:
+            connection.execute("DROP TABLE usage_counters")
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"{gateway.base_url}/key", headers=issued.headers)
+        assert response.status_code == 500
+        assert response.json() == {"error": {"code": 500, "message": "Internal server error"}}
+        async with grpc.aio.insecure_channel(gateway.grpc_target) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await keys_pb2_grpc.KeysStub(channel).GetCurrentKey(
+                    keys_pb2.GetCurrentKeyRequest(), metadata=issued.metadata
+                )
+        assert failure.value.code() == grpc.StatusCode.INTERNAL
+        assert failure.value.details() == "Internal server error"
+        assert "usage_counters" not in str(failure.value.trailing_metadata())
+    finally:
+        await engine.dispose()
+        await asyncio.to_thread(gateway.stop)
+    assert "usage_counters" in gateway.log()  # logged for the operator, not shown to clients
