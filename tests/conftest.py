@@ -126,3 +126,9 @@ async def stack(
 @pytest.fixture
 def unique() -> Iterator[str]:
     yield secrets.token_hex(4)
+
+
+@pytest_asyncio.fixture
+async def pg_database(databases: Databases) -> str:
+    """A fresh, migrated PostgreSQL database."""
+    return await databases.new("postgres")

@@ -1,0 +1,136 @@
+"""The operator CLI, run as operators run it: the installed `gateway` command."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.processes import GatewayProcess
+
+GATEWAY = shutil.which("gateway")
+
+
+def run(
+    data_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    assert GATEWAY is not None, "the package installs the `gateway` command"
+    environment = {k: v for k, v in os.environ.items() if k != "GATEWAY_DATABASE_URL"}
+    environment.update(env or {})
+    return subprocess.run(
+        [GATEWAY, *args, "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+    )
+
+
+def test_operator_workflow_on_the_embedded_default(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert run(data, "workspaces", "create", "acme", "--intern-programme").returncode == 0
+    intern = run(data, "interns", "create", "--workspace", "acme", "helper")
+    assert intern.returncode == 0 and intern.stdout.strip().splitlines()[-1].startswith("intern_")
+    created = run(
+        data,
+        "keys",
+        "create",
+        "--name",
+        "ci",
+        "--workspace",
+        "acme",
+        "--limit",
+        "7.5",
+        "--limit-reset",
+        "weekly",
+    )
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip().splitlines()[-1]
+    assert key.startswith("sk-gw-v1-") and len(key) == len("sk-gw-v1-") + 64
+    manager = run(data, "keys", "create", "--name", "ops", "--management")
+    assert manager.returncode == 0
+    assert run(data, "credits", "add", "--amount", "9", "--workspace", "acme").returncode == 0
+    updated = run(
+        data,
+        "workspaces",
+        "update",
+        "acme",
+        "--vault-writes",
+        "off",
+        "--default-callback-url",
+        "https://hooks.example.com/v",
+    )
+    assert updated.returncode == 0 and "vault writes off" in updated.stdout
+    listing = run(data, "keys", "list", "--workspace", "acme")
+    assert "ci" in listing.stdout and key not in listing.stdout  # never the key itself
+    assert key not in (data / "gateway.db").read_bytes().decode("latin-1")
+
+    gateway = GatewayProcess(
+        data_dir=data, database_url=f"sqlite+aiosqlite:///{data / 'gateway.db'}"
+    )
+    gateway.start()
+    try:
+        response = httpx.get(f"{gateway.base_url}/key", headers={"Authorization": f"Bearer {key}"})
+        assert response.status_code == 200
+        body = response.json()["data"]
+        assert body["limit"] == 7.5 and body["limit_reset"] == "weekly"
+        assert body["free_model_daily_requests"]["limit"] == 1000
+        assert body["is_free_tier"] is False
+        key_hash = listing.stdout.split()[0]
+        disabled = run(data, "keys", "update", key_hash, "--disabled")
+        assert disabled.returncode == 0
+        again = httpx.get(f"{gateway.base_url}/key", headers={"Authorization": f"Bearer {key}"})
+        assert again.status_code == 401
+    finally:
+        assert gateway.stop() == 0  # SIGTERM: a clean shutdown
+    assert "Gateway stopped." in gateway.log()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("keys", "create", "--name", "x", "--limit", "abc"), "not an amount"),
+        (("keys", "create", "--name", "x", "--limit-reset", "yearly"), "invalid choice"),
+        (
+            ("keys", "create", "--name", "x", "--limit-reset", "daily"),
+            "--limit-reset needs --limit",
+        ),
+        (("keys", "create", "--name", "x", "--workspace", "nope"), "no workspace named 'nope'"),
+        (("credits", "add", "--amount", "0"), "greater than 0"),
+        (("credits", "add", "--amount", "-3"), "must be a number >= 0"),
+        (("workspaces", "create", "bad name!"), "workspace name must be"),
+        (("interns", "create", "--workspace", "nope", "x"), "no workspace named"),
+        (("keys", "update", "0" * 64, "--disabled"), "no API key with hash"),
+        (("up", "--http-port", "70000"), "port must be 1-65535"),
+        (("workspaces", "update", "default", "--vault-writes", "maybe"), "expected on or off"),
+    ],
+)
+def test_bad_arguments_get_clear_messages(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    result = run(tmp_path / "data", *args)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_duplicate_workspace_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert run(data, "workspaces", "create", "twice").returncode == 0
+    again = run(data, "workspaces", "create", "twice")
+    assert again.returncode != 0 and "already exists" in again.stderr
+
+
+def test_database_url_reaches_postgresql(tmp_path: Path, pg_database: str) -> None:
+    plain = pg_database.replace("postgresql+asyncpg://", "postgresql://")
+    created = run(
+        tmp_path / "unused", "keys", "create", "--name", "pg", env={"GATEWAY_DATABASE_URL": plain}
+    )
+    assert created.returncode == 0, created.stderr
+    listing = run(tmp_path / "unused", "keys", "list", "--database-url", plain)
+    assert "pg" in listing.stdout
+    assert not (tmp_path / "unused" / "gateway.db").exists()
