@@ -56,7 +56,7 @@ def build_core(settings: Settings, clock: Clock | None = None) -> Core:
         engine=engine,
         sessions=sessions,
         clock=clock,
-        auth=Authenticator(sessions, clock),
+        auth=Authenticator(clock),
     )
 
 
@@ -76,9 +76,15 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     management_pb2_grpc.add_ManagementServicer_to_server(
         ManagementService(core.auth, core.sessions, core.clock), server
     )
-    videos_pb2_grpc.add_VideosServicer_to_server(PendingVideosService(core.auth), server)
-    audio_pb2_grpc.add_AudioServicer_to_server(PendingAudioService(core.auth), server)
-    vault_pb2_grpc.add_VaultServicer_to_server(PendingVaultService(core.auth), server)
+    videos_pb2_grpc.add_VideosServicer_to_server(
+        PendingVideosService(core.auth, core.sessions), server
+    )
+    audio_pb2_grpc.add_AudioServicer_to_server(
+        PendingAudioService(core.auth, core.sessions), server
+    )
+    vault_pb2_grpc.add_VaultServicer_to_server(
+        PendingVaultService(core.auth, core.sessions), server
+    )
 
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

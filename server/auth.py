@@ -7,15 +7,25 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import sqlalchemy as sa
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts.keys import KEY_PATTERN, hash_key, hashes_match
 from server.clock import Clock
-from server.db.engine import SessionFactory
 from server.db.models import Account, ApiKey, Workspace
 from server.errors import GatewayError, forbidden, unauthorized
 
 # last_used_at is refreshed at most this often, to keep reads free of writes.
 LAST_USED_GRANULARITY = timedelta(minutes=1)
+
+
+# Built once: compiled and cached; each request only binds the hash.
+_PRINCIPAL_BY_HASH = (
+    sa.select(ApiKey, Workspace, Account)
+    .join(Workspace, Workspace.id == ApiKey.workspace_id)  # type: ignore[arg-type]
+    .join(Account, Account.id == Workspace.account_id)  # type: ignore[arg-type]
+    .where(ApiKey.hash == sa.bindparam("hash"))  # type: ignore[arg-type]
+)
 
 
 @dataclass(frozen=True)
@@ -43,46 +53,42 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]]) -> str:
 
 
 class Authenticator:
-    def __init__(self, sessions: SessionFactory, clock: Clock) -> None:
-        self._sessions = sessions
+    """Resolves the caller inside the request's own session (one session per request)."""
+
+    def __init__(self, clock: Clock) -> None:
         self._clock = clock
 
-    async def authenticate(self, metadata: Sequence[tuple[str, str | bytes]]) -> Principal:
+    async def authenticate(
+        self, session: AsyncSession, metadata: Sequence[tuple[str, str | bytes]]
+    ) -> Principal:
         token = bearer_token(metadata)
         if not KEY_PATTERN.match(token):
             raise unauthorized("Invalid API key")
         presented = hash_key(token)
         now = self._clock.now()
-        async with self._sessions() as session:
-            row = (
-                await session.exec(
-                    sa.select(ApiKey, Workspace, Account)
-                    .join(Workspace, Workspace.id == ApiKey.workspace_id)  # type: ignore[arg-type]
-                    .join(Account, Account.id == Workspace.account_id)  # type: ignore[arg-type]
-                    .where(ApiKey.hash == presented)  # type: ignore[arg-type]
-                )
-            ).one_or_none()
-            if row is None or not hashes_match(row[0].hash, presented):
-                raise unauthorized("Invalid API key")
-            key, workspace, account = row
-            if key.disabled:
-                raise unauthorized("API key is disabled")
-            if key.expires_at is not None and key.expires_at <= now:
-                raise unauthorized("API key has expired")
-            if key.last_used_at is None or now - key.last_used_at >= LAST_USED_GRANULARITY:
-                await session.exec(
-                    sa.update(ApiKey)
-                    .where(ApiKey.hash == key.hash)  # type: ignore[arg-type]
-                    .values(last_used_at=now)
-                )
-                await session.commit()
-                key.last_used_at = now
+        row = (await session.exec(_PRINCIPAL_BY_HASH, params={"hash": presented})).one_or_none()
+        if row is None or not hashes_match(row[0].hash, presented):
+            raise unauthorized("Invalid API key")
+        key, workspace, account = row
+        if key.disabled:
+            raise unauthorized("API key is disabled")
+        if key.expires_at is not None and key.expires_at <= now:
+            raise unauthorized("API key has expired")
+        if key.last_used_at is None or now - key.last_used_at >= LAST_USED_GRANULARITY:
+            await session.exec(
+                sa.update(ApiKey)
+                .where(ApiKey.hash == key.hash)  # type: ignore[arg-type]
+                .values(last_used_at=now)
+            )
+            await session.commit()
+            # Reflect the stored value without marking the row dirty again.
+            set_committed_value(key, "last_used_at", now)
         return Principal(key=key, workspace=workspace, account=account)
 
     async def authenticate_management(
-        self, metadata: Sequence[tuple[str, str | bytes]]
+        self, session: AsyncSession, metadata: Sequence[tuple[str, str | bytes]]
     ) -> Principal:
-        principal = await self.authenticate(metadata)
+        principal = await self.authenticate(session, metadata)
         if not principal.key.is_management:
             raise forbidden("This operation requires a management key")
         return principal

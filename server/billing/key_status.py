@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.periods import PERIOD_OF_RESET
-from server.billing.usage import ACCOUNT, KEY, PeriodUsage, read_usage
+from server.billing.usage import ACCOUNT, KEY, PeriodUsage, read_usages
 from server.db.models import Account, ApiKey
 from server.limits.free_models import FreeModelDailyRequests, daily_limit, is_free_tier
 
@@ -34,8 +34,8 @@ def limit_remaining(key: ApiKey, usage: PeriodUsage) -> int | None:
 async def key_status(
     session: AsyncSession, key: ApiKey, account: Account, now: datetime
 ) -> KeyStatus:
-    usage = await read_usage(session, KEY, key.hash, now)
-    account_usage = await read_usage(session, ACCOUNT, account.id, now)
+    usages = await read_usages(session, [(KEY, key.hash), (ACCOUNT, account.id)], now)
+    usage, account_usage = usages[(KEY, key.hash)], usages[(ACCOUNT, account.id)]
     return KeyStatus(
         key=key,
         usage=usage,

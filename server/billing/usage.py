@@ -30,31 +30,62 @@ class PeriodUsage:
         return cls(spend=dict(zero), byok=dict(zero), free_requests_today=0)
 
 
-async def read_usage(
-    session: AsyncSession, subject: str, subject_id: str, now: datetime
-) -> PeriodUsage:
-    """The current all/day/week/month counters: four primary-key rows at most."""
-    starts = period_starts(now)
-    table = UsageCounter.__table__  # type: ignore[attr-defined]
-    wanted = sa.or_(
+_TABLE = UsageCounter.__table__  # type: ignore[attr-defined]
+
+# Built once: the statement is compiled and cached, each read only binds values.
+_CURRENT_COUNTERS = sa.select(
+    _TABLE.c.subject,
+    _TABLE.c.subject_id,
+    _TABLE.c.period,
+    _TABLE.c.spend_micros,
+    _TABLE.c.byok_micros,
+    _TABLE.c.free_requests,
+).where(
+    _TABLE.c.subject_id.in_(sa.bindparam("subject_ids", expanding=True)),
+    sa.or_(
         *(
-            sa.and_(table.c.period == period, table.c.period_start == starts.of(period))
+            sa.and_(
+                _TABLE.c.period == period,
+                _TABLE.c.period_start == sa.bindparam(f"{period}_start"),
+            )
             for period in PERIODS
         )
-    )
+    ),
+)
+
+
+async def read_usages(
+    session: AsyncSession, subjects: list[tuple[str, str]], now: datetime
+) -> dict[tuple[str, str], PeriodUsage]:
+    """The current all/day/week/month counters of several subjects in one query: four
+    primary-key rows per subject at most, whatever the history."""
+    starts = period_starts(now)
+    params = {f"{period}_start": starts.of(period) for period in PERIODS}
     rows = await session.exec(
-        sa.select(
-            table.c.period, table.c.spend_micros, table.c.byok_micros, table.c.free_requests
-        ).where(table.c.subject == subject, table.c.subject_id == subject_id, wanted)
+        _CURRENT_COUNTERS, params={"subject_ids": [sid for _, sid in subjects], **params}
     )
-    usage = PeriodUsage.empty()
-    free_today = 0
-    for period, spend, byok, free_requests in rows:
+    usages = {subject: PeriodUsage.empty() for subject in subjects}
+    free_today: dict[tuple[str, str], int] = {}
+    for subject, subject_id, period, spend, byok, free_requests in rows:
+        usage = usages.get((subject, subject_id))
+        if usage is None:
+            continue
         usage.spend[period] = spend
         usage.byok[period] = byok
         if period == "day":
-            free_today = free_requests
-    return PeriodUsage(spend=usage.spend, byok=usage.byok, free_requests_today=free_today)
+            free_today[(subject, subject_id)] = free_requests
+    return {
+        subject: PeriodUsage(
+            spend=usage.spend, byok=usage.byok, free_requests_today=free_today.get(subject, 0)
+        )
+        for subject, usage in usages.items()
+    }
+
+
+async def read_usage(
+    session: AsyncSession, subject: str, subject_id: str, now: datetime
+) -> PeriodUsage:
+    return (await read_usages(session, [(subject, subject_id)], now))[(subject, subject_id)]
 
 
 async def add_usage(
@@ -81,7 +112,7 @@ async def add_usage(
         }
         for period in PERIODS
     ]
-    table = UsageCounter.__table__  # type: ignore[attr-defined]
+    table = _TABLE
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     statement = insert(table).values(rows)

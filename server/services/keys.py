@@ -60,7 +60,7 @@ class KeysService(keys_pb2_grpc.KeysServicer):
     async def GetCurrentKey(
         self, request: keys_pb2.GetCurrentKeyRequest, context: grpc.aio.ServicerContext
     ) -> keys_pb2.CurrentKeyResponse:
-        principal = await self._auth.authenticate(metadata_of(context))
         async with self._sessions() as session:
+            principal = await self._auth.authenticate(session, metadata_of(context))
             status = await key_status(session, principal.key, principal.account, self._clock.now())
         return keys_pb2.CurrentKeyResponse(data=current_key_message(status))

@@ -81,8 +81,10 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
         self._sessions = sessions
         self._clock = clock
 
-    async def _principal(self, context: grpc.aio.ServicerContext) -> Principal:
-        return await self._auth.authenticate_management(metadata_of(context))
+    async def _principal(
+        self, session: AsyncSession, context: grpc.aio.ServicerContext
+    ) -> Principal:
+        return await self._auth.authenticate_management(session, metadata_of(context))
 
     async def _key_message(
         self, session: AsyncSession, key: ApiKey, principal: Principal
@@ -130,12 +132,12 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
     async def ListKeys(
         self, request: management_pb2.ListKeysRequest, context: grpc.aio.ServicerContext
     ) -> management_pb2.ListKeysResponse:
-        principal = await self._principal(context)
         async with self._sessions() as session:
+            principal = await self._principal(session, context)
             workspace_ids = await self._workspace_ids(
                 session,
                 principal,
-                request.workspace_id if request.HasField("workspace_id") else None,
+                _requested_workspace(request),
             )
             keys = await key_store.list_keys(
                 session,
@@ -151,29 +153,29 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
     async def CreateKey(
         self, request: management_pb2.CreateKeyRequest, context: grpc.aio.ServicerContext
     ) -> management_pb2.CreateKeyResponse:
-        principal = await self._principal(context)
-        limit = _usd_or_null(request.limit, "limit") if request.HasField("limit") else None
-        reset = (
-            key_store.check_limit_reset(_string_or_null(request.limit_reset, "limit_reset"))
-            if request.HasField("limit_reset")
-            else None
-        )
-        expires_at = _expiry(request.expires_at) if request.HasField("expires_at") else None
-        creator = (
-            _string_or_null(request.creator_user_id, "creator_user_id")
-            if request.HasField("creator_user_id")
-            else None
-        )
-        external_user = None
-        if request.HasField("external"):
-            user = request.external.fields.get("user_id") or request.external.fields.get("id")
-            external_user = user.string_value if user is not None else None
-        now = self._clock.now()
         async with self._sessions() as session:
+            principal = await self._principal(session, context)
+            limit = _usd_or_null(request.limit, "limit") if request.HasField("limit") else None
+            reset = (
+                key_store.check_limit_reset(_string_or_null(request.limit_reset, "limit_reset"))
+                if request.HasField("limit_reset")
+                else None
+            )
+            expires_at = _expiry(request.expires_at) if request.HasField("expires_at") else None
+            creator = (
+                _string_or_null(request.creator_user_id, "creator_user_id")
+                if request.HasField("creator_user_id")
+                else None
+            )
+            external_user = None
+            if request.HasField("external"):
+                user = request.external.fields.get("user_id") or request.external.fields.get("id")
+                external_user = user.string_value if user is not None else None
+            now = self._clock.now()
             (workspace_id,) = await self._workspace_ids(
                 session,
                 principal,
-                request.workspace_id if request.HasField("workspace_id") else None,
+                _requested_workspace(request),
             )
             workspace = await workspace_by_id(session, workspace_id)
             assert workspace is not None
@@ -202,30 +204,30 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
     async def GetKey(
         self, request: management_pb2.GetKeyRequest, context: grpc.aio.ServicerContext
     ) -> management_pb2.KeyResponse:
-        principal = await self._principal(context)
         async with self._sessions() as session:
+            principal = await self._principal(session, context)
             key = await self._account_key(session, principal, request.hash)
             return management_pb2.KeyResponse(data=await self._key_message(session, key, principal))
 
     async def UpdateKey(
         self, request: management_pb2.UpdateKeyRequest, context: grpc.aio.ServicerContext
     ) -> management_pb2.KeyResponse:
-        principal = await self._principal(context)
-        # Validate everything before touching the row: nothing is half-applied.
-        changes: dict[str, object] = {}
-        if request.HasField("name"):
-            changes["name"] = key_store.check_name(request.name)
-        if request.HasField("disabled"):
-            changes["disabled"] = request.disabled
-        if request.HasField("limit"):
-            changes["limit_micros"] = _usd_or_null(request.limit, "limit")
-        if request.HasField("limit_reset"):
-            changes["limit_reset"] = key_store.check_limit_reset(
-                _string_or_null(request.limit_reset, "limit_reset")
-            )
-        if request.HasField("include_byok_in_limit"):
-            changes["include_byok_in_limit"] = request.include_byok_in_limit
         async with self._sessions() as session:
+            principal = await self._principal(session, context)
+            # Validate everything before touching the row: nothing is half-applied.
+            changes: dict[str, object] = {}
+            if request.HasField("name"):
+                changes["name"] = key_store.check_name(request.name)
+            if request.HasField("disabled"):
+                changes["disabled"] = request.disabled
+            if request.HasField("limit"):
+                changes["limit_micros"] = _usd_or_null(request.limit, "limit")
+            if request.HasField("limit_reset"):
+                changes["limit_reset"] = key_store.check_limit_reset(
+                    _string_or_null(request.limit_reset, "limit_reset")
+                )
+            if request.HasField("include_byok_in_limit"):
+                changes["include_byok_in_limit"] = request.include_byok_in_limit
             key = await self._account_key(session, principal, request.hash)
             if request.HasField("workspace_id"):
                 (changes["workspace_id"],) = await self._workspace_ids(
@@ -241,8 +243,8 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
     async def DeleteKey(
         self, request: management_pb2.DeleteKeyRequest, context: grpc.aio.ServicerContext
     ) -> management_pb2.DeleteKeyResponse:
-        principal = await self._principal(context)
         async with self._sessions() as session:
+            principal = await self._principal(session, context)
             key = await self._account_key(session, principal, request.hash)
             await session.delete(key)
             await session.commit()
@@ -251,8 +253,8 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
     async def GetCredits(
         self, request: management_pb2.GetCreditsRequest, context: grpc.aio.ServicerContext
     ) -> management_pb2.CreditsResponse:
-        principal = await self._principal(context)
         async with self._sessions() as session:
+            principal = await self._principal(session, context)
             usage = await read_usage(session, ACCOUNT, principal.account.id, self._clock.now())
         return management_pb2.CreditsResponse(
             data=management_pb2.Credits(

@@ -9,13 +9,15 @@ import grpc
 
 from server.auth import Authenticator
 from server.contract import audio_pb2_grpc, vault_pb2_grpc, videos_pb2_grpc
+from server.db.engine import SessionFactory
 from server.errors import not_implemented
 from server.services.rpc import metadata_of
 
 
 def _pending(feature: str) -> Any:
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await self._auth.authenticate(metadata_of(context))
+        async with self._sessions() as session:
+            await self._auth.authenticate(session, metadata_of(context))
         raise not_implemented(feature)
 
     return handler
@@ -23,7 +25,8 @@ def _pending(feature: str) -> Any:
 
 def _pending_stream(feature: str) -> Any:
     async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await self._auth.authenticate(metadata_of(context))
+        async with self._sessions() as session:
+            await self._auth.authenticate(session, metadata_of(context))
         raise not_implemented(feature)
         yield  # an async generator, as streaming handlers are
 
@@ -31,8 +34,9 @@ def _pending_stream(feature: str) -> Any:
 
 
 class _Pending:
-    def __init__(self, auth: Authenticator) -> None:
+    def __init__(self, auth: Authenticator, sessions: SessionFactory) -> None:
         self._auth = auth
+        self._sessions = sessions
 
 
 class PendingVideosService(_Pending, videos_pb2_grpc.VideosServicer):
