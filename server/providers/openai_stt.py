@@ -1,0 +1,129 @@
+"""OpenAI-compatible `POST {base_url}/audio/transcriptions` (OpenAI, Groq, Together,
+Fireworks, DeepInfra, self-hosted Whisper servers)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from server.providers.http_errors import failure_from_response
+from server.providers.stt import (
+    INVALID_RESPONSE,
+    TIMEOUT,
+    UNREACHABLE,
+    ProviderFailure,
+    Segment,
+    SttCall,
+    Transcript,
+    Word,
+)
+from server.routing.catalog import Endpoint
+
+MIME = {
+    "wav": "audio/wav",
+    "mp3": "audio/mpeg",
+    "flac": "audio/flac",
+    "m4a": "audio/mp4",
+    "aac": "audio/aac",
+    "ogg": "audio/ogg",
+    "opus": "audio/ogg",
+    "webm": "audio/webm",
+}
+_SEGMENT_KEYS = ("id", "start", "end", "text")
+_WORD_KEYS = ("word", "start", "end")
+
+
+def _form(call: SttCall) -> list[tuple[str, str]]:
+    fields: list[tuple[str, str]] = [
+        ("model", call.model),
+        ("response_format", "verbose_json" if call.verbose else "json"),
+    ]
+    if call.language:
+        fields.append(("language", call.language))
+    if call.prompt:
+        fields.append(("prompt", call.prompt))
+    if call.temperature is not None:
+        fields.append(("temperature", repr(call.temperature)))
+    if call.verbose:
+        fields.extend(("timestamp_granularities[]", g) for g in call.timestamp_granularities)
+    reserved = {name for name, _ in fields} | {"file"}
+    for name, value in call.options.items():
+        if name in reserved:
+            continue  # options cannot override what the gateway sends
+        fields.append((name, value if isinstance(value, str) else json.dumps(value)))
+    return fields
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("not a number")
+    return float(value)
+
+
+def _parse(body: Any, verbose: bool) -> Transcript:
+    if not isinstance(body, dict) or not isinstance(body.get("text"), str):
+        raise ValueError("no text")
+    transcript = Transcript(text=body["text"])
+    usage = body.get("usage")
+    if isinstance(usage, dict):
+        transcript.input_tokens = int(usage.get("input_tokens") or 0)
+        transcript.output_tokens = int(usage.get("output_tokens") or 0)
+    if not verbose:
+        return transcript
+    if isinstance(body.get("language"), str):
+        transcript.language = body["language"]
+    if body.get("duration") is not None:
+        transcript.duration = _number(body["duration"])
+    for index, raw in enumerate(body.get("segments") or []):
+        transcript.segments.append(
+            Segment(
+                id=int(raw.get("id", index)),
+                start=_number(raw["start"]),
+                end=_number(raw["end"]),
+                text=str(raw["text"]),
+                extra={k: v for k, v in raw.items() if k not in _SEGMENT_KEYS},
+            )
+        )
+    for raw in body.get("words") or []:
+        transcript.words.append(
+            Word(
+                word=str(raw["word"]),
+                start=_number(raw["start"]),
+                end=_number(raw["end"]),
+                extra={k: v for k, v in raw.items() if k not in _WORD_KEYS},
+            )
+        )
+    return transcript
+
+
+class OpenAISttAdapter:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
+        headers = {}
+        credential = endpoint.credential()
+        if credential:
+            headers["Authorization"] = f"Bearer {credential}"
+        try:
+            response = await self._http.post(
+                f"{endpoint.base_url}/audio/transcriptions",
+                data=_form(call),  # type: ignore[arg-type]
+                files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
+                headers=headers,
+                timeout=endpoint.timeout_seconds,
+            )
+        except httpx.TimeoutException as exc:
+            raise ProviderFailure(TIMEOUT, "Provider timed out") from exc
+        except httpx.TransportError as exc:
+            raise ProviderFailure(UNREACHABLE, "Provider is unreachable") from exc
+        if response.status_code != 200:
+            raise failure_from_response(response)
+        try:
+            return _parse(response.json(), call.verbose)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ProviderFailure(
+                INVALID_RESPONSE, "Provider returned an invalid response", status=200
+            ) from exc
