@@ -11,6 +11,7 @@ import av
 from pocketsphinx import Decoder
 
 from server.providers.stt import (
+    CLIENT_ERROR,
     INVALID_RESPONSE,
     ProviderFailure,
     Segment,
