@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 
 import grpc
+import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -24,14 +25,15 @@ from server.contract import (
 )
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
+from server.providers.openai_stt import OpenAISttAdapter
+from server.providers.pocketsphinx_stt import PocketsphinxAdapter
+from server.routing.catalog import Catalog, load_catalog
+from server.services.audio import AudioService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
 from server.services.rpc import ErrorInterceptor
-from server.services.unimplemented import (
-    PendingAudioService,
-    PendingVaultService,
-    PendingVideosService,
-)
+from server.services.unimplemented import PendingVaultService, PendingVideosService
+from server.transcription.service import Transcriber
 
 log = logging.getLogger("gateway.server")
 
@@ -45,18 +47,35 @@ class Core:
     sessions: SessionFactory
     clock: Clock
     auth: Authenticator
+    catalog: Catalog
+    http: httpx.AsyncClient  # the one pooled client for every provider call
+    transcriber: Transcriber
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.engine.dispose()
 
 
 def build_core(settings: Settings, clock: Clock | None = None) -> Core:
     engine = create_engine(settings.database_url)
     sessions = session_factory(engine)
     clock = clock or SystemClock()
+    catalog = load_catalog(settings.catalog_file)
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(120.0, connect=10.0),
+        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        follow_redirects=False,
+    )
+    stt_adapters = {"openai": OpenAISttAdapter(http), "pocketsphinx": PocketsphinxAdapter()}
     return Core(
         settings=settings,
         engine=engine,
         sessions=sessions,
         clock=clock,
         auth=Authenticator(clock),
+        catalog=catalog,
+        http=http,
+        transcriber=Transcriber(catalog, stt_adapters, clock),
     )
 
 
@@ -80,7 +99,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         PendingVideosService(core.auth, core.sessions), server
     )
     audio_pb2_grpc.add_AudioServicer_to_server(
-        PendingAudioService(core.auth, core.sessions), server
+        AudioService(core.auth, core.sessions, core.transcriber), server
     )
     vault_pb2_grpc.add_VaultServicer_to_server(
         PendingVaultService(core.auth, core.sessions), server
@@ -123,4 +142,4 @@ async def serve(
     finally:
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=10)
-        await core.engine.dispose()
+        await core.close()

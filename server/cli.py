@@ -99,6 +99,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         http_port=args.http_port,
         http_host=args.host,
+        catalog_file=args.catalog,
     )
     if settings.database_url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -288,6 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--http-port", type=_port, default=8080, help="REST port (default 8080)")
     up.add_argument("--grpc-port", type=_port, default=50051, help="gRPC port (default 50051)")
     up.add_argument("--host", default="127.0.0.1", help="REST listen address")
+    up.add_argument(
+        "--catalog",
+        metavar="FILE",
+        help="operator provider catalog (TOML) adding to or replacing built-in "
+        "models (env GATEWAY_CATALOG)",
+    )
     up.set_defaults(run=cmd_up)
 
     envoy_config = commands.add_parser(

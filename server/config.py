@@ -19,6 +19,7 @@ class Settings:
     http_port: int = 8080
     envoy_admin_port: int = 0  # 0: Envoy picks a free port
     max_request_bytes: int = 50 * 1024 * 1024
+    catalog_file: str | None = None  # the operator's catalog, added to the built-in one
 
     @property
     def grpc_target(self) -> str:
@@ -39,6 +40,8 @@ def load_settings(
     folder = Path(data_dir or env.get("GATEWAY_DATA_DIR") or DEFAULT_DATA_DIR)
     url = database_url or env.get("GATEWAY_DATABASE_URL") or sqlite_url(folder)
     given = {k: v for k, v in overrides.items() if v is not None}
+    if "catalog_file" not in given and env.get("GATEWAY_CATALOG"):
+        given["catalog_file"] = env["GATEWAY_CATALOG"]
     return Settings(data_dir=folder, database_url=normalize_database_url(url), **given)  # type: ignore[arg-type]
 
 

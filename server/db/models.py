@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
@@ -35,6 +37,9 @@ class Account(SQLModel, table=True):
     name: str = Field(max_length=255)
     credits_purchased_micros: int = Field(default=0, sa_type=sa.BigInteger)
     exempt_free_limits: bool = False
+    # Bumped by every credit hold/settlement: the UPDATE serializes them per account on
+    # PostgreSQL (row lock) and SQLite (write lock), so concurrent requests never overspend.
+    lock_version: int = Field(default=0, sa_type=sa.BigInteger)
     created_at: datetime = Field(sa_type=UtcDateTime)
 
 
@@ -115,3 +120,43 @@ class LedgerEntry(SQLModel, table=True):
     is_byok: bool = False
     reference: str | None = Field(default=None, max_length=255)
     created_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class CreditHold(SQLModel, table=True):
+    """Credits reserved by a request still running. Expired holds (a crashed process) no
+    longer count and are swept."""
+
+    __tablename__ = "credit_holds"
+
+    id: str = Field(primary_key=True, max_length=40)
+    account_id: str = Field(foreign_key="accounts.id", index=True, max_length=40)
+    key_hash: str = Field(index=True, max_length=64)
+    amount_micros: int = Field(sa_type=sa.BigInteger)
+    counts_against_balance: bool = True  # false for BYOK: the provider bills the workspace
+    counts_against_key_limit: bool = True
+    created_at: datetime = Field(sa_type=UtcDateTime)
+    expires_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class Generation(SQLModel, table=True):
+    """One request's record for observability. Never audio, prompts or secret values."""
+
+    __tablename__ = "generations"
+
+    id: str = Field(primary_key=True, max_length=40)
+    account_id: str = Field(index=True, max_length=40)
+    workspace_id: str = Field(max_length=40)
+    key_hash: str = Field(index=True, max_length=64)
+    kind: str = Field(max_length=16)  # "stt" | "video"
+    model: str = Field(max_length=255)
+    provider: str | None = Field(default=None, max_length=64)
+    status: str = Field(max_length=16)  # "completed" | "failed"
+    cost_micros: int = Field(default=0, sa_type=sa.BigInteger)
+    is_byok: bool = False
+    seconds: Decimal | None = Field(default=None, sa_type=sa.Numeric(18, 6))
+    latency_ms: int | None = None
+    session_id: str | None = Field(default=None, max_length=256)
+    user: str | None = Field(default=None, max_length=256)
+    trace: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    error: str | None = Field(default=None, max_length=1000)
+    created_at: datetime = Field(sa_type=UtcDateTime, index=True)

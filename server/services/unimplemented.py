@@ -1,4 +1,4 @@
-"""Videos, Audio and Vault: the contract is complete; until their features land each rpc
+"""Videos and Vault: the contract is complete; until their features land each rpc
 authenticates the caller and answers 501 in the documented error shape."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 
 from server.auth import Authenticator
-from server.contract import audio_pb2_grpc, vault_pb2_grpc, videos_pb2_grpc
+from server.contract import vault_pb2_grpc, videos_pb2_grpc
 from server.db.engine import SessionFactory
 from server.errors import not_implemented
 from server.services.rpc import metadata_of
@@ -44,11 +44,6 @@ class PendingVideosService(_Pending, videos_pb2_grpc.VideosServicer):
     ListVideoModels = _pending("Video generation")
     GetVideo = _pending("Video generation")
     GetVideoContent = _pending_stream("Video generation")
-
-
-class PendingAudioService(_Pending, audio_pb2_grpc.AudioServicer):
-    Transcribe = _pending("Speech-to-text")
-    CreateTranscription = _pending("Speech-to-text")
 
 
 class PendingVaultService(_Pending, vault_pb2_grpc.VaultServicer):

@@ -1,0 +1,89 @@
+"""Fallback routing: try a model's endpoints in order; turn the attempts' failures into the
+one error the API reference prescribes."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from server.errors import GatewayError
+from server.providers.stt import (
+    CLIENT_ERROR,
+    OVERLOADED,
+    RATE_LIMITED,
+    TIMEOUT,
+    ProviderFailure,
+)
+from server.routing.catalog import Endpoint
+
+log = logging.getLogger("gateway.routing")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    endpoint: Endpoint
+    failure: ProviderFailure
+
+
+@dataclass(frozen=True)
+class Routed(Generic[T]):
+    value: T
+    endpoint: Endpoint
+    attempts: tuple[Attempt, ...]  # the failed attempts before the one that served
+
+
+def final_error(attempts: Sequence[Attempt]) -> GatewayError:
+    """The error for a request every endpoint failed."""
+    if not attempts:
+        return GatewayError(503, "No available provider meets the routing requirements")
+    last = attempts[-1]
+    metadata: dict[str, object] = {"provider_name": last.endpoint.provider}
+    if last.failure.provider_code is not None:
+        metadata["provider_code"] = last.failure.provider_code
+    if all(a.failure.kind == RATE_LIMITED for a in attempts):
+        hints = [a.failure.retry_after for a in attempts]
+        retry_after = max(h for h in hints if h is not None) if None not in hints else None
+        return GatewayError(
+            429, "Provider rate limited the request", metadata, retry_after_seconds=retry_after
+        )
+    if last.failure.kind == RATE_LIMITED:
+        return GatewayError(429, "Provider rate limited the request", metadata)
+    if last.failure.kind == OVERLOADED:
+        return GatewayError(529, "Provider returned error (overloaded)", metadata)
+    if last.failure.kind == TIMEOUT:
+        return GatewayError(
+            504, "Operation aborted due to timeout: the provider did not answer", metadata
+        )
+    return GatewayError(502, "Provider returned error", metadata)
+
+
+async def route(
+    endpoints: Sequence[Endpoint], attempt: Callable[[Endpoint], Awaitable[T]]
+) -> Routed[T]:
+    """Run `attempt` on each usable endpoint until one succeeds. A failure that is the
+    client's fault ends the request at once (another provider would refuse it too)."""
+    failures: list[Attempt] = []
+    for endpoint in endpoints:
+        if not endpoint.available:
+            continue
+        try:
+            value = await attempt(endpoint)
+        except ProviderFailure as failure:
+            if failure.kind == CLIENT_ERROR:
+                metadata = {"provider_name": endpoint.provider}
+                if failure.provider_code is not None:
+                    metadata["provider_code"] = failure.provider_code  # type: ignore[assignment]
+                raise GatewayError(400, failure.message, metadata) from failure
+            log.warning(
+                "provider %s failed (%s, status %s); trying the next endpoint",
+                endpoint.provider,
+                failure.kind,
+                failure.status,
+            )
+            failures.append(Attempt(endpoint, failure))
+            continue
+        return Routed(value=value, endpoint=endpoint, attempts=tuple(failures))
+    raise final_error(failures)

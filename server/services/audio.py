@@ -1,0 +1,56 @@
+"""Audio service: POST /api/v1/audio/transcriptions (raw body: JSON or multipart) and the
+typed CreateTranscription rpc for gRPC callers."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+from google.api import httpbody_pb2
+from google.protobuf import json_format
+
+from server.auth import Authenticator
+from server.contract import audio_pb2, audio_pb2_grpc
+from server.db.engine import SessionFactory
+from server.services.rpc import metadata_of
+from server.transcription.request import from_http, from_message
+from server.transcription.service import Transcriber
+
+
+def _header(context: grpc.aio.ServicerContext, name: str) -> str | None:
+    for key, value in metadata_of(context):
+        if key.lower() == name:
+            return value.decode("latin-1") if isinstance(value, bytes) else value
+    return None
+
+
+class AudioService(audio_pb2_grpc.AudioServicer):
+    def __init__(
+        self, auth: Authenticator, sessions: SessionFactory, transcriber: Transcriber
+    ) -> None:
+        self._auth = auth
+        self._sessions = sessions
+        self._transcriber = transcriber
+
+    async def Transcribe(
+        self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
+    ) -> httpbody_pb2.HttpBody:
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate(session, metadata_of(context))
+            parsed = from_http(request.data, request.content_type, _header(context, "x-session-id"))
+            result = await self._transcriber.transcribe(session, principal, parsed)
+        return httpbody_pb2.HttpBody(
+            content_type="application/json",
+            data=json.dumps(result.body(), separators=(",", ":")).encode(),
+        )
+
+    async def CreateTranscription(
+        self, request: audio_pb2.TranscriptionRequest, context: grpc.aio.ServicerContext
+    ) -> audio_pb2.TranscriptionResponse:
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate(session, metadata_of(context))
+            parsed = from_message(request, _header(context, "x-session-id"))
+            result = await self._transcriber.transcribe(session, principal, parsed)
+        return json_format.ParseDict(
+            result.body(), audio_pb2.TranscriptionResponse(), ignore_unknown_fields=True
+        )

@@ -1,0 +1,227 @@
+"""Speech-to-text as a billable, routed operation: validate, measure, hold, route with
+fallback, settle, record."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from server.auth import Principal
+from server.billing.holds import Hold, place_hold, release_hold, settle_hold
+from server.billing.money import micros_to_json_number, usd_to_micros
+from server.billing.usage import ACCOUNT, add_usage
+from server.clock import Clock
+from server.db.models import Generation
+from server.errors import GatewayError, bad_request
+from server.limits.free_models import is_free_model
+from server.providers.stt import SttAdapter, SttCall, Transcript
+from server.routing.catalog import Catalog, Endpoint, Model
+from server.routing.fallback import route
+from server.transcription.media import probe
+from server.transcription.request import TranscriptionInput
+
+log = logging.getLogger("gateway.transcription")
+
+
+@dataclass(frozen=True)
+class TranscriptionResult:
+    request: TranscriptionInput
+    transcript: Transcript
+    seconds: Decimal
+    cost_micros: int
+    provider: str
+    generation_id: str
+
+    def body(self) -> dict[str, Any]:
+        """The response object of the API reference (2.4)."""
+        t = self.transcript
+        body: dict[str, Any] = {
+            "text": t.text,
+            "usage": {
+                "cost": micros_to_json_number(self.cost_micros),
+                "input_tokens": t.input_tokens,
+                "output_tokens": t.output_tokens,
+                "seconds": float(self.seconds),
+                "total_tokens": t.input_tokens + t.output_tokens,
+            },
+        }
+        if not self.request.verbose:
+            return body
+        body["task"] = "transcribe"
+        body["language"] = t.language or self.request.language or "unknown"
+        body["duration"] = float(self.seconds)
+        body["segments"] = [
+            {**s.extra, "id": s.id, "start": s.start, "end": s.end, "text": s.text}
+            for s in t.segments
+        ]
+        if "word" in self.request.timestamp_granularities and t.words:
+            body["words"] = [
+                {**w.extra, "word": w.word, "start": w.start, "end": w.end} for w in t.words
+            ]
+        return body
+
+
+def price(model: Model, seconds: Decimal) -> int:
+    return usd_to_micros(model.price_per_second * seconds)
+
+
+class Transcriber:
+    def __init__(self, catalog: Catalog, adapters: Mapping[str, SttAdapter], clock: Clock) -> None:
+        self._catalog = catalog
+        self._adapters = adapters
+        self._clock = clock
+
+    def _model(self, request: TranscriptionInput) -> Model:
+        model = self._catalog.get(request.model)
+        if model is None or model.kind != "stt":
+            raise bad_request(f"Unknown speech-to-text model {request.model!r}", param="model")
+        if request.verbose and not model.verbose_json:
+            raise bad_request(
+                f"response_format verbose_json is not supported by {model.id}; use json",
+                param="response_format",
+            )
+        return model
+
+    def _call(self, request: TranscriptionInput, model: Model, endpoint: Endpoint) -> SttCall:
+        return SttCall(
+            audio=request.audio,
+            format=request.claimed_format or "wav",
+            filename=request.filename,
+            model=endpoint.model or model.upstream_name,
+            language=request.language,
+            prompt=request.prompt,
+            verbose=request.verbose,
+            temperature=request.temperature,
+            timestamp_granularities=request.timestamp_granularities,
+            # Only the serving provider's options are forwarded.
+            options=dict(request.provider_options.get(endpoint.provider, {})),
+        )
+
+    async def transcribe(
+        self, session: AsyncSession, principal: Principal, request: TranscriptionInput
+    ) -> TranscriptionResult:
+        model = self._model(request)
+        audio = probe(request.audio, request.claimed_format, request.audio_param)
+        if request.claimed_format is None or request.claimed_format != audio.format:
+            request.claimed_format = audio.format
+        cost = price(model, audio.seconds)
+        started = time.monotonic()
+        hold = await place_hold(
+            session,
+            account_id=principal.account.id,
+            key_hash=principal.key.hash,
+            amount_micros=cost,
+            now=self._clock.now(),
+        )
+        generation_id = f"gen_{secrets.token_hex(12)}"
+        try:
+            routed = await route(
+                model.endpoints,
+                lambda endpoint: self._adapters[endpoint.adapter].transcribe(
+                    endpoint, self._call(request, model, endpoint)
+                ),
+            )
+        except BaseException as exc:
+            await self._fail(session, hold, principal, request, model, generation_id, exc, started)
+            raise
+        await settle_hold(
+            session, hold, cost_micros=cost, now=self._clock.now(), reference=generation_id
+        )
+        await self._record(
+            session,
+            principal,
+            request,
+            model,
+            generation_id,
+            provider=routed.endpoint.provider,
+            status="completed",
+            cost=cost,
+            seconds=audio.seconds,
+            started=started,
+            free=is_free_model(model.id),
+        )
+        return TranscriptionResult(
+            request=request,
+            transcript=routed.value,
+            seconds=audio.seconds,
+            cost_micros=cost,
+            provider=routed.endpoint.provider,
+            generation_id=generation_id,
+        )
+
+    async def _fail(
+        self,
+        session: AsyncSession,
+        hold: Hold,
+        principal: Principal,
+        request: TranscriptionInput,
+        model: Model,
+        generation_id: str,
+        exc: BaseException,
+        started: float,
+    ) -> None:
+        await session.rollback()
+        await release_hold(session, hold)
+        message = exc.message if isinstance(exc, GatewayError) else "request did not complete"
+        await self._record(
+            session,
+            principal,
+            request,
+            model,
+            generation_id,
+            provider=None,
+            status="failed",
+            cost=0,
+            seconds=None,
+            started=started,
+            error=message,
+            free=False,
+        )
+
+    async def _record(
+        self,
+        session: AsyncSession,
+        principal: Principal,
+        request: TranscriptionInput,
+        model: Model,
+        generation_id: str,
+        *,
+        provider: str | None,
+        status: str,
+        cost: int,
+        seconds: Decimal | None,
+        started: float,
+        free: bool,
+        error: str | None = None,
+    ) -> None:
+        now = self._clock.now()
+        session.add(
+            Generation(
+                id=generation_id,
+                account_id=principal.account.id,
+                workspace_id=principal.workspace.id,
+                key_hash=principal.key.hash,
+                kind="stt",
+                model=model.id,
+                provider=provider,
+                status=status,
+                cost_micros=cost,
+                seconds=seconds,
+                latency_ms=int((time.monotonic() - started) * 1000),
+                session_id=request.session_id,
+                user=request.user,
+                trace=request.trace,
+                error=error,
+                created_at=now,
+            )
+        )
+        if free:
+            await add_usage(session, ACCOUNT, principal.account.id, now, free_requests=1)
+        await session.commit()
