@@ -16,7 +16,10 @@ import pytest_asyncio
 
 from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
+from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
+from tests.fakes.openai_stt import FakeSttProvider
 from tests.support.admin import Admin
+from tests.support.catalog import FAKE_KEY_ENV, write_test_catalog
 from tests.support.processes import GatewayProcess
 
 PG_HOST = os.environ.get("GATEWAY_TEST_PG_HOST", "127.0.0.1")
@@ -92,10 +95,26 @@ async def admin_db(db_url: str) -> AsyncIterator[Admin]:
     await engine.dispose()
 
 
+@pytest.fixture(scope="session")
+def fake_stt() -> Iterator[FakeSttProvider]:
+    provider = FakeSttProvider().start()
+    yield provider
+    provider.stop()
+
+
+def gateway_env(catalog: Path) -> dict[str, str]:
+    return {
+        "GATEWAY_CATALOG": str(catalog),
+        FAKE_KEY_ENV: FAKE_PROVIDER_KEY,
+        "FAKE_STT_WRONG_KEY": "not-the-key",
+    }
+
+
 class Stack:
-    def __init__(self, gateway: GatewayProcess, admin: Admin) -> None:
+    def __init__(self, gateway: GatewayProcess, admin: Admin, fake_stt: FakeSttProvider) -> None:
         self.gateway = gateway
         self.admin = admin
+        self.fake_stt = fake_stt
 
     @property
     def base_url(self) -> str:
@@ -108,16 +127,21 @@ class Stack:
 
 @pytest_asyncio.fixture(scope="session", params=BACKENDS)
 async def stack(
-    request: pytest.FixtureRequest, databases: Databases, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    databases: Databases,
+    tmp_path_factory: pytest.TempPathFactory,
+    fake_stt: FakeSttProvider,
 ) -> AsyncIterator[Stack]:
-    """The real gateway (server + Envoy) on each backend, shared by the tests of a session."""
+    """The real gateway (server + Envoy) on each backend, shared by the tests of a session,
+    with a catalog of fake providers on loopback."""
     url = await databases.new(request.param)
     data_dir = tmp_path_factory.mktemp(f"stack-{request.param}")
-    gateway = GatewayProcess(data_dir=data_dir, database_url=url)
+    catalog = write_test_catalog(data_dir / "catalog.toml", fake_stt.base_url)
+    gateway = GatewayProcess(data_dir=data_dir, database_url=url, extra_env=gateway_env(catalog))
     await asyncio.to_thread(gateway.start)
     engine = create_engine(url)
     try:
-        yield Stack(gateway, Admin(session_factory(engine)))
+        yield Stack(gateway, Admin(session_factory(engine)), fake_stt)
     finally:
         await engine.dispose()
         await asyncio.to_thread(gateway.stop)

@@ -35,7 +35,19 @@ _SEGMENT_KEYS = ("id", "start", "end", "text")
 _WORD_KEYS = ("word", "start", "end")
 
 
-def _form(call: SttCall) -> list[tuple[str, str]]:
+def _form(call: SttCall) -> dict[str, str | list[str]]:
+    """The multipart fields; a repeated field (timestamp_granularities[]) is a list."""
+    form: dict[str, str | list[str]] = {}
+    for name, value in _fields(call):
+        existing = form.get(name)
+        if existing is None:
+            form[name] = value
+        else:
+            form[name] = [*([existing] if isinstance(existing, str) else existing), value]
+    return form
+
+
+def _fields(call: SttCall) -> list[tuple[str, str]]:
     fields: list[tuple[str, str]] = [
         ("model", call.model),
         ("response_format", "verbose_json" if call.verbose else "json"),
@@ -110,7 +122,7 @@ class OpenAISttAdapter:
         try:
             response = await self._http.post(
                 f"{endpoint.base_url}/audio/transcriptions",
-                data=_form(call),  # type: ignore[arg-type]
+                data=_form(call),
                 files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
                 headers=headers,
                 timeout=endpoint.timeout_seconds,

@@ -216,7 +216,7 @@ def from_json(raw: bytes, header_session_id: str | None) -> TranscriptionInput:
     )
 
 
-def _multipart_parts(raw: bytes, boundary: bytes) -> list[tuple[dict[str, str], bytes]]:
+def multipart_parts(raw: bytes, boundary: bytes) -> list[tuple[dict[str, str], bytes]]:
     parts: list[tuple[dict[str, str], bytes]] = []
     headers: dict[str, str] = {}
     name_buf = bytearray()
@@ -272,7 +272,7 @@ def from_multipart(
         raise bad_request("multipart/form-data needs a boundary")
     fields: dict[str, list[str]] = {}
     upload: tuple[str, bytes] | None = None
-    for headers, data in _multipart_parts(raw, boundary):
+    for headers, data in multipart_parts(raw, boundary):
         _, disposition = parse_options_header(headers.get("content-disposition", ""))
         name = disposition.get(b"name", b"").decode("utf-8", "replace")
         if name == "file":

@@ -1,0 +1,75 @@
+"""The operator catalog the test gateways run with: fake providers on loopback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.processes import free_port
+
+FAKE_KEY_ENV = "FAKE_STT_KEY"
+
+
+def _model(
+    model_id: str, endpoints: list[str], *, price: str = "0.001", verbose: bool = True
+) -> str:
+    lines = [
+        "[[models]]",
+        f'id = "{model_id}"',
+        'kind = "stt"',
+        f'price_per_second = "{price}"',
+        f"verbose_json = {'true' if verbose else 'false'}",
+    ]
+    for endpoint in endpoints:
+        lines.append("[[models.endpoints]]")
+        lines.append(endpoint)
+    return "\n".join(lines) + "\n"
+
+
+def fake_endpoint(
+    base_url: str,
+    upstream: str,
+    provider: str = "fakeai",
+    timeout: float | None = None,
+    key_env: str = FAKE_KEY_ENV,
+) -> str:
+    parts = [
+        f'provider = "{provider}"',
+        'adapter = "openai"',
+        f'base_url = "{base_url}"',
+        f'api_key_env = "{key_env}"',
+        f'model = "{upstream}"',
+    ]
+    if timeout is not None:
+        parts.append(f"timeout_seconds = {timeout}")
+    return "\n".join(parts)
+
+
+def write_test_catalog(path: Path, base_url: str) -> Path:
+    def e(upstream: str, provider: str = "fakeai", **kw: object) -> str:
+        return fake_endpoint(base_url, upstream, provider, **kw)  # type: ignore[arg-type]
+
+    down = fake_endpoint(f"http://127.0.0.1:{free_port()}/v1", "ok", "downai")
+    models = [
+        _model("fake/ok", [e("ok")]),
+        _model("fake/tokens", [e("tokens")]),
+        _model("fake/echo", [e("echo", "alpha"), e("ok", "beta")]),
+        _model("fake/echo-beta", [e("error-500", "alpha"), e("echo", "beta")]),
+        _model("fake/fallback-429", [e("ratelimit-7", "alpha"), e("ok", "beta")]),
+        _model("fake/all-429", [e("ratelimit-7", "alpha"), e("ratelimit-3", "beta")]),
+        _model("fake/429-partial-hint", [e("ratelimit-none", "alpha"), e("ratelimit-3", "beta")]),
+        _model("fake/500-then-ok", [e("error-500", "alpha"), e("ok", "beta")]),
+        _model("fake/all-5xx", [e("error-500", "alpha"), e("error-502", "beta")]),
+        _model("fake/down", [down]),
+        _model("fake/down-then-ok", [down, e("ok", "beta")]),
+        _model("fake/garbage", [e("garbage")]),
+        _model("fake/overloaded", [e("overloaded")]),
+        _model("fake/slow", [e("slow-3", timeout=0.5)]),
+        _model("fake/client-error", [e("bad-request", "alpha"), e("ok", "beta")]),
+        _model("fake/no-verbose", [e("ok")], verbose=False),
+        _model("fake/no-credential", [e("ok", key_env="GATEWAY_TEST_UNSET_KEY")]),
+        _model("fake/wrong-credential", [e("ok", key_env="FAKE_STT_WRONG_KEY")]),
+        _model("fake/free:free", [e("ok")], price="0"),
+        _model("fake/pricey", [e("ok")], price="1"),
+    ]
+    path.write_text("\n".join(models))
+    return path
