@@ -150,7 +150,6 @@ async def test_malformed_http_gets_the_error_shape(stack: Stack, request_bytes: 
         ("POST", "/videos", {"model": "acme/v1", "prompt": "x"}),
         ("GET", "/videos/models", None),
         ("GET", "/videos/job_1", None),
-        ("POST", "/audio/transcriptions", {"model": "a/b"}),
         ("DELETE", "/vault/secrets/abc", None),
         ("PUT", "/vault/secrets/abc", {"value": "v", "hosts": ["example.com"]}),
         ("GET", "/vault/interns/intern_1/effective-secrets", None),
