@@ -1,0 +1,86 @@
+"""Credit holds on a real SQLite file and PostgreSQL: reserve, settle, release, expire."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from server.billing.holds import place_hold, release_hold, settle_hold
+from server.billing.money import usd_to_micros
+from server.clock import ManualClock
+from server.db.models import CreditHold
+from server.errors import GatewayError
+from tests.support.admin import Admin, IssuedKey
+
+
+async def _hold(admin: Admin, issued: IssuedKey, usd: str, **kw: object) -> object:
+    async with admin.sessions() as session:
+        return await place_hold(
+            session,
+            account_id=issued.workspace.account_id,
+            key_hash=issued.hash,
+            amount_micros=usd_to_micros(usd),
+            now=admin.clock.now(),
+            **kw,  # type: ignore[arg-type]
+        )
+
+
+async def _refused(admin: Admin, issued: IssuedKey, usd: str) -> GatewayError:
+    with pytest.raises(GatewayError) as refused:
+        await _hold(admin, issued, usd)
+    assert refused.value.status == 402
+    return refused.value
+
+
+async def test_holds_settle_release_and_in_flight_budget(admin_db: Admin) -> None:
+    admin_db.clock = ManualClock(datetime(2026, 7, 1, 12, tzinfo=UTC))
+    workspace = await admin_db.workspace("holds")
+    await admin_db.credits(workspace, "10")
+    issued = await admin_db.key(workspace, limit="1")
+
+    first = await _hold(admin_db, issued, "0.6")
+    waiting = await _refused(admin_db, issued, "0.6")
+    assert waiting.metadata == {"limit_source": "in_flight_budget"}
+    assert waiting.retry_after_seconds is not None
+
+    async with admin_db.sessions() as session:
+        await settle_hold(
+            session,
+            first,
+            cost_micros=usd_to_micros("0.5"),  # type: ignore[arg-type]
+            now=admin_db.clock.now(),
+            reference="gen_1",
+        )
+    over = await _refused(admin_db, issued, "0.6")  # 0.5 left of the cap
+    assert over.metadata == {"limit_source": "key_limit"}
+    second = await _hold(admin_db, issued, "0.5")
+    async with admin_db.sessions() as session:
+        await release_hold(session, second)  # type: ignore[arg-type]
+        remaining = (await session.exec(sa.select(sa.func.count()).select_from(CreditHold))).one()
+    assert remaining[0] == 0
+    await _hold(admin_db, issued, "0.5")  # released: available again
+
+
+async def test_expired_holds_stop_counting(admin_db: Admin) -> None:
+    clock = ManualClock(datetime(2026, 7, 1, 12, tzinfo=UTC))
+    admin_db.clock = clock
+    workspace = await admin_db.workspace("expiry")
+    await admin_db.credits(workspace, "1")
+    issued = await admin_db.key(workspace)
+    await _hold(admin_db, issued, "1", ttl=timedelta(minutes=5))
+    refused = await _refused(admin_db, issued, "0.5")
+    assert refused.metadata == {"limit_source": "in_flight_budget"}
+    clock.advance(timedelta(minutes=5, seconds=1))  # the holder crashed; its hold lapsed
+    await _hold(admin_db, issued, "0.5")
+
+
+async def test_balance_at_zero_refuses_even_free_requests(admin_db: Admin) -> None:
+    workspace = await admin_db.workspace("zero")
+    issued = await admin_db.key(workspace)
+    refused = await _refused(admin_db, issued, "0")
+    assert refused.metadata == {"limit_source": "credits"}
+    await admin_db.credits(workspace, "1")
+    await admin_db.charge(issued, "1")
+    assert (await _refused(admin_db, issued, "0")).metadata == {"limit_source": "credits"}
