@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from server.auth import Authenticator
@@ -18,23 +20,31 @@ LEGACY_RATE_LIMIT = keys_pb2.LegacyRateLimit(
 )
 
 
-def current_key_message(status: KeyStatus) -> keys_pb2.CurrentKey:
+def limit_and_usage_fields(status: KeyStatus) -> dict[str, Any]:
+    """The limit and usage members GET /key and the /keys routes share."""
     key, usage = status.key, status.usage
+    return {
+        "limit": nullable_usd(key.limit_micros),
+        "limit_reset": nullable_string(key.limit_reset),
+        "limit_remaining": nullable_usd(status.limit_remaining_micros),
+        "include_byok_in_limit": key.include_byok_in_limit,
+        "usage": micros_to_json_number(usage.spend["all"]),
+        "usage_daily": micros_to_json_number(usage.spend["day"]),
+        "usage_weekly": micros_to_json_number(usage.spend["week"]),
+        "usage_monthly": micros_to_json_number(usage.spend["month"]),
+        "byok_usage": micros_to_json_number(usage.byok["all"]),
+        "byok_usage_daily": micros_to_json_number(usage.byok["day"]),
+        "byok_usage_weekly": micros_to_json_number(usage.byok["week"]),
+        "byok_usage_monthly": micros_to_json_number(usage.byok["month"]),
+    }
+
+
+def current_key_message(status: KeyStatus) -> keys_pb2.CurrentKey:
+    key = status.key
     free = status.free_model_daily_requests
     return keys_pb2.CurrentKey(
         label=key.label,
-        limit=nullable_usd(key.limit_micros),
-        limit_reset=nullable_string(key.limit_reset),
-        limit_remaining=nullable_usd(status.limit_remaining_micros),
-        include_byok_in_limit=key.include_byok_in_limit,
-        usage=micros_to_json_number(usage.spend["all"]),
-        usage_daily=micros_to_json_number(usage.spend["day"]),
-        usage_weekly=micros_to_json_number(usage.spend["week"]),
-        usage_monthly=micros_to_json_number(usage.spend["month"]),
-        byok_usage=micros_to_json_number(usage.byok["all"]),
-        byok_usage_daily=micros_to_json_number(usage.byok["day"]),
-        byok_usage_weekly=micros_to_json_number(usage.byok["week"]),
-        byok_usage_monthly=micros_to_json_number(usage.byok["month"]),
+        **limit_and_usage_fields(status),
         is_free_tier=status.is_free_tier,
         free_model_daily_requests=keys_pb2.FreeModelDailyRequests(
             used=free.used, limit=free.limit, remaining=free.remaining

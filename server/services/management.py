@@ -21,12 +21,12 @@ from server.contract import management_pb2, management_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import ApiKey
 from server.errors import bad_request, not_found
+from server.services.keys import limit_and_usage_fields
 from server.services.rpc import (
     answer_with_status,
     metadata_of,
     nullable_string,
     nullable_timestamp,
-    nullable_usd,
     timestamp,
 )
 
@@ -90,24 +90,12 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
         self, session: AsyncSession, key: ApiKey, principal: Principal
     ) -> management_pb2.ApiKey:
         status = await key_status(session, key, principal.account, self._clock.now())
-        usage = status.usage
         return management_pb2.ApiKey(
             hash=key.hash,
             name=key.name,
             label=key.label,
             disabled=key.disabled,
-            limit=nullable_usd(key.limit_micros),
-            limit_remaining=nullable_usd(status.limit_remaining_micros),
-            limit_reset=nullable_string(key.limit_reset),
-            include_byok_in_limit=key.include_byok_in_limit,
-            usage=micros_to_json_number(usage.spend["all"]),
-            usage_daily=micros_to_json_number(usage.spend["day"]),
-            usage_weekly=micros_to_json_number(usage.spend["week"]),
-            usage_monthly=micros_to_json_number(usage.spend["month"]),
-            byok_usage=micros_to_json_number(usage.byok["all"]),
-            byok_usage_daily=micros_to_json_number(usage.byok["day"]),
-            byok_usage_weekly=micros_to_json_number(usage.byok["week"]),
-            byok_usage_monthly=micros_to_json_number(usage.byok["month"]),
+            **limit_and_usage_fields(status),
             created_at=timestamp(key.created_at),
             updated_at=nullable_timestamp(key.updated_at),
             last_used_at=nullable_timestamp(key.last_used_at),
