@@ -53,6 +53,7 @@ async def test_holds_settle_release_and_in_flight_budget(admin_db: Admin) -> Non
             now=admin_db.clock.now(),
             reference="gen_1",
         )
+        await session.commit()  # the caller commits the settlement with its record
     over = await _refused(admin_db, issued, "0.6")  # 0.5 left of the cap
     assert over.metadata == {"limit_source": "key_limit"}
     second = await _hold(admin_db, issued, "0.5")

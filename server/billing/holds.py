@@ -1,7 +1,8 @@
 """Credit holds: reserve a request's estimated cost up front, settle it to the real cost when
 the request finishes, release it on failure. Holds and settlements of one account are
-serialized by an UPDATE of the account row, so parallel requests — on one process or many —
-never spend beyond the balance or a key's cap."""
+serialized by an UPDATE of the account row, and each reads the whole budget in one
+statement, so parallel requests — on one process or many — never spend beyond the balance or
+a key's cap."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from server.billing.key_status import limit_remaining
 from server.billing.ledger import record_charge
-from server.billing.usage import ACCOUNT, KEY, read_usages
-from server.db.models import Account, ApiKey, CreditHold
+from server.billing.periods import PERIODS, period_starts
+from server.billing.usage import ACCOUNT, KEY
+from server.db.models import Account, ApiKey, CreditHold, UsageCounter, UtcDateTime
 from server.errors import GatewayError
 
 DEFAULT_HOLD_TTL = timedelta(minutes=15)
@@ -44,16 +45,89 @@ async def _lock_account(session: AsyncSession, account_id: str) -> None:
     )
 
 
-async def _held(session: AsyncSession, column: sa.ColumnElement[bool], now: datetime) -> int:
-    total = (
-        await session.exec(
-            sa.select(sa.func.coalesce(sa.func.sum(CreditHold.amount_micros), 0)).where(
-                column,
-                CreditHold.expires_at > now,  # type: ignore[operator]
+_HOLDS = CreditHold.__table__  # type: ignore[attr-defined]
+_COUNTERS = UsageCounter.__table__  # type: ignore[attr-defined]
+_ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
+_KEYS = ApiKey.__table__  # type: ignore[attr-defined]
+
+
+def _held_sum(*conditions: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:
+    return (
+        sa.select(sa.func.coalesce(sa.func.sum(_HOLDS.c.amount_micros), 0))
+        .where(*conditions, _HOLDS.c.expires_at > sa.bindparam("now", type_=UtcDateTime))
+        .scalar_subquery()
+    )
+
+
+def _key_period(limit_reset: sa.ColumnElement[str], starts: bool) -> sa.ColumnElement[object]:
+    """The usage period (or its start) a key's cap is measured over, from its limit_reset."""
+    names = ("day", "week", "month", "all")
+    values = (
+        [sa.bindparam(f"{n}_start") for n in names] if starts else [sa.literal(n) for n in names]
+    )
+    return sa.case(
+        (limit_reset == "daily", values[0]),
+        (limit_reset == "weekly", values[1]),
+        (limit_reset == "monthly", values[2]),
+        else_=values[3],
+    )
+
+
+# Everything a hold decision needs, read in ONE statement, so it sees one snapshot: a
+# settlement (hold deleted + charge added, in one transaction) is seen whole or not at all.
+# Compiled once.
+_BUDGET = (
+    sa.select(
+        _ACCOUNTS.c.credits_purchased_micros,
+        sa.func.coalesce(
+            sa.select(_COUNTERS.c.spend_micros)
+            .where(
+                _COUNTERS.c.subject == ACCOUNT,
+                _COUNTERS.c.subject_id == sa.bindparam("account_id"),
+                _COUNTERS.c.period == "all",
+                _COUNTERS.c.period_start == sa.bindparam("all_start"),
             )
-        )
-    ).one()[0]
-    return int(total)
+            .scalar_subquery(),
+            0,
+        ),
+        _held_sum(
+            _HOLDS.c.account_id == sa.bindparam("account_id"),
+            _HOLDS.c.counts_against_balance.is_(True),
+        ),
+        _held_sum(
+            _HOLDS.c.key_hash == sa.bindparam("key_hash"),
+            _HOLDS.c.counts_against_key_limit.is_(True),
+        ),
+        _KEYS.c.limit_micros,
+        _KEYS.c.include_byok_in_limit,
+        sa.func.coalesce(
+            sa.select(
+                _COUNTERS.c.spend_micros
+                + sa.case((_KEYS.c.include_byok_in_limit, _COUNTERS.c.byok_micros), else_=0)
+            )
+            .where(
+                _COUNTERS.c.subject == KEY,
+                _COUNTERS.c.subject_id == sa.bindparam("key_hash"),
+                _COUNTERS.c.period == _key_period(_KEYS.c.limit_reset, starts=False),
+                _COUNTERS.c.period_start == _key_period(_KEYS.c.limit_reset, starts=True),
+            )
+            .scalar_subquery(),
+            0,
+        ),
+    )
+    .select_from(
+        # One account row and one key row: the join condition is the WHERE clause.
+        _ACCOUNTS.join(_KEYS, sa.true())
+    )
+    .where(
+        _ACCOUNTS.c.id == sa.bindparam("account_id"),
+        _KEYS.c.hash == sa.bindparam("key_hash"),
+    )
+)
+
+_INSERT_HOLD = sa.insert(_HOLDS)
+_DELETE_HOLD = sa.delete(_HOLDS).where(_HOLDS.c.id == sa.bindparam("hold_id"))
+_DELETE_EXPIRED = sa.delete(_HOLDS).where(_HOLDS.c.expires_at <= sa.bindparam("now"))
 
 
 async def place_hold(
@@ -70,30 +144,22 @@ async def place_hold(
     if amount_micros < 0:
         raise ValueError("a hold cannot be negative")
     await _lock_account(session, account_id)
-    account = await session.get(Account, account_id, populate_existing=True)
-    key = await session.get(ApiKey, key_hash, populate_existing=True)
-    if account is None or key is None:
-        raise GatewayError(401, "Invalid API key")
-    await session.exec(
-        sa.delete(CreditHold).where(
-            CreditHold.account_id == account_id,  # type: ignore[arg-type]
-            CreditHold.expires_at <= now,  # type: ignore[arg-type]
+    starts = period_starts(now)
+    params = {f"{period}_start": starts.of(period) for period in PERIODS}
+    row = (
+        await session.exec(
+            _BUDGET,
+            params={"account_id": account_id, "key_hash": key_hash, "now": now, **params},
         )
-    )
-    usages = await read_usages(session, [(KEY, key_hash), (ACCOUNT, account_id)], now)
-    balance = account.credits_purchased_micros - usages[(ACCOUNT, account_id)].spend["all"]
+    ).one_or_none()
+    if row is None:
+        raise GatewayError(401, "Invalid API key")
+    purchased, spent, held, held_on_key, limit, byok_in_limit, key_used = row
+    balance = purchased - spent
     # A balance at or below zero refuses every request, free models included.
     if balance <= 0:
         raise insufficient("credits", "Insufficient credits: add credits to continue")
     if not is_byok:
-        held = await _held(
-            session,
-            sa.and_(
-                CreditHold.account_id == account_id,  # type: ignore[arg-type]
-                CreditHold.counts_against_balance.is_(True),  # type: ignore[attr-defined]
-            ),
-            now,
-        )
         if amount_micros > balance:
             raise insufficient("credits", "Insufficient credits for this request")
         if amount_micros > balance - held:
@@ -102,17 +168,9 @@ async def place_hold(
                 "Credits are held by requests still running; retry shortly",
                 IN_FLIGHT_RETRY_SECONDS,
             )
-    counts_against_key = not is_byok or key.include_byok_in_limit
-    remaining = limit_remaining(key, usages[(KEY, key_hash)])
-    if counts_against_key and remaining is not None:
-        held_on_key = await _held(
-            session,
-            sa.and_(
-                CreditHold.key_hash == key_hash,  # type: ignore[arg-type]
-                CreditHold.counts_against_key_limit.is_(True),  # type: ignore[attr-defined]
-            ),
-            now,
-        )
+    counts_against_key = not is_byok or byok_in_limit
+    if counts_against_key and limit is not None:
+        remaining = max(0, limit - key_used)
         if amount_micros > remaining:
             raise insufficient("key_limit", "This request exceeds the API key's credit limit")
         if amount_micros > remaining - held_on_key:
@@ -121,27 +179,38 @@ async def place_hold(
                 "The key's limit is held by requests still running; retry shortly",
                 IN_FLIGHT_RETRY_SECONDS,
             )
-    hold = CreditHold(
-        id=f"hold_{secrets.token_hex(12)}",
-        account_id=account_id,
-        key_hash=key_hash,
-        amount_micros=amount_micros,
-        counts_against_balance=not is_byok,
-        counts_against_key_limit=counts_against_key,
-        created_at=now,
-        expires_at=now + ttl,
+    hold = Hold(f"hold_{secrets.token_hex(12)}", account_id, key_hash, amount_micros, is_byok)
+    await session.exec(
+        _INSERT_HOLD,
+        params={
+            "id": hold.id,
+            "account_id": account_id,
+            "key_hash": key_hash,
+            "amount_micros": amount_micros,
+            "counts_against_balance": not is_byok,
+            "counts_against_key_limit": counts_against_key,
+            "created_at": now,
+            "expires_at": now + ttl,
+        },
     )
-    session.add(hold)
     await session.commit()
-    return Hold(hold.id, account_id, key_hash, amount_micros, is_byok)
+    return hold
+
+
+async def sweep_expired_holds(session: AsyncSession, now: datetime) -> int:
+    """Delete holds whose request died with its process (they already stopped counting)."""
+    result = await session.exec(_DELETE_EXPIRED, params={"now": now})
+    await session.commit()
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 async def settle_hold(
     session: AsyncSession, hold: Hold, *, cost_micros: int, now: datetime, reference: str
 ) -> None:
-    """Replace the hold by the real charge, in one transaction. Commits."""
-    await _lock_account(session, hold.account_id)
-    await session.exec(sa.delete(CreditHold).where(CreditHold.id == hold.id))  # type: ignore[arg-type]
+    """Replace the hold by the real charge. The caller commits (with whatever else belongs
+    to the request's record), so the hold and the charge change in one transaction; holds
+    read that in one statement, so no lock is needed here."""
+    await session.exec(_DELETE_HOLD, params={"hold_id": hold.id})
     await record_charge(
         session,
         account_id=hold.account_id,
@@ -151,10 +220,9 @@ async def settle_hold(
         now=now,
         reference=reference,
     )
-    await session.commit()
 
 
 async def release_hold(session: AsyncSession, hold: Hold) -> None:
     """Give the reservation back (the request failed). Commits."""
-    await session.exec(sa.delete(CreditHold).where(CreditHold.id == hold.id))  # type: ignore[arg-type]
+    await session.exec(_DELETE_HOLD, params={"hold_id": hold.id})
     await session.commit()

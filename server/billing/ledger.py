@@ -7,8 +7,10 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from server.billing.usage import ACCOUNT, KEY, add_usage
+from server.billing.usage import ACCOUNT, KEY, add_usages
 from server.db.models import Account, LedgerEntry
+
+_INSERT_ENTRY = sa.insert(LedgerEntry.__table__)  # type: ignore[attr-defined]
 
 PURCHASE = "purchase"
 CHARGE = "charge"
@@ -69,9 +71,14 @@ async def record_charge(
         reference=reference,
         created_at=now,
     )
-    session.add(entry)
+    # Core statements (cached) rather than an ORM flush: this runs on every billable request.
+    await session.exec(_INSERT_ENTRY, params=entry.model_dump(exclude={"id"}))
     spend, byok = (0, amount_micros) if is_byok else (amount_micros, 0)
-    for subject, subject_id in ((KEY, key_hash), (ACCOUNT, account_id)):
-        await add_usage(session, subject, subject_id, now, spend_micros=spend, byok_micros=byok)
-    await session.flush()
+    await add_usages(
+        session,
+        [(KEY, key_hash), (ACCOUNT, account_id)],
+        now,
+        spend_micros=spend,
+        byok_micros=byok,
+    )
     return entry

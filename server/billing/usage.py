@@ -88,17 +88,33 @@ async def read_usage(
     return (await read_usages(session, [(subject, subject_id)], now))[(subject, subject_id)]
 
 
-async def add_usage(
+def _upsert_statement(dialect: str) -> sa.Insert:
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(_TABLE)
+    return statement.on_conflict_do_update(
+        index_elements=["subject", "subject_id", "period", "period_start"],
+        set_={
+            "spend_micros": _TABLE.c.spend_micros + statement.excluded.spend_micros,
+            "byok_micros": _TABLE.c.byok_micros + statement.excluded.byok_micros,
+            "free_requests": _TABLE.c.free_requests + statement.excluded.free_requests,
+        },
+    )
+
+
+# Built once per dialect and run as executemany: compiled once, cached.
+_UPSERTS = {dialect: _upsert_statement(dialect) for dialect in ("postgresql", "sqlite")}
+
+
+async def add_usages(
     session: AsyncSession,
-    subject: str,
-    subject_id: str,
+    subjects: list[tuple[str, str]],
     now: datetime,
     *,
     spend_micros: int = 0,
     byok_micros: int = 0,
     free_requests: int = 0,
 ) -> None:
-    """Add to the subject's four current counters (insert-or-increment, race-free)."""
+    """Add to each subject's four current counters (insert-or-increment, race-free)."""
     starts = period_starts(now)
     rows = [
         {
@@ -110,18 +126,28 @@ async def add_usage(
             "byok_micros": byok_micros,
             "free_requests": free_requests,
         }
+        for subject, subject_id in subjects
         for period in PERIODS
     ]
-    table = _TABLE
     dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statement = insert(table).values(rows)
-    statement = statement.on_conflict_do_update(
-        index_elements=["subject", "subject_id", "period", "period_start"],
-        set_={
-            "spend_micros": table.c.spend_micros + statement.excluded.spend_micros,
-            "byok_micros": table.c.byok_micros + statement.excluded.byok_micros,
-            "free_requests": table.c.free_requests + statement.excluded.free_requests,
-        },
+    await session.exec(_UPSERTS["postgresql" if dialect == "postgresql" else "sqlite"], params=rows)
+
+
+async def add_usage(
+    session: AsyncSession,
+    subject: str,
+    subject_id: str,
+    now: datetime,
+    *,
+    spend_micros: int = 0,
+    byok_micros: int = 0,
+    free_requests: int = 0,
+) -> None:
+    await add_usages(
+        session,
+        [(subject, subject_id)],
+        now,
+        spend_micros=spend_micros,
+        byok_micros=byok_micros,
+        free_requests=free_requests,
     )
-    await session.exec(statement)

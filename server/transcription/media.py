@@ -28,6 +28,12 @@ FORMATS: dict[str, frozenset[str]] = {
 }
 ALIASES = {"mpeg": "mp3", "mpga": "mp3", "mp4": "m4a", "oga": "ogg", "x-wav": "wav"}
 MAX_AUDIO_BYTES = 25 * 1000 * 1000
+# Only the container and the packets' timing are needed, not codec parameters: a small probe
+# and no stream analysis make opening several times cheaper, with the same results for every
+# supported format. Audio the small probe cannot place (a large ID3 tag, say) is opened again
+# with FFmpeg's defaults.
+_FAST_OPEN = {"probesize": "4096", "analyzeduration": "0"}
+_THOROUGH_OPEN: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,23 @@ def _format_of(demuxer: str, claimed: str | None) -> str | None:
     return next((name for name, demuxers in FORMATS.items() if demuxer in demuxers), None)
 
 
+def _demux_end(data: bytes, options: dict[str, str], param: str) -> tuple[str, Fraction]:
+    """The demuxer's name and the end time of the last audio packet, in seconds."""
+    with av.open(io.BytesIO(data), mode="r", options=options) as container:
+        streams = container.streams.audio
+        if not streams:
+            raise bad_request("The file contains no audio stream", param=param)
+        stream = streams[0]
+        offset = Fraction(stream.start_time or 0) * Fraction(stream.time_base or 1)
+        end = Fraction(0)
+        for packet in container.demux(stream):
+            if packet.pts is None or packet.time_base is None:
+                continue
+            finish = (packet.pts + (packet.duration or 0)) * packet.time_base
+            end = max(end, Fraction(finish) - offset)
+        return container.format.name, end
+
+
 def probe(data: bytes, claimed_format: str | None, param: str) -> ProbedAudio:
     """Check the bytes are audio in a supported container and measure them. The claimed
     format must be a supported name; the container found in the bytes is what counts.
@@ -61,21 +84,12 @@ def probe(data: bytes, claimed_format: str | None, param: str) -> ProbedAudio:
     if not data:
         raise bad_request("The audio is empty", param=param)
     try:
-        with av.open(io.BytesIO(data), mode="r") as container:
-            demuxer = container.format.name
-            streams = container.streams.audio
-            if not streams:
-                raise bad_request("The file contains no audio stream", param=param)
-            stream = streams[0]
-            end = Fraction(0)
-            for packet in container.demux(stream):
-                if packet.pts is None or packet.time_base is None:
-                    continue
-                finish = (packet.pts + (packet.duration or 0)) * packet.time_base
-                start_offset = (stream.start_time or 0) * (stream.time_base or 1)
-                end = max(end, Fraction(finish) - Fraction(start_offset))
-    except av.error.FFmpegError as exc:
-        raise bad_request("The audio could not be decoded", param=param) from exc
+        demuxer, end = _demux_end(data, _FAST_OPEN, param)
+    except av.error.FFmpegError:
+        try:
+            demuxer, end = _demux_end(data, _THOROUGH_OPEN, param)
+        except av.error.FFmpegError as exc:
+            raise bad_request("The audio could not be decoded", param=param) from exc
     fmt = _format_of(demuxer, claimed_format)
     if fmt is None:
         raise bad_request(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
@@ -28,6 +29,7 @@ from server.transcription.media import probe
 from server.transcription.request import TranscriptionInput
 
 log = logging.getLogger("gateway.transcription")
+_INSERT_GENERATION = sa.insert(Generation.__table__)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ class Transcriber:
         except BaseException as exc:
             await self._fail(session, hold, principal, request, model, generation_id, exc, started)
             raise
+        # The charge and the generation record commit together.
         await settle_hold(
             session, hold, cost_micros=cost, now=self._clock.now(), reference=generation_id
         )
@@ -202,26 +205,25 @@ class Transcriber:
         error: str | None = None,
     ) -> None:
         now = self._clock.now()
-        session.add(
-            Generation(
-                id=generation_id,
-                account_id=principal.account.id,
-                workspace_id=principal.workspace.id,
-                key_hash=principal.key.hash,
-                kind="stt",
-                model=model.id,
-                provider=provider,
-                status=status,
-                cost_micros=cost,
-                seconds=seconds,
-                latency_ms=int((time.monotonic() - started) * 1000),
-                session_id=request.session_id,
-                user=request.user,
-                trace=request.trace,
-                error=error,
-                created_at=now,
-            )
+        record = Generation(
+            id=generation_id,
+            account_id=principal.account.id,
+            workspace_id=principal.workspace.id,
+            key_hash=principal.key.hash,
+            kind="stt",
+            model=model.id,
+            provider=provider,
+            status=status,
+            cost_micros=cost,
+            seconds=seconds,
+            latency_ms=int((time.monotonic() - started) * 1000),
+            session_id=request.session_id,
+            user=request.user,
+            trace=request.trace,
+            error=error,
+            created_at=now,
         )
+        await session.exec(_INSERT_GENERATION, params=record.model_dump())
         if free:
             await add_usage(session, ACCOUNT, principal.account.id, now, free_requests=1)
         await session.commit()
