@@ -24,6 +24,12 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     if url.startswith("sqlite"):
+        # SQLite has one writer at a time. Contending connections wait in SQLite's busy
+        # handler, which sleeps in steps of up to 100 ms; one pooled connection instead
+        # queues transactions in the event loop, in order, with no sleeping.
+        kwargs.setdefault("pool_size", 1)
+        kwargs.setdefault("max_overflow", 0)
+        kwargs.setdefault("pool_timeout", 120)
         engine = create_async_engine(url, **kwargs)
         sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
