@@ -52,6 +52,8 @@ class Workspace(SQLModel, table=True):
     intern_programme: bool = False
     vault_writes_disabled: bool = False
     default_callback_url: str | None = Field(default=None, max_length=2048)
+    # Standard Webhooks signing secret ("whsec_..."); created when first needed.
+    webhook_secret: str | None = Field(default=None, max_length=128)
     created_at: datetime = Field(sa_type=UtcDateTime)
 
 
@@ -160,3 +162,62 @@ class Generation(SQLModel, table=True):
     trace: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     error: str | None = Field(default=None, max_length=1000)
     created_at: datetime = Field(sa_type=UtcDateTime, index=True)
+
+
+class VideoJob(SQLModel, table=True):
+    """An asynchronous video generation job. The worker that holds the lease runs it."""
+
+    __tablename__ = "video_jobs"
+    __table_args__ = (sa.Index("ix_video_jobs_claim", "status", "next_run_at"),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    account_id: str = Field(max_length=40)
+    workspace_id: str = Field(index=True, max_length=40)
+    key_hash: str = Field(max_length=64)
+    model: str = Field(max_length=255)
+    status: str = Field(max_length=16)
+    params: dict[str, Any] = Field(sa_type=sa.JSON)  # the validated request, for the provider
+    session_id: str | None = Field(default=None, max_length=256)
+    user: str | None = Field(default=None, max_length=256)
+    trace: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
+    callback_url: str | None = Field(default=None, max_length=2048)
+    hold_id: str | None = Field(default=None, max_length=40)
+    hold_micros: int = Field(default=0, sa_type=sa.BigInteger)
+    cost_micros: int | None = Field(default=None, sa_type=sa.BigInteger)
+    is_byok: bool = False
+    generation_id: str | None = Field(default=None, max_length=40)
+    error: str | None = Field(default=None, max_length=1000)
+    provider: str | None = Field(default=None, max_length=64)
+    endpoint_index: int = 0
+    provider_job_id: str | None = Field(default=None, max_length=255)
+    content_count: int = 0
+    attempts: int = 0
+    lease_owner: str | None = Field(default=None, max_length=64)
+    lease_expires_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    next_run_at: datetime = Field(sa_type=UtcDateTime)
+    created_at: datetime = Field(sa_type=UtcDateTime)
+    updated_at: datetime = Field(sa_type=UtcDateTime)
+    completed_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    expires_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """The outbox: one row per event to deliver, retried with backoff until done."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (sa.Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),)
+
+    id: str = Field(primary_key=True, max_length=40)  # the stable webhook-id
+    workspace_id: str = Field(max_length=40)
+    job_id: str = Field(index=True, max_length=40)
+    url: str = Field(max_length=2048)
+    payload: str  # the exact JSON body that is signed and sent
+    status: str = Field(max_length=16)  # pending | delivered | stopped | failed
+    attempts: int = 0
+    last_status: int | None = None
+    last_error: str | None = Field(default=None, max_length=500)
+    lease_owner: str | None = Field(default=None, max_length=64)
+    lease_expires_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+    next_attempt_at: datetime = Field(sa_type=UtcDateTime)
+    created_at: datetime = Field(sa_type=UtcDateTime)
+    delivered_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
