@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,60 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class VideoCapabilities:
+    """What a video model accepts; None means the parameter is not supported."""
+
+    resolutions: tuple[str, ...] | None = None
+    aspect_ratios: tuple[str, ...] | None = None
+    sizes: tuple[str, ...] | None = None
+    durations: tuple[int, ...] | None = None
+    frame_images: tuple[str, ...] | None = None
+    generate_audio: bool | None = None
+    seed: bool | None = None
+    input_reference_types: tuple[str, ...] = ("image_url",)
+    upscaling: bool = False
+    prompt_optional_with_images: bool = False
+    default_resolution: str | None = None
+    default_aspect_ratio: str | None = None
+    default_duration: int | None = None
+    created: int = 0
+    passthrough: tuple[str, ...] = ()
+
+
+def _strings(value: Any, where: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CatalogError(f"{where}: must be a list of strings")
+    return tuple(value)
+
+
+def _video_capabilities(table: dict[str, Any], where: str) -> VideoCapabilities:
+    durations = table.get("durations")
+    if durations is not None and (
+        not isinstance(durations, list) or not all(isinstance(d, int) and d >= 1 for d in durations)
+    ):
+        raise CatalogError(f"{where}: durations must be a list of integers >= 1")
+    return VideoCapabilities(
+        resolutions=_strings(table.get("resolutions"), f"{where} resolutions"),
+        aspect_ratios=_strings(table.get("aspect_ratios"), f"{where} aspect_ratios"),
+        sizes=_strings(table.get("sizes"), f"{where} sizes"),
+        durations=tuple(durations) if durations is not None else None,
+        frame_images=_strings(table.get("frame_images"), f"{where} frame_images"),
+        generate_audio=table.get("generate_audio"),
+        seed=table.get("seed"),
+        input_reference_types=_strings(table.get("input_reference_types"), where) or ("image_url",),
+        upscaling=bool(table.get("upscaling", False)),
+        prompt_optional_with_images=bool(table.get("prompt_optional_with_images", False)),
+        default_resolution=table.get("default_resolution"),
+        default_aspect_ratio=table.get("default_aspect_ratio"),
+        default_duration=table.get("default_duration"),
+        created=int(table.get("created", 0)),
+        passthrough=_strings(table.get("passthrough_parameters"), where) or (),
+    )
+
+
+@dataclass(frozen=True)
 class Model:
     id: str
     name: str
@@ -48,7 +102,7 @@ class Model:
     price_per_second: Decimal
     endpoints: tuple[Endpoint, ...]
     verbose_json: bool = False
-    capabilities: dict[str, Any] = field(default_factory=dict)
+    video: VideoCapabilities | None = None
 
     @property
     def upstream_name(self) -> str:
@@ -107,7 +161,6 @@ def _model(table: dict[str, Any], where: str) -> Model:
     endpoints = table.get("endpoints") or []
     if not endpoints:
         raise CatalogError(f"{where}: at least one [[models.endpoints]] is needed")
-    known = {"id", "name", "kind", "price_per_second", "endpoints", "verbose_json"}
     return Model(
         id=model_id,
         name=table.get("name", model_id),
@@ -117,7 +170,7 @@ def _model(table: dict[str, Any], where: str) -> Model:
             _endpoint(e, kind, f"{where} endpoint {i + 1}") for i, e in enumerate(endpoints)
         ),
         verbose_json=bool(table.get("verbose_json", False)),
-        capabilities={k: v for k, v in table.items() if k not in known},
+        video=_video_capabilities(table, where) if kind == "video" else None,
     )
 
 
