@@ -1,0 +1,32 @@
+"""What every video adapter takes and returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from server.routing.catalog import Endpoint
+
+
+@dataclass(frozen=True)
+class VideoCall:
+    model: str  # the provider's model name
+    params: dict[str, Any]  # validated request parameters (prompt, width, height, duration, ...)
+    options: dict[str, Any] = field(default_factory=dict)  # this provider's options only
+
+
+@dataclass
+class VideoProgress:
+    """Where a provider job stands. `videos` is set once it completed (MP4 bytes)."""
+
+    state: str  # "running" | "completed" | "failed"
+    provider_job_id: str | None = None
+    videos: list[bytes] = field(default_factory=list)
+    error: str | None = None
+    seconds: float | None = None  # output duration, when the provider reports it
+
+
+class VideoAdapter(Protocol):
+    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress: ...
+
+    async def poll(self, endpoint: Endpoint, provider_job_id: str) -> VideoProgress: ...
