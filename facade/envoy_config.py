@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 LUA_FILTER = Path(__file__).resolve().parent / "error_rewrite.lua"
+STREAMING_LUA = Path(__file__).resolve().parent / "streaming_rewrite.lua"
+# gRPC methods whose response body streams (after transcoding, routes match these paths).
+STREAMING_METHODS = ("/gateway.v1.Videos/GetVideoContent",)
 MIB = 1024 * 1024
 
 
@@ -80,8 +83,28 @@ def _local_reply_config() -> dict[str, Any]:
     }
 
 
+def streaming_source() -> str:
+    """The error rewrite plus the streaming override (Lua: the later definition wins).
+    Inlined, so the compose config needs no second file."""
+    return LUA_FILTER.read_text() + "\n" + STREAMING_LUA.read_text()
+
+
 def render(options: EnvoyOptions) -> dict[str, Any]:
+    streaming_lua = {
+        "envoy.filters.http.lua": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute",
+            "name": "streaming",
+        }
+    }
     routes = [
+        {
+            "match": {"path": method},
+            "route": {"cluster": "gateway_grpc", "timeout": f"{options.route_timeout_seconds}s"},
+            "typed_per_filter_config": streaming_lua,
+        }
+        for method in STREAMING_METHODS
+    ]
+    routes += [
         # Matched after the transcoder rewrote :path to /package.Service/Method; an unknown
         # REST path finds no route and gets the 404 local reply.
         {
@@ -116,6 +139,9 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
                     "default_source_code": {"filename": options.lua_path},
+                    "source_codes": {
+                        "streaming": {"inline_string": streaming_source()}
+                    },
                 },
             },
             {

@@ -25,6 +25,8 @@ from server.contract import (
 )
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
+from server.jobs.video_worker import VideoWorker
+from server.providers.local_video import LocalVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
 from server.routing.catalog import Catalog, load_catalog
@@ -32,8 +34,10 @@ from server.services.audio import AudioService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
 from server.services.rpc import ErrorInterceptor
-from server.services.unimplemented import PendingVaultService, PendingVideosService
+from server.services.unimplemented import PendingVaultService
+from server.services.videos import VideosService
 from server.transcription.service import Transcriber
+from server.videos.content import ContentStore
 
 log = logging.getLogger("gateway.server")
 
@@ -50,6 +54,8 @@ class Core:
     catalog: Catalog
     http: httpx.AsyncClient  # the one pooled client for every provider call
     transcriber: Transcriber
+    content: ContentStore
+    video_worker: VideoWorker
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -67,6 +73,8 @@ def build_core(settings: Settings, clock: Clock | None = None) -> Core:
         follow_redirects=False,
     )
     stt_adapters = {"openai": OpenAISttAdapter(http), "pocketsphinx": PocketsphinxAdapter()}
+    video_adapters = {"local": LocalVideoAdapter()}
+    content = ContentStore(settings.content_dir)
     return Core(
         settings=settings,
         engine=engine,
@@ -76,6 +84,8 @@ def build_core(settings: Settings, clock: Clock | None = None) -> Core:
         catalog=catalog,
         http=http,
         transcriber=Transcriber(catalog, stt_adapters, clock),
+        content=content,
+        video_worker=VideoWorker(sessions, clock, catalog, video_adapters, content),
     )
 
 
@@ -96,7 +106,15 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         ManagementService(core.auth, core.sessions, core.clock), server
     )
     videos_pb2_grpc.add_VideosServicer_to_server(
-        PendingVideosService(core.auth, core.sessions), server
+        VideosService(
+            core.auth,
+            core.sessions,
+            core.clock,
+            core.catalog,
+            core.content,
+            core.video_worker.wake,
+        ),
+        server,
     )
     audio_pb2_grpc.add_AudioServicer_to_server(
         AudioService(core.auth, core.sessions, core.transcriber), server
@@ -132,6 +150,8 @@ async def serve(
     for service in ("", *SERVICES):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     log.info("gRPC server listening on %s", settings.grpc_target)
+    workers_stop = asyncio.Event()
+    worker = asyncio.create_task(core.video_worker.run(workers_stop))
     if started is not None:
         started.set()
     try:
@@ -141,5 +161,7 @@ async def serve(
             await stop.wait()
     finally:
         await health_servicer.enter_graceful_shutdown()
+        workers_stop.set()  # finish the current step, claim nothing new
         await server.stop(grace=10)
+        await worker
         await core.close()

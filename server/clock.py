@@ -33,3 +33,8 @@ class ManualClock:
 
     def advance(self, delta: timedelta) -> None:
         self._now += delta
+
+
+def rfc3339(value: datetime) -> str:
+    """UTC with millisecond precision and a Z, as the API prints timestamps."""
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

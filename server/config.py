@@ -22,6 +22,11 @@ class Settings:
     catalog_file: str | None = None  # the operator's catalog, added to the built-in one
 
     @property
+    def content_dir(self) -> Path:
+        """Where finished videos are kept (GATEWAY_CONTENT_DIR, default DATA_DIR/content)."""
+        return Path(os.environ.get("GATEWAY_CONTENT_DIR") or self.data_dir / "content")
+
+    @property
     def grpc_target(self) -> str:
         return f"{self.grpc_host}:{self.grpc_port}"
 

@@ -222,7 +222,12 @@ async def settle_hold(
     )
 
 
+async def drop_hold(session: AsyncSession, hold: Hold) -> None:
+    """Give the reservation back as part of the caller's transaction."""
+    await session.exec(_DELETE_HOLD, params={"hold_id": hold.id})
+
+
 async def release_hold(session: AsyncSession, hold: Hold) -> None:
     """Give the reservation back (the request failed). Commits."""
-    await session.exec(_DELETE_HOLD, params={"hold_id": hold.id})
+    await drop_hold(session, hold)
     await session.commit()

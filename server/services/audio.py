@@ -12,16 +12,9 @@ from google.protobuf import json_format
 from server.auth import Authenticator
 from server.contract import audio_pb2, audio_pb2_grpc
 from server.db.engine import SessionFactory
-from server.services.rpc import metadata_of
+from server.services.rpc import header_value, metadata_of
 from server.transcription.request import from_http, from_message
 from server.transcription.service import Transcriber
-
-
-def _header(context: grpc.aio.ServicerContext, name: str) -> str | None:
-    for key, value in metadata_of(context):
-        if key.lower() == name:
-            return value.decode("latin-1") if isinstance(value, bytes) else value
-    return None
 
 
 class AudioService(audio_pb2_grpc.AudioServicer):
@@ -37,7 +30,9 @@ class AudioService(audio_pb2_grpc.AudioServicer):
     ) -> httpbody_pb2.HttpBody:
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
-            parsed = from_http(request.data, request.content_type, _header(context, "x-session-id"))
+            parsed = from_http(
+                request.data, request.content_type, header_value(context, "x-session-id")
+            )
             result = await self._transcriber.transcribe(session, principal, parsed)
         return httpbody_pb2.HttpBody(
             content_type="application/json",
@@ -49,7 +44,7 @@ class AudioService(audio_pb2_grpc.AudioServicer):
     ) -> audio_pb2.TranscriptionResponse:
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
-            parsed = from_message(request, _header(context, "x-session-id"))
+            parsed = from_message(request, header_value(context, "x-session-id"))
             result = await self._transcriber.transcribe(session, principal, parsed)
         return json_format.ParseDict(
             result.body(), audio_pb2.TranscriptionResponse(), ignore_unknown_fields=True

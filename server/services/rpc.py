@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -14,6 +14,7 @@ from google.protobuf import duration_pb2, struct_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from server.billing.money import micros_to_json_number
+from server.clock import rfc3339
 from server.errors import INTERNAL_ERROR, GatewayError
 
 log = logging.getLogger("gateway.rpc")
@@ -147,8 +148,7 @@ def nullable_usd(micros: int | None) -> struct_pb2.Value:
     )
 
 
-def timestamp(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+timestamp = rfc3339
 
 
 def nullable_timestamp(value: datetime | None) -> struct_pb2.Value:
@@ -157,3 +157,11 @@ def nullable_timestamp(value: datetime | None) -> struct_pb2.Value:
 
 def metadata_of(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str | bytes], ...]:
     return tuple(context.invocation_metadata() or ())
+
+
+def header_value(context: grpc.aio.ServicerContext, name: str) -> str | None:
+    """A request header (gRPC metadata; Envoy forwards the HTTP headers as metadata)."""
+    for key, value in metadata_of(context):
+        if key.lower() == name:
+            return value.decode("latin-1") if isinstance(value, bytes) else value
+    return None

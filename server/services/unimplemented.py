@@ -1,4 +1,4 @@
-"""Videos and Vault: the contract is complete; until their features land each rpc
+"""Vault: the contract is complete; until their features land each rpc
 authenticates the caller and answers 501 in the documented error shape."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 
 from server.auth import Authenticator
-from server.contract import vault_pb2_grpc, videos_pb2_grpc
+from server.contract import vault_pb2_grpc
 from server.db.engine import SessionFactory
 from server.errors import not_implemented
 from server.services.rpc import metadata_of
@@ -23,27 +23,10 @@ def _pending(feature: str) -> Any:
     return handler
 
 
-def _pending_stream(feature: str) -> Any:
-    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async with self._sessions() as session:
-            await self._auth.authenticate(session, metadata_of(context))
-        raise not_implemented(feature)
-        yield  # an async generator, as streaming handlers are
-
-    return handler
-
-
 class _Pending:
     def __init__(self, auth: Authenticator, sessions: SessionFactory) -> None:
         self._auth = auth
         self._sessions = sessions
-
-
-class PendingVideosService(_Pending, videos_pb2_grpc.VideosServicer):
-    CreateVideo = _pending("Video generation")
-    ListVideoModels = _pending("Video generation")
-    GetVideo = _pending("Video generation")
-    GetVideoContent = _pending_stream("Video generation")
 
 
 class PendingVaultService(_Pending, vault_pb2_grpc.VaultServicer):

@@ -1,0 +1,342 @@
+"""The video job worker: runs inside every server process. Jobs are claimed with a lease
+(a conditional UPDATE, and on PostgreSQL `FOR UPDATE SKIP LOCKED` to skip rows another
+process is claiming), so no two processes run one job; a process that dies leaves its lease
+to lapse and the job is taken up again. The charge and the terminal state commit together,
+guarded by the lease, so a job is charged exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+import sqlalchemy as sa
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from server.billing.holds import Hold, drop_hold, settle_hold
+from server.billing.money import usd_to_micros
+from server.clock import Clock
+from server.db.engine import SessionFactory
+from server.db.models import Generation, VideoJob, WebhookDelivery
+from server.providers.stt import ProviderFailure
+from server.providers.video import VideoAdapter, VideoCall, VideoProgress
+from server.routing.catalog import Catalog, Model
+from server.videos import jobs
+from server.videos.content import ContentStore
+
+log = logging.getLogger("gateway.jobs")
+
+_JOBS = VideoJob.__table__  # type: ignore[attr-defined]
+_INSERT_GENERATION = sa.insert(Generation.__table__)  # type: ignore[attr-defined]
+_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)  # type: ignore[attr-defined]
+
+
+def poll_delay(attempts: int) -> timedelta:
+    """Provider polling backoff: 1 s doubling to 30 s."""
+    return timedelta(seconds=min(30, 2 ** min(attempts, 5)))
+
+
+class VideoWorker:
+    def __init__(
+        self,
+        sessions: SessionFactory,
+        clock: Clock,
+        catalog: Catalog,
+        adapters: Mapping[str, VideoAdapter],
+        store: ContentStore,
+        *,
+        lease: timedelta = timedelta(minutes=2),
+        retention: timedelta = timedelta(days=1),
+        idle_wait: float = 0.5,
+    ) -> None:
+        self._sessions = sessions
+        self._clock = clock
+        self._catalog = catalog
+        self._adapters = adapters
+        self._store = store
+        self._lease = lease
+        self._retention = retention
+        self._idle_wait = idle_wait
+        self.owner = f"worker-{secrets.token_hex(6)}"
+        self.wake = asyncio.Event()  # set on submit: no need to wait for the next poll
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim and run due jobs until `stop`; then finish the current step and return."""
+        while not stop.is_set():
+            try:
+                job = await self.claim()
+                if job is not None:
+                    await self.step(job)
+                    continue
+                await self.expire_completed()
+            except Exception:
+                log.exception("video worker step failed; continuing")
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                waiter = asyncio.ensure_future(self.wake.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                try:
+                    await asyncio.wait(
+                        {waiter, stopper},
+                        timeout=self._idle_wait,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    waiter.cancel()
+                    stopper.cancel()
+
+    async def claim(self) -> VideoJob | None:
+        now = self._clock.now()
+        async with self._sessions() as session:
+            due = (
+                sa.select(_JOBS.c.id)
+                .where(
+                    _JOBS.c.status.in_((jobs.PENDING, jobs.IN_PROGRESS)),
+                    _JOBS.c.next_run_at <= now,
+                    sa.or_(_JOBS.c.lease_expires_at.is_(None), _JOBS.c.lease_expires_at < now),
+                )
+                .order_by(_JOBS.c.next_run_at)
+                .limit(1)
+            )
+            if session.get_bind().dialect.name == "postgresql":
+                due = due.with_for_update(skip_locked=True)
+            job_id = (await session.exec(due)).scalar_one_or_none()
+            if job_id is None:
+                await session.rollback()
+                return None
+            claimed = await session.exec(
+                sa.update(_JOBS)
+                .where(
+                    _JOBS.c.id == job_id,
+                    _JOBS.c.status.in_((jobs.PENDING, jobs.IN_PROGRESS)),
+                    sa.or_(_JOBS.c.lease_expires_at.is_(None), _JOBS.c.lease_expires_at < now),
+                )
+                .values(
+                    status=jobs.IN_PROGRESS,
+                    lease_owner=self.owner,
+                    lease_expires_at=now + self._lease,
+                    updated_at=now,
+                )
+            )
+            await session.commit()
+            if claimed.rowcount != 1:  # type: ignore[attr-defined]
+                return None
+            return await session.get(VideoJob, job_id, populate_existing=True)
+
+    # --- one step of one job ------------------------------------------------------------------
+
+    async def step(self, job: VideoJob) -> None:
+        model = self._catalog.get(job.model)
+        now = self._clock.now()
+        if model is None:
+            await self.finish(job, None, error="The model is no longer in the catalog")
+            return
+        if now - job.created_at > jobs.JOB_DEADLINE:
+            await self.finish(job, model, error="The provider did not finish in time")
+            return
+        if job.provider_job_id is None:
+            progress = await self._submit(job, model)
+        else:
+            endpoint = model.endpoints[min(job.endpoint_index, len(model.endpoints) - 1)]
+            try:
+                progress = await self._adapters[endpoint.adapter].poll(
+                    endpoint, job.provider_job_id
+                )
+            except ProviderFailure as failure:
+                log.warning("polling %s failed: %s; will retry", job.id, failure.message)
+                await self._reschedule(job)
+                return
+        if progress is None:
+            return
+        if progress.state == "running":
+            await self._reschedule(job)
+        elif progress.state == "completed":
+            for index, video in enumerate(progress.videos):
+                await asyncio.to_thread(self._store.save, job.id, index, video)
+            seconds = Decimal(str(progress.seconds)) if progress.seconds else None
+            await self.finish(job, model, videos=len(progress.videos), seconds=seconds)
+        else:
+            await self.finish(job, model, error=progress.error or "The provider failed")
+
+    async def _submit(self, job: VideoJob, model: Model) -> VideoProgress | None:
+        """Submit to the endpoints in order; a submission failure falls back to the next."""
+        params = dict(job.params)
+        provider_options = params.pop("provider_options", {}) or {}
+        last_error = "No available provider meets the routing requirements"
+        for index, endpoint in enumerate(model.endpoints):
+            if index < job.endpoint_index or not endpoint.available:
+                continue
+            call = VideoCall(
+                model=endpoint.model or model.upstream_name,
+                params=params,
+                options=dict(provider_options.get(endpoint.provider, {})),
+            )
+            try:
+                progress = await self._adapters[endpoint.adapter].submit(endpoint, call)
+            except ProviderFailure as failure:
+                log.warning(
+                    "submitting %s to %s failed: %s", job.id, endpoint.provider, failure.message
+                )
+                last_error = f"Provider returned error: {failure.message}"
+                continue
+            await self._record_submission(job, index, endpoint.provider, progress)
+            return progress
+        await self.finish(job, model, error=last_error)
+        return None
+
+    async def _record_submission(
+        self, job: VideoJob, index: int, provider: str, progress: VideoProgress
+    ) -> None:
+        job.endpoint_index = index
+        job.provider = provider
+        job.provider_job_id = progress.provider_job_id
+        async with self._sessions() as session:
+            await session.exec(
+                sa.update(_JOBS)
+                .where(_JOBS.c.id == job.id, _JOBS.c.lease_owner == self.owner)
+                .values(
+                    endpoint_index=index,
+                    provider=provider,
+                    provider_job_id=progress.provider_job_id,
+                    updated_at=self._clock.now(),
+                )
+            )
+            await session.commit()
+
+    async def _reschedule(self, job: VideoJob) -> None:
+        now = self._clock.now()
+        async with self._sessions() as session:
+            await session.exec(
+                sa.update(_JOBS)
+                .where(_JOBS.c.id == job.id, _JOBS.c.lease_owner == self.owner)
+                .values(
+                    attempts=job.attempts + 1,
+                    next_run_at=now + poll_delay(job.attempts),
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    updated_at=now,
+                )
+            )
+            await session.commit()
+
+    async def finish(
+        self,
+        job: VideoJob,
+        model: Model | None,
+        *,
+        videos: int = 0,
+        seconds: Decimal | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Move the job to its terminal state, charging (or releasing) its hold and queueing
+        its webhook, all in one transaction guarded by the lease."""
+        now = self._clock.now()
+        status = jobs.FAILED if error else jobs.COMPLETED
+        duration = seconds or Decimal(int(job.params.get("duration", 0)))
+        cost = usd_to_micros(model.price_per_second * duration) if model and not error else 0
+        generation_id = f"gen_{secrets.token_hex(12)}"
+        values = {
+            "status": status,
+            "error": error,
+            "cost_micros": cost if not error else None,
+            "generation_id": generation_id,
+            "content_count": videos,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "updated_at": now,
+            "completed_at": now,
+            "expires_at": now + self._retention if not error else None,
+        }
+        hold = Hold(job.hold_id or "", job.account_id, job.key_hash, job.hold_micros, job.is_byok)
+        async with self._sessions() as session:
+            done = await session.exec(
+                sa.update(_JOBS)
+                .where(
+                    _JOBS.c.id == job.id,
+                    _JOBS.c.lease_owner == self.owner,
+                    _JOBS.c.status == jobs.IN_PROGRESS,
+                )
+                .values(**values)
+            )
+            if done.rowcount != 1:  # type: ignore[attr-defined]
+                await session.rollback()  # the lease was lost: another worker owns the job
+                return
+            if job.hold_id:
+                if error:
+                    await drop_hold(session, hold)
+                else:
+                    await settle_hold(
+                        session, hold, cost_micros=cost, now=now, reference=generation_id
+                    )
+            await session.exec(
+                _INSERT_GENERATION,
+                params=Generation(
+                    id=generation_id,
+                    account_id=job.account_id,
+                    workspace_id=job.workspace_id,
+                    key_hash=job.key_hash,
+                    kind="video",
+                    model=job.model,
+                    provider=job.provider,
+                    status=status,
+                    cost_micros=cost,
+                    is_byok=job.is_byok,
+                    seconds=duration if not error else None,
+                    latency_ms=int((now - job.created_at).total_seconds() * 1000),
+                    session_id=job.session_id,
+                    user=job.user,
+                    trace=job.trace,
+                    error=error,
+                    created_at=now,
+                ).model_dump(),
+            )
+            for name, value in values.items():
+                setattr(job, name, value)
+            if job.callback_url:
+                await self._queue_webhook(session, job, now)
+            await session.commit()
+        log.info("video job %s %s", job.id, status)
+
+    async def _queue_webhook(self, session: AsyncSession, job: VideoJob, now: datetime) -> None:
+        await session.exec(
+            _INSERT_DELIVERY,
+            params={
+                "id": f"msg_{secrets.token_hex(12)}",
+                "workspace_id": job.workspace_id,
+                "job_id": job.id,
+                "url": job.callback_url,
+                "payload": json.dumps(jobs.webhook_payload(job, now), separators=(",", ":")),
+                "status": "pending",
+                "attempts": 0,
+                "next_attempt_at": now,
+                "created_at": now,
+            },
+        )
+
+    async def expire_completed(self) -> int:
+        """Completed jobs past their retention become `expired`; their content is deleted."""
+        now = self._clock.now()
+        async with self._sessions() as session:
+            expired = (
+                (
+                    await session.exec(
+                        sa.update(_JOBS)
+                        .where(_JOBS.c.status == jobs.COMPLETED, _JOBS.c.expires_at <= now)
+                        .values(status=jobs.EXPIRED, updated_at=now)
+                        .returning(_JOBS.c.id)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            await session.commit()
+        for job_id in expired:
+            await asyncio.to_thread(self._store.delete, job_id)
+        return len(expired)

@@ -1,0 +1,134 @@
+"""Videos service: submit, poll, download and list video models."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.api import httpbody_pb2
+from google.protobuf import json_format, struct_pb2
+
+from server.auth import Authenticator
+from server.clock import Clock
+from server.contract import videos_pb2, videos_pb2_grpc
+from server.db.engine import SessionFactory
+from server.routing.catalog import Catalog, Model
+from server.services.rpc import answer_with_status, header_value, metadata_of, null
+from server.videos import jobs
+from server.videos.content import ContentStore
+from server.videos.request import parse_video_request
+
+
+def _job_message(job: Any) -> videos_pb2.VideoJob:
+    return json_format.ParseDict(jobs.job_document(job), videos_pb2.VideoJob())
+
+
+def _list_or_null(values: tuple[Any, ...] | None) -> struct_pb2.Value:
+    if values is None:
+        return null()
+    value = struct_pb2.Value()
+    value.list_value.extend(list(values))
+    return value
+
+
+def _bool_or_null(flag: bool | None) -> struct_pb2.Value:
+    return null() if flag is None else struct_pb2.Value(bool_value=flag)
+
+
+def model_message(model: Model) -> videos_pb2.VideoModel:
+    caps = model.video
+    assert caps is not None
+    pricing = struct_pb2.Value()
+    pricing.struct_value.update({"per_second": str(model.price_per_second)})
+    upscale = null()
+    if caps.upscaling:
+        upscale = struct_pb2.Value()
+        upscale.struct_value.update({"min": None, "max": None})
+    return videos_pb2.VideoModel(
+        id=model.id,
+        canonical_slug=model.id,
+        name=model.name,
+        created=caps.created,
+        supported_resolutions=_list_or_null(caps.resolutions),
+        supported_aspect_ratios=_list_or_null(caps.aspect_ratios),
+        supported_sizes=_list_or_null(caps.sizes),
+        supported_durations=_list_or_null(caps.durations),
+        supported_frame_images=_list_or_null(caps.frame_images),
+        upscale_factor=upscale,
+        creativity=null(),
+        generate_audio=_bool_or_null(caps.generate_audio),
+        seed=_bool_or_null(caps.seed),
+        allowed_passthrough_parameters=list(caps.passthrough),
+        pricing_skus=pricing,
+        hugging_face_id=null(),
+    )
+
+
+class VideosService(videos_pb2_grpc.VideosServicer):
+    def __init__(
+        self,
+        auth: Authenticator,
+        sessions: SessionFactory,
+        clock: Clock,
+        catalog: Catalog,
+        store: ContentStore,
+        wake_worker: asyncio.Event | None = None,
+    ) -> None:
+        self._auth = auth
+        self._sessions = sessions
+        self._clock = clock
+        self._catalog = catalog
+        self._store = store
+        self._wake = wake_worker
+
+    async def CreateVideo(
+        self, request: videos_pb2.CreateVideoRequest, context: grpc.aio.ServicerContext
+    ) -> videos_pb2.VideoJob:
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate(session, metadata_of(context))
+            video = parse_video_request(
+                request, self._catalog, header_value(context, "x-session-id")
+            )
+            job = await jobs.submit_job(
+                session,
+                principal,
+                video,
+                self._clock.now(),
+                principal.workspace.default_callback_url,
+            )
+        if self._wake is not None:
+            self._wake.set()
+        await answer_with_status(context, 202)
+        return _job_message(job)
+
+    async def GetVideo(
+        self, request: videos_pb2.GetVideoRequest, context: grpc.aio.ServicerContext
+    ) -> videos_pb2.VideoJob:
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate(session, metadata_of(context))
+            job = await jobs.find_job(session, principal, request.job_id)
+        return _job_message(job)
+
+    async def GetVideoContent(
+        self, request: videos_pb2.GetVideoContentRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate(session, metadata_of(context))
+            job = await jobs.find_job(session, principal, request.job_id)
+        index = request.index if request.HasField("index") else 0
+        jobs.check_content(job, index, self._store)
+        first = True
+        for chunk in self._store.chunks(job.id, index):
+            # The first message's content type becomes the response's Content-Type.
+            yield httpbody_pb2.HttpBody(content_type="video/mp4" if first else "", data=chunk)
+            first = False
+
+    async def ListVideoModels(
+        self, request: videos_pb2.ListVideoModelsRequest, context: grpc.aio.ServicerContext
+    ) -> videos_pb2.VideoModelsResponse:
+        async with self._sessions() as session:
+            await self._auth.authenticate(session, metadata_of(context))
+        models = sorted(self._catalog.of_kind("video"), key=lambda m: m.id)
+        return videos_pb2.VideoModelsResponse(data=[model_message(m) for m in models])
