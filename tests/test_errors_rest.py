@@ -147,9 +147,6 @@ async def test_malformed_http_gets_the_error_shape(stack: Stack, request_bytes: 
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
-        ("POST", "/videos", {"model": "acme/v1", "prompt": "x"}),
-        ("GET", "/videos/models", None),
-        ("GET", "/videos/job_1", None),
         ("DELETE", "/vault/secrets/abc", None),
         ("PUT", "/vault/secrets/abc", {"value": "v", "hosts": ["example.com"]}),
         ("GET", "/vault/interns/intern_1/effective-secrets", None),

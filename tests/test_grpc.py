@@ -15,8 +15,8 @@ from server.contract import (
     SERVICES,
     management_pb2,
     management_pb2_grpc,
-    videos_pb2,
-    videos_pb2_grpc,
+    vault_pb2,
+    vault_pb2_grpc,
 )
 from tests.conftest import Stack
 
@@ -61,8 +61,8 @@ async def test_not_implemented_yet_is_unimplemented(stack: Stack, unique: str) -
     issued = await stack.admin.key(workspace)
     async with grpc.aio.insecure_channel(stack.grpc_target) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as failure:
-            await videos_pb2_grpc.VideosStub(channel).GetVideo(
-                videos_pb2.GetVideoRequest(job_id="x"), metadata=issued.metadata
+            await vault_pb2_grpc.VaultStub(channel).DeleteSecret(
+                vault_pb2.DeleteSecretRequest(name="x"), metadata=issued.metadata
             )
     assert failure.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert _error_info(failure.value).metadata["http_status"] == "501"
