@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 import grpc
 import httpx
@@ -85,7 +86,15 @@ def build_core(settings: Settings, clock: Clock | None = None) -> Core:
         http=http,
         transcriber=Transcriber(catalog, stt_adapters, clock),
         content=content,
-        video_worker=VideoWorker(sessions, clock, catalog, video_adapters, content),
+        video_worker=VideoWorker(
+            sessions,
+            clock,
+            catalog,
+            video_adapters,
+            content,
+            lease=timedelta(seconds=settings.job_lease_seconds),
+            retention=timedelta(seconds=settings.video_retention_seconds),
+        ),
     )
 
 

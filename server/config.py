@@ -20,6 +20,8 @@ class Settings:
     envoy_admin_port: int = 0  # 0: Envoy picks a free port
     max_request_bytes: int = 50 * 1024 * 1024
     catalog_file: str | None = None  # the operator's catalog, added to the built-in one
+    job_lease_seconds: float = 120.0  # a dead worker's job is taken up again after this
+    video_retention_seconds: float = 86400.0  # completed videos expire after this
 
     @property
     def content_dir(self) -> Path:
@@ -47,6 +49,12 @@ def load_settings(
     given = {k: v for k, v in overrides.items() if v is not None}
     if "catalog_file" not in given and env.get("GATEWAY_CATALOG"):
         given["catalog_file"] = env["GATEWAY_CATALOG"]
+    for name, variable in (
+        ("job_lease_seconds", "GATEWAY_JOB_LEASE_SECONDS"),
+        ("video_retention_seconds", "GATEWAY_VIDEO_RETENTION_SECONDS"),
+    ):
+        if name not in given and env.get(variable):
+            given[name] = float(env[variable])
     return Settings(data_dir=folder, database_url=normalize_database_url(url), **given)  # type: ignore[arg-type]
 
 

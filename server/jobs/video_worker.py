@@ -25,7 +25,7 @@ from server.db.engine import SessionFactory
 from server.db.models import Generation, VideoJob, WebhookDelivery
 from server.providers.stt import ProviderFailure
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
-from server.routing.catalog import Catalog, Model
+from server.routing.catalog import Catalog, Endpoint, Model
 from server.videos import jobs
 from server.videos.content import ContentStore
 
@@ -147,7 +147,7 @@ class VideoWorker:
             endpoint = model.endpoints[min(job.endpoint_index, len(model.endpoints) - 1)]
             try:
                 progress = await self._adapters[endpoint.adapter].poll(
-                    endpoint, job.provider_job_id
+                    endpoint, job.provider_job_id, self._call(job, model, endpoint)
                 )
             except ProviderFailure as failure:
                 log.warning("polling %s failed: %s; will retry", job.id, failure.message)
@@ -167,17 +167,11 @@ class VideoWorker:
 
     async def _submit(self, job: VideoJob, model: Model) -> VideoProgress | None:
         """Submit to the endpoints in order; a submission failure falls back to the next."""
-        params = dict(job.params)
-        provider_options = params.pop("provider_options", {}) or {}
         last_error = "No available provider meets the routing requirements"
         for index, endpoint in enumerate(model.endpoints):
             if index < job.endpoint_index or not endpoint.available:
                 continue
-            call = VideoCall(
-                model=endpoint.model or model.upstream_name,
-                params=params,
-                options=dict(provider_options.get(endpoint.provider, {})),
-            )
+            call = self._call(job, model, endpoint)
             try:
                 progress = await self._adapters[endpoint.adapter].submit(endpoint, call)
             except ProviderFailure as failure:
@@ -190,6 +184,16 @@ class VideoWorker:
             return progress
         await self.finish(job, model, error=last_error)
         return None
+
+    def _call(self, job: VideoJob, model: Model, endpoint: Endpoint) -> VideoCall:
+        params = dict(job.params)
+        provider_options = params.pop("provider_options", {}) or {}
+        return VideoCall(
+            model=endpoint.model or model.upstream_name,
+            params=params,
+            # Only the serving provider's options are forwarded.
+            options=dict(provider_options.get(endpoint.provider, {})),
+        )
 
     async def _record_submission(
         self, job: VideoJob, index: int, provider: str, progress: VideoProgress

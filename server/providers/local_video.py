@@ -87,6 +87,9 @@ class LocalVideoAdapter:
             seconds=float(call.params["duration"]),
         )
 
-    async def poll(self, endpoint: Endpoint, provider_job_id: str) -> VideoProgress:
-        # Rendering completes within submit; a job left mid-render (process died) renders again.
-        return VideoProgress(state="failed", error="local render was interrupted; resubmit")
+    async def poll(
+        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
+    ) -> VideoProgress:
+        # Rendering completes within submit; a job whose process died before it was stored is
+        # rendered again (the output is a function of the parameters).
+        return await self.submit(endpoint, call)

@@ -71,5 +71,65 @@ def write_test_catalog(path: Path, base_url: str) -> Path:
         _model("fake/free:free", [e("ok")], price="0"),
         _model("fake/pricey", [e("ok")], price="1"),
     ]
+    models.extend(VIDEO_MODELS)
     path.write_text("\n".join(models))
     return path
+
+
+# Video models on the local renderer (fast, offline), with the capabilities tests need.
+VIDEO_MODELS = [
+    """[[models]]
+id = "fakevideo/frames"
+kind = "video"
+price_per_second = "0.01"
+resolutions = ["480p", "720p"]
+aspect_ratios = ["16:9", "9:16", "1:1"]
+durations = [1, 2, 4]
+frame_images = ["first_frame", "last_frame"]
+input_reference_types = ["image_url"]
+prompt_optional_with_images = true
+seed = true
+generate_audio = false
+default_duration = 1
+[[models.endpoints]]
+provider = "local"
+adapter = "local"
+""",
+    """[[models]]
+id = "fakevideo/sized"
+kind = "video"
+price_per_second = "0.01"
+sizes = ["640x480", "480x640"]
+resolutions = ["480p"]
+aspect_ratios = ["4:3", "3:4"]
+durations = [1]
+[[models.endpoints]]
+provider = "local"
+adapter = "local"
+""",
+    """[[models]]
+id = "fakevideo/upscaler"
+kind = "video"
+price_per_second = "0.01"
+resolutions = ["480p"]
+aspect_ratios = ["16:9"]
+durations = [1]
+upscaling = true
+[[models.endpoints]]
+provider = "local"
+adapter = "local"
+""",
+    """[[models]]
+id = "fakevideo/unavailable"
+kind = "video"
+price_per_second = "0.01"
+resolutions = ["480p"]
+aspect_ratios = ["16:9"]
+durations = [1]
+[[models.endpoints]]
+provider = "nowhere"
+adapter = "openai"
+base_url = "https://127.0.0.1:9/v1"
+api_key_env = "GATEWAY_TEST_UNSET_KEY"
+""",
+]

@@ -1,0 +1,353 @@
+"""Video generation through Envoy: submit, poll, content, models, the official SDK, the
+worker (leases, exactly-once charge, restart), expiry and every validation rule."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import av
+import httpx
+import pytest
+import sqlalchemy as sa
+from openrouter import OpenRouter
+
+from server.db.models import LedgerEntry, VideoJob
+from tests.conftest import Stack
+from tests.support.admin import IssuedKey
+
+
+@pytest.fixture
+async def funded(stack: Stack, unique: str) -> IssuedKey:
+    workspace = await stack.admin.workspace(f"vid-{unique}")
+    await stack.admin.credits(workspace, "10")
+    return await stack.admin.key(workspace, "video")
+
+
+async def submit(stack: Stack, issued: IssuedKey, body: dict[str, Any]) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await client.post(f"{stack.base_url}/videos", json=body, headers=issued.headers)
+
+
+async def wait_for(
+    stack: Stack, issued: IssuedKey, job_id: str, *statuses: str, within: float = 30.0
+) -> dict[str, Any]:
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient() as client:
+        while True:
+            job = (
+                await client.get(f"{stack.base_url}/videos/{job_id}", headers=issued.headers)
+            ).json()
+            if job["status"] in statuses or time.monotonic() > deadline:
+                return job  # type: ignore[no-any-return]
+            await asyncio.sleep(0.1)
+
+
+def mp4_facts(data: bytes) -> tuple[str, int, int, float]:
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        return (
+            stream.codec_context.name,
+            stream.width,
+            stream.height,
+            container.duration / 1_000_000,
+        )
+
+
+async def test_sdk_generate_poll_download_and_list(stack: Stack, funded: IssuedKey) -> None:
+    def flow() -> tuple[Any, Any, bytes, list[str]]:
+        with OpenRouter(api_key=funded.key, server_url=stack.base_url) as sdk:
+            job = sdk.video_generation.generate(
+                model="local/renderer",
+                prompt="a lighthouse in a storm",
+                duration=2,
+                resolution="480p",
+                aspect_ratio="16:9",
+                seed=7,
+            )
+            deadline = time.monotonic() + 30
+            done = sdk.video_generation.get_generation(job_id=job.id)
+            while done.status != "completed" and time.monotonic() < deadline:
+                time.sleep(0.1)
+                done = sdk.video_generation.get_generation(job_id=job.id)
+            content = sdk.video_generation.get_video_content(job_id=job.id, index=0).read()
+            models = [m.id for m in sdk.video_generation.list_videos_models().data]
+            return job, done, content, models
+
+    job, done, content, models = await asyncio.to_thread(flow)
+    assert job.status == "pending" and job.polling_url == f"/api/v1/videos/{job.id}"
+    assert done.status == "completed" and done.generation_id
+    assert done.usage.cost == 0.002 and done.usage.is_byok is False  # 2 s x 0.001
+    codec, width, height, seconds = mp4_facts(content)
+    assert (codec, width, height) == ("h264", 854, 480)
+    assert seconds == pytest.approx(2.0, abs=0.1)
+    assert "local/renderer" in models and "fakevideo/frames" in models
+
+
+async def test_submit_answers_202_pending_and_charges_once(stack: Stack, funded: IssuedKey) -> None:
+    response = await submit(
+        stack,
+        funded,
+        {"model": "fakevideo/frames", "prompt": "waves", "duration": 2, "size": "720x720"},
+    )
+    assert response.status_code == 202
+    body = response.json()
+    assert body["status"] == "pending" and body["polling_url"] == f"/api/v1/videos/{body['id']}"
+    done = await wait_for(stack, funded, body["id"], "completed", "failed")
+    assert done["status"] == "completed", done
+    assert done["usage"] == {"cost": 0.02, "is_byok": False}
+    async with httpx.AsyncClient() as client:
+        key = (await client.get(f"{stack.base_url}/key", headers=funded.headers)).json()["data"]
+        content = await client.get(
+            f"{stack.base_url}/videos/{body['id']}/content", headers=funded.headers
+        )
+    assert key["usage"] == 0.02
+    assert content.headers["content-type"] == "video/mp4"
+    assert mp4_facts(content.content)[1:3] == (720, 720)
+    async with stack.admin.sessions() as session:
+        charges = (
+            await session.exec(
+                sa.select(sa.func.count())
+                .select_from(LedgerEntry)
+                .where(LedgerEntry.key_hash == funded.hash, LedgerEntry.kind == "charge")
+            )
+        ).one()[0]
+    assert charges == 1
+
+
+async def test_failed_job_releases_its_hold_and_content_is_409(
+    stack: Stack, funded: IssuedKey
+) -> None:
+    response = await submit(stack, funded, {"model": "fakevideo/unavailable", "prompt": "x"})
+    job = await wait_for(stack, funded, response.json()["id"], "failed")
+    assert job["status"] == "failed" and "provider" in job["error"].lower()
+    assert "usage" not in job
+    async with httpx.AsyncClient() as client:
+        content = await client.get(
+            f"{stack.base_url}/videos/{job['id']}/content", headers=funded.headers
+        )
+        key = (await client.get(f"{stack.base_url}/key", headers=funded.headers)).json()["data"]
+    assert content.status_code == 409
+    assert content.json()["error"]["code"] == 409
+    assert key["usage"] == 0
+
+
+async def test_expired_content_is_410_and_index_out_of_range_is_400(
+    stack: Stack, funded: IssuedKey
+) -> None:
+    response = await submit(
+        stack, funded, {"model": "fakevideo/sized", "prompt": "x", "size": "480x640"}
+    )
+    job_id = response.json()["id"]
+    await wait_for(stack, funded, job_id, "completed")
+    url = f"{stack.base_url}/videos/{job_id}/content"
+    async with httpx.AsyncClient() as client:
+        out_of_range = await client.get(url, params={"index": 1}, headers=funded.headers)
+        assert out_of_range.status_code == 400
+        assert out_of_range.json()["error"]["metadata"] == {"param": "index"}
+        async with stack.admin.sessions() as session:
+            await session.exec(
+                sa.update(VideoJob)
+                .where(VideoJob.id == job_id)
+                .values(expires_at=datetime.now(UTC) - timedelta(seconds=1))
+            )
+            await session.commit()
+        job = await wait_for(stack, funded, job_id, "expired")
+        assert job["status"] == "expired" and "usage" not in job
+        gone = await client.get(url, headers=funded.headers)
+    assert gone.status_code == 410
+
+
+async def test_other_workspaces_jobs_are_404(stack: Stack, funded: IssuedKey, unique: str) -> None:
+    job_id = (
+        await submit(stack, funded, {"model": "local/renderer", "prompt": "x", "duration": 1})
+    ).json()["id"]
+    await wait_for(stack, funded, job_id, "completed")
+    other_ws = await stack.admin.workspace(f"other-{unique}")
+    other = await stack.admin.key(other_ws)
+    async with httpx.AsyncClient() as client:
+        for path in (f"/videos/{job_id}", f"/videos/{job_id}/content", "/videos/vid_nope"):
+            response = await client.get(f"{stack.base_url}{path}", headers=other.headers)
+            assert response.status_code == 404, path
+
+
+async def test_image_only_generation_and_dropped_references(
+    stack: Stack, funded: IssuedKey
+) -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    response = await submit(
+        stack,
+        funded,
+        {
+            "model": "fakevideo/frames",
+            "frame_images": [{**image, "frame_type": "first_frame"}],
+            "input_references": [
+                image,
+                {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}},
+            ],
+        },
+    )
+    assert response.status_code == 202, response.text
+    async with stack.admin.sessions() as session:
+        job = await session.get(VideoJob, response.json()["id"])
+    assert job is not None
+    assert [r["type"] for r in job.params["input_references"]] == ["image_url"]
+    assert job.params["frame_images"] == [
+        {"frame_type": "first_frame", "url": "https://example.com/a.png"}
+    ]
+
+
+async def test_402_when_credits_cannot_cover_the_estimate(stack: Stack, unique: str) -> None:
+    workspace = await stack.admin.workspace(f"poorvid-{unique}")
+    await stack.admin.credits(workspace, "0.005")
+    issued = await stack.admin.key(workspace)
+    response = await submit(
+        stack, issued, {"model": "fakevideo/frames", "prompt": "x", "duration": 1}
+    )  # 0.01 > 0.005
+    assert response.status_code == 402
+    assert response.json()["error"]["metadata"] == {"limit_source": "credits"}
+    async with stack.admin.sessions() as session:
+        jobs = (
+            await session.exec(
+                sa.select(sa.func.count())
+                .select_from(VideoJob)
+                .where(VideoJob.key_hash == issued.hash)
+            )
+        ).one()[0]
+    assert jobs == 0
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "x"}, "model"),
+        ({"model": "nomodel", "prompt": "x"}, "model"),
+        ({"model": "acme/unknown", "prompt": "x"}, "model"),
+        ({"model": "local/pocketsphinx-en", "prompt": "x"}, "model"),
+        ({"model": "local/renderer"}, "prompt"),
+        ({"model": "local/renderer", "prompt": "x", "aspect_ratio": "5:4"}, "aspect_ratio"),
+        ({"model": "local/renderer", "prompt": "x", "resolution": "8K"}, "resolution"),
+        ({"model": "local/renderer", "prompt": "x", "resolution": "1080p"}, "resolution"),
+        ({"model": "local/renderer", "prompt": "x", "size": "big"}, "size"),
+        ({"model": "local/renderer", "prompt": "x", "size": "1000x1000"}, "size"),
+        (
+            {"model": "local/renderer", "prompt": "x", "size": "854x480", "resolution": "720p"},
+            "size",
+        ),
+        (
+            {"model": "local/renderer", "prompt": "x", "size": "854x480", "aspect_ratio": "9:16"},
+            "size",
+        ),
+        ({"model": "fakevideo/sized", "prompt": "x", "size": "480x480"}, "size"),
+        ({"model": "local/renderer", "prompt": "x", "duration": 0}, "duration"),
+        ({"model": "local/renderer", "prompt": "x", "duration": 7}, "duration"),
+        ({"model": "local/renderer", "prompt": "x", "generate_audio": True}, "generate_audio"),
+        ({"model": "local/renderer", "prompt": "x", "creativity": 3}, "creativity"),
+        ({"model": "local/renderer", "prompt": "x", "upscale_factor": 2}, "upscale_factor"),
+        ({"model": "fakevideo/upscaler", "prompt": "x", "upscale_factor": 0}, "upscale_factor"),
+        ({"model": "fakevideo/upscaler", "prompt": "x", "upscale_factor": -1}, "upscale_factor"),
+        (
+            {
+                "model": "local/renderer",
+                "prompt": "x",
+                "frame_images": [{**IMAGE, "frame_type": "first_frame"}],
+            },
+            "frame_images[0].frame_type",
+        ),
+        (
+            {
+                "model": "fakevideo/frames",
+                "prompt": "x",
+                "frame_images": [{**IMAGE, "frame_type": "middle_frame"}],
+            },
+            "frame_images[0].frame_type",
+        ),
+        (
+            {
+                "model": "fakevideo/frames",
+                "prompt": "x",
+                "frame_images": [
+                    {**IMAGE, "frame_type": "first_frame"},
+                    {**IMAGE, "frame_type": "first_frame"},
+                ],
+            },
+            "frame_images[1].frame_type",
+        ),
+        (
+            {
+                "model": "fakevideo/frames",
+                "prompt": "x",
+                "frame_images": [
+                    {
+                        "type": "image_url",
+                        "image_url": {"url": "ftp://x/a.png"},
+                        "frame_type": "first_frame",
+                    }
+                ],
+            },
+            "frame_images[0].image_url.url",
+        ),
+        (
+            {
+                "model": "fakevideo/frames",
+                "prompt": "x",
+                "input_references": [{"type": "text_url", "image_url": {"url": "https://x"}}],
+            },
+            "input_references[0].type",
+        ),
+        (
+            {
+                "model": "fakevideo/frames",
+                "prompt": "x",
+                "input_references": [{"type": "audio_url"}],
+            },
+            "input_references[0].audio_url.url",
+        ),
+        (
+            {"model": "local/renderer", "prompt": "x", "callback_url": "http://example.com/h"},
+            "callback_url",
+        ),
+        ({"model": "local/renderer", "prompt": "x", "callback_url": "not a url"}, "callback_url"),
+        ({"model": "local/renderer", "prompt": "x", "session_id": "s" * 257}, "session_id"),
+        ({"model": "local/renderer", "prompt": "x", "user": "u" * 257}, "user"),
+        ({"model": "local/renderer", "prompt": "x", "trace": {"trace_id": 1}}, "trace.trace_id"),
+        (
+            {"model": "local/renderer", "prompt": "x", "provider": {"options": {"local": 1}}},
+            "provider.options",
+        ),
+    ],
+)
+async def test_every_rule_is_a_400_naming_the_field(
+    stack: Stack, funded: IssuedKey, body: dict[str, Any], param: str
+) -> None:
+    response = await submit(stack, funded, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["metadata"]["param"] == param, error
+
+
+async def test_wrong_enum_values_list_the_allowed_ones(stack: Stack, funded: IssuedKey) -> None:
+    response = await submit(
+        stack, funded, {"model": "local/renderer", "prompt": "x", "aspect_ratio": "5:4"}
+    )
+    error = response.json()["error"]
+    assert "16:9" in error["message"] and "9:21" in error["message"]
+    assert "16:9" in error["metadata"]["allowed"]
+
+
+async def test_wrong_types_are_400(stack: Stack, funded: IssuedKey) -> None:
+    for body in (
+        {"model": "local/renderer", "prompt": "x", "duration": "long"},
+        {"model": "local/renderer", "prompt": "x", "duration": 1.5},
+        {"model": "local/renderer", "prompt": 5},
+        {"model": "local/renderer", "prompt": "x", "frame_images": {}},
+    ):
+        response = await submit(stack, funded, body)
+        assert response.status_code == 400, body
+        assert response.json()["error"]["code"] == 400
