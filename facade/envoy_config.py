@@ -139,9 +139,7 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
                     "default_source_code": {"filename": options.lua_path},
-                    "source_codes": {
-                        "streaming": {"inline_string": streaming_source()}
-                    },
+                    "source_codes": {"streaming": {"inline_string": streaming_source()}},
                 },
             },
             {

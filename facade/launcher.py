@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +25,14 @@ def _write(path: Path, text: str) -> None:
 
 def _read(path: Path) -> str:
     return path.read_text()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: if the gateway process dies (even by SIGKILL), the kernel
+    sends Envoy SIGTERM, so no orphaned Envoy keeps the port."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 class EnvoyProcess:
@@ -55,6 +66,7 @@ class EnvoyProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         deadline = time.monotonic() + ready_within
         async with httpx.AsyncClient(timeout=1.0) as client:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import av
@@ -15,9 +17,11 @@ import pytest
 import sqlalchemy as sa
 from openrouter import OpenRouter
 
+from server.db.engine import create_engine, session_factory
 from server.db.models import LedgerEntry, VideoJob
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
+from tests.support.admin import Admin, IssuedKey
+from tests.support.processes import GatewayProcess
 
 
 @pytest.fixture
@@ -351,3 +355,97 @@ async def test_wrong_types_are_400(stack: Stack, funded: IssuedKey) -> None:
         response = await submit(stack, funded, body)
         assert response.status_code == 400, body
         assert response.json()["error"]["code"] == 400
+
+
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def _child_pids(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        children.extend(int(c) for c in text)
+    return children
+
+
+async def test_a_killed_server_resumes_its_job_and_charges_once(tmp_path: Path) -> None:
+    """SIGKILL the gateway mid-job; a new process on the same database finishes the job
+    after the dead worker's lease lapses, and the job is charged exactly once."""
+    data_dir = tmp_path / "gw"
+    url = f"sqlite+aiosqlite:///{data_dir / 'gateway.db'}"
+    env = {"GATEWAY_JOB_LEASE_SECONDS": "2"}
+    first = GatewayProcess(data_dir=data_dir, database_url=url, extra_env=env)
+    await asyncio.to_thread(first.start)
+    engine = create_engine(url)
+    admin = Admin(session_factory(engine))
+    try:
+        workspace = await admin.workspace("resume")
+        await admin.credits(workspace, "5")
+        issued = await admin.key(workspace)
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.post(
+                f"{first.base_url}/videos",
+                headers=issued.headers,
+                json={
+                    "model": "local/renderer",
+                    "prompt": "long",
+                    "duration": 10,
+                    "resolution": "720p",
+                },
+            )
+        job_id = response.json()["id"]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            async with admin.sessions() as session:
+                job = await session.get(VideoJob, job_id, populate_existing=True)
+            if job is not None and job.status == "in_progress":
+                break
+            await asyncio.sleep(0.02)
+        assert first.process is not None
+        envoy_pids = _child_pids(first.process.pid)
+        first.process.kill()  # no cleanup at all
+        first.process.wait(10)
+        for pid in envoy_pids:  # Envoy follows its parent (PR_SET_PDEATHSIG)
+            for _ in range(100):
+                if not _alive(pid):
+                    break
+                await asyncio.sleep(0.05)
+            assert not _alive(pid), "Envoy outlived the gateway"
+        async with admin.sessions() as session:
+            job = await session.get(VideoJob, job_id, populate_existing=True)
+        assert job is not None and job.status == "in_progress"  # killed mid-job
+
+        second = GatewayProcess(data_dir=data_dir, database_url=url, extra_env=env)
+        await asyncio.to_thread(second.start)
+        try:
+            async with httpx.AsyncClient(timeout=30) as client:
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    body = (
+                        await client.get(
+                            f"{second.base_url}/videos/{job_id}", headers=issued.headers
+                        )
+                    ).json()
+                    if body["status"] in ("completed", "failed"):
+                        break
+                    await asyncio.sleep(0.2)
+                assert body["status"] == "completed", body
+                content = await client.get(
+                    f"{second.base_url}/videos/{job_id}/content", headers=issued.headers
+                )
+            assert mp4_facts(content.content)[0] == "h264"
+            async with admin.sessions() as session:
+                charges = (
+                    await session.exec(
+                        sa.select(LedgerEntry.amount_micros).where(
+                            LedgerEntry.key_hash == issued.hash, LedgerEntry.kind == "charge"
+                        )
+                    )
+                ).all()
+            assert [c[0] for c in charges] == [10_000]  # 10 s x 0.001, once
+        finally:
+            await asyncio.to_thread(second.stop)
+    finally:
+        await engine.dispose()
+        await asyncio.to_thread(first.stop)
