@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -39,6 +40,7 @@ from server.services.unimplemented import PendingVaultService
 from server.services.videos import VideosService
 from server.transcription.service import Transcriber
 from server.videos.content import ContentStore
+from server.webhooks.delivery import WebhookDispatcher
 
 log = logging.getLogger("gateway.server")
 
@@ -57,6 +59,7 @@ class Core:
     transcriber: Transcriber
     content: ContentStore
     video_worker: VideoWorker
+    webhooks: WebhookDispatcher
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -68,7 +71,11 @@ def build_core(settings: Settings, clock: Clock | None = None) -> Core:
     sessions = session_factory(engine)
     clock = clock or SystemClock()
     catalog = load_catalog(settings.catalog_file)
+    tls = ssl.create_default_context()
+    if settings.webhook_ca_bundle:
+        tls.load_verify_locations(cafile=settings.webhook_ca_bundle)
     http = httpx.AsyncClient(
+        verify=tls,
         timeout=httpx.Timeout(120.0, connect=10.0),
         limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         follow_redirects=False,
@@ -76,6 +83,9 @@ def build_core(settings: Settings, clock: Clock | None = None) -> Core:
     stt_adapters = {"openai": OpenAISttAdapter(http), "pocketsphinx": PocketsphinxAdapter()}
     video_adapters = {"local": LocalVideoAdapter()}
     content = ContentStore(settings.content_dir)
+    webhooks = WebhookDispatcher(
+        sessions, clock, http, allow_private=settings.webhook_allow_private
+    )
     return Core(
         settings=settings,
         engine=engine,
@@ -94,7 +104,9 @@ def build_core(settings: Settings, clock: Clock | None = None) -> Core:
             content,
             lease=timedelta(seconds=settings.job_lease_seconds),
             retention=timedelta(seconds=settings.video_retention_seconds),
+            on_webhook_queued=webhooks.wake.set,
         ),
+        webhooks=webhooks,
     )
 
 
@@ -160,7 +172,10 @@ async def serve(
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     log.info("gRPC server listening on %s", settings.grpc_target)
     workers_stop = asyncio.Event()
-    worker = asyncio.create_task(core.video_worker.run(workers_stop))
+    background = [
+        asyncio.create_task(core.video_worker.run(workers_stop)),
+        asyncio.create_task(core.webhooks.run(workers_stop)),
+    ]
     if started is not None:
         started.set()
     try:
@@ -172,5 +187,5 @@ async def serve(
         await health_servicer.enter_graceful_shutdown()
         workers_stop.set()  # finish the current step, claim nothing new
         await server.stop(grace=10)
-        await worker
+        await asyncio.gather(*background)
         await core.close()

@@ -163,6 +163,22 @@ async def cmd_workspaces_update(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
+    from server.webhooks.delivery import workspace_secret
+
+    settings = _settings(args)
+    await upgrade(settings.database_url)
+    engine = create_engine(settings.database_url)
+    try:
+        sessions = session_factory(engine)
+        async with sessions() as session:
+            workspace = await workspaces.workspace_by_name(session, args.name)
+        print(await workspace_secret(sessions, workspace.id))
+    finally:
+        await engine.dispose()
+    return 0
+
+
 async def cmd_interns_create(args: argparse.Namespace) -> int:
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await workspaces.workspace_by_name(session, args.workspace)
@@ -326,6 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="webhook URL for video jobs without callback_url ('' clears)",
     )
     ws_update.set_defaults(run=cmd_workspaces_update)
+    ws_secret = ws.add_parser(
+        "webhook-secret",
+        parents=[common],
+        help="print the workspace's webhook signing secret (whsec_...), creating it if needed",
+    )
+    ws_secret.add_argument("name")
+    ws_secret.set_defaults(run=cmd_workspaces_webhook_secret)
 
     interns = commands.add_parser("interns", help="manage interns").add_subparsers(
         dest="action", required=True, metavar="ACTION"

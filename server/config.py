@@ -22,6 +22,8 @@ class Settings:
     catalog_file: str | None = None  # the operator's catalog, added to the built-in one
     job_lease_seconds: float = 120.0  # a dead worker's job is taken up again after this
     video_retention_seconds: float = 86400.0  # completed videos expire after this
+    webhook_ca_bundle: str | None = None  # an extra CA file trusted for webhook TLS
+    webhook_allow_private: bool = False  # allow loopback/private webhook targets
 
     @property
     def content_dir(self) -> Path:
@@ -49,6 +51,10 @@ def load_settings(
     given = {k: v for k, v in overrides.items() if v is not None}
     if "catalog_file" not in given and env.get("GATEWAY_CATALOG"):
         given["catalog_file"] = env["GATEWAY_CATALOG"]
+    if "webhook_ca_bundle" not in given and env.get("GATEWAY_WEBHOOK_CA_BUNDLE"):
+        given["webhook_ca_bundle"] = env["GATEWAY_WEBHOOK_CA_BUNDLE"]
+    if "webhook_allow_private" not in given:
+        given["webhook_allow_private"] = env.get("GATEWAY_WEBHOOK_ALLOW_PRIVATE") == "1"
     for name, variable in (
         ("job_lease_seconds", "GATEWAY_JOB_LEASE_SECONDS"),
         ("video_retention_seconds", "GATEWAY_VIDEO_RETENTION_SECONDS"),

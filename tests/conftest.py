@@ -18,6 +18,7 @@ from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
 from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
 from tests.fakes.openai_stt import FakeSttProvider
+from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.admin import Admin
 from tests.support.catalog import FAKE_KEY_ENV, write_test_catalog
 from tests.support.processes import GatewayProcess
@@ -102,19 +103,36 @@ def fake_stt() -> Iterator[FakeSttProvider]:
     provider.stop()
 
 
-def gateway_env(catalog: Path) -> dict[str, str]:
+@pytest.fixture(scope="session")
+def webhook_receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookReceiver]:
+    receiver = WebhookReceiver(tmp_path_factory.mktemp("webhooks") / "ca.pem").start()
+    yield receiver
+    receiver.stop()
+
+
+def gateway_env(catalog: Path, receiver: WebhookReceiver) -> dict[str, str]:
     return {
         "GATEWAY_CATALOG": str(catalog),
         FAKE_KEY_ENV: FAKE_PROVIDER_KEY,
         "FAKE_STT_WRONG_KEY": "not-the-key",
+        # The test receiver listens on loopback with a certificate from a test CA.
+        "GATEWAY_WEBHOOK_CA_BUNDLE": str(receiver.ca_file),
+        "GATEWAY_WEBHOOK_ALLOW_PRIVATE": "1",
     }
 
 
 class Stack:
-    def __init__(self, gateway: GatewayProcess, admin: Admin, fake_stt: FakeSttProvider) -> None:
+    def __init__(
+        self,
+        gateway: GatewayProcess,
+        admin: Admin,
+        fake_stt: FakeSttProvider,
+        webhooks: WebhookReceiver,
+    ) -> None:
         self.gateway = gateway
         self.admin = admin
         self.fake_stt = fake_stt
+        self.webhooks = webhooks
 
     @property
     def base_url(self) -> str:
@@ -131,17 +149,20 @@ async def stack(
     databases: Databases,
     tmp_path_factory: pytest.TempPathFactory,
     fake_stt: FakeSttProvider,
+    webhook_receiver: WebhookReceiver,
 ) -> AsyncIterator[Stack]:
     """The real gateway (server + Envoy) on each backend, shared by the tests of a session,
     with a catalog of fake providers on loopback."""
     url = await databases.new(request.param)
     data_dir = tmp_path_factory.mktemp(f"stack-{request.param}")
     catalog = write_test_catalog(data_dir / "catalog.toml", fake_stt.base_url)
-    gateway = GatewayProcess(data_dir=data_dir, database_url=url, extra_env=gateway_env(catalog))
+    gateway = GatewayProcess(
+        data_dir=data_dir, database_url=url, extra_env=gateway_env(catalog, webhook_receiver)
+    )
     await asyncio.to_thread(gateway.start)
     engine = create_engine(url)
     try:
-        yield Stack(gateway, Admin(session_factory(engine)), fake_stt)
+        yield Stack(gateway, Admin(session_factory(engine)), fake_stt, webhook_receiver)
     finally:
         await engine.dispose()
         await asyncio.to_thread(gateway.stop)

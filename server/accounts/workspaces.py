@@ -85,6 +85,10 @@ async def update_workspace(
     if vault_writes_disabled is not None:
         workspace.vault_writes_disabled = vault_writes_disabled
     if default_callback_url is not None:
+        if default_callback_url:
+            from server.videos.request import check_callback_url
+
+            check_callback_url(default_callback_url, "default_callback_url")
         workspace.default_callback_url = default_callback_url or None
     session.add(workspace)
     await session.flush()

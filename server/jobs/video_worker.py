@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -53,7 +53,9 @@ class VideoWorker:
         lease: timedelta = timedelta(minutes=2),
         retention: timedelta = timedelta(days=1),
         idle_wait: float = 0.5,
+        on_webhook_queued: Callable[[], None] | None = None,
     ) -> None:
+        self._on_webhook_queued = on_webhook_queued
         self._sessions = sessions
         self._clock = clock
         self._catalog = catalog
@@ -306,6 +308,8 @@ class VideoWorker:
             if job.callback_url:
                 await self._queue_webhook(session, job, now)
             await session.commit()
+        if job.callback_url and self._on_webhook_queued is not None:
+            self._on_webhook_queued()
         log.info("video job %s %s", job.id, status)
 
     async def _queue_webhook(self, session: AsyncSession, job: VideoJob, now: datetime) -> None:

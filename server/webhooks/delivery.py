@@ -1,0 +1,206 @@
+"""The webhook outbox dispatcher (Standard Webhooks). Each delivery keeps one `webhook-id`
+across retries (at-least-once); 2xx ends it, 410 stops it, anything else is retried on a
+schedule of about a day. Deliveries are claimed with a lease like video jobs, so several
+server processes never send one at the same moment."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import secrets
+from datetime import timedelta
+
+import httpx
+import sqlalchemy as sa
+from standardwebhooks import Webhook
+
+from server.clock import Clock
+from server.db.engine import SessionFactory
+from server.db.models import WebhookDelivery, Workspace
+from server.webhooks.targets import RefusedTarget, resolve_target
+
+log = logging.getLogger("gateway.webhooks")
+
+RETRY_SCHEDULE = (
+    timedelta(seconds=5),
+    timedelta(minutes=5),
+    timedelta(minutes=30),
+    timedelta(hours=2),
+    timedelta(hours=5),
+    timedelta(hours=10),
+    timedelta(hours=10),
+)
+_DELIVERIES = WebhookDelivery.__table__  # type: ignore[attr-defined]
+_WORKSPACES = Workspace.__table__  # type: ignore[attr-defined]
+
+
+def new_secret() -> str:
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+async def workspace_secret(sessions: SessionFactory, workspace_id: str) -> str:
+    """The workspace's signing secret, created on first use (race-free: first writer wins)."""
+    async with sessions() as session:
+        candidate = new_secret()
+        await session.exec(
+            sa.update(_WORKSPACES)
+            .where(_WORKSPACES.c.id == workspace_id, _WORKSPACES.c.webhook_secret.is_(None))
+            .values(webhook_secret=candidate)
+        )
+        await session.commit()
+        secret = (
+            await session.exec(
+                sa.select(_WORKSPACES.c.webhook_secret).where(_WORKSPACES.c.id == workspace_id)
+            )
+        ).scalar_one()
+        return str(secret)
+
+
+class WebhookDispatcher:
+    def __init__(
+        self,
+        sessions: SessionFactory,
+        clock: Clock,
+        http: httpx.AsyncClient,
+        *,
+        allow_private: bool = False,
+        lease: timedelta = timedelta(minutes=1),
+        idle_wait: float = 0.5,
+        timeout: float = 10.0,
+    ) -> None:
+        self._sessions = sessions
+        self._clock = clock
+        self._http = http
+        self._allow_private = allow_private
+        self._lease = lease
+        self._idle_wait = idle_wait
+        self._timeout = timeout
+        self.owner = f"webhooks-{secrets.token_hex(6)}"
+        self.wake = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                delivery = await self.claim()
+                if delivery is not None:
+                    await self.attempt(delivery)
+                    continue
+            except Exception:
+                log.exception("webhook dispatcher step failed; continuing")
+            self.wake.clear()
+            waiter = asyncio.ensure_future(self.wake.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait(
+                    {waiter, stopper}, timeout=self._idle_wait, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                waiter.cancel()
+                stopper.cancel()
+
+    async def claim(self) -> WebhookDelivery | None:
+        now = self._clock.now()
+        async with self._sessions() as session:
+            due = (
+                sa.select(_DELIVERIES.c.id)
+                .where(
+                    _DELIVERIES.c.status == "pending",
+                    _DELIVERIES.c.next_attempt_at <= now,
+                    sa.or_(
+                        _DELIVERIES.c.lease_expires_at.is_(None),
+                        _DELIVERIES.c.lease_expires_at < now,
+                    ),
+                )
+                .order_by(_DELIVERIES.c.next_attempt_at)
+                .limit(1)
+            )
+            if session.get_bind().dialect.name == "postgresql":
+                due = due.with_for_update(skip_locked=True)
+            delivery_id = (await session.exec(due)).scalar_one_or_none()
+            if delivery_id is None:
+                await session.rollback()
+                return None
+            claimed = await session.exec(
+                sa.update(_DELIVERIES)
+                .where(
+                    _DELIVERIES.c.id == delivery_id,
+                    _DELIVERIES.c.status == "pending",
+                    sa.or_(
+                        _DELIVERIES.c.lease_expires_at.is_(None),
+                        _DELIVERIES.c.lease_expires_at < now,
+                    ),
+                )
+                .values(lease_owner=self.owner, lease_expires_at=now + self._lease)
+            )
+            await session.commit()
+            if claimed.rowcount != 1:  # type: ignore[attr-defined]
+                return None
+            return await session.get(WebhookDelivery, delivery_id, populate_existing=True)
+
+    async def attempt(self, delivery: WebhookDelivery) -> None:
+        status: int | None = None
+        error: str | None = None
+        try:
+            secret = await workspace_secret(self._sessions, delivery.workspace_id)
+            target = await resolve_target(delivery.url, allow_private=self._allow_private)
+            sent_at = self._clock.now()
+            headers = {
+                "content-type": "application/json",
+                "host": target.host_header,
+                "user-agent": "inference-gateway-webhooks/1",
+                "webhook-id": delivery.id,
+                "webhook-timestamp": str(int(sent_at.timestamp())),
+                "webhook-signature": Webhook(secret).sign(
+                    delivery.id, sent_at.replace(microsecond=0), delivery.payload
+                ),
+            }
+            response = await self._http.post(
+                target.url,
+                content=delivery.payload.encode(),
+                headers=headers,
+                timeout=self._timeout,
+                extensions={"sni_hostname": target.sni_hostname},
+            )
+            status = response.status_code
+        except RefusedTarget as refused:
+            error = f"refused: {refused}"
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}"
+        await self._record(
+            delivery, status, error, refused=error is not None and error.startswith("refused")
+        )
+
+    async def _record(
+        self, delivery: WebhookDelivery, status: int | None, error: str | None, *, refused: bool
+    ) -> None:
+        now = self._clock.now()
+        attempts = delivery.attempts + 1
+        values: dict[str, object] = {
+            "attempts": attempts,
+            "last_status": status,
+            "last_error": error,
+            "lease_owner": None,
+            "lease_expires_at": None,
+        }
+        if status is not None and 200 <= status < 300:
+            values.update(status="delivered", delivered_at=now)
+        elif status == 410 or refused:
+            values.update(status="stopped")
+        elif attempts > len(RETRY_SCHEDULE):
+            values.update(status="failed")
+        else:
+            values.update(next_attempt_at=now + RETRY_SCHEDULE[attempts - 1])
+        async with self._sessions() as session:
+            await session.exec(
+                sa.update(_DELIVERIES)
+                .where(_DELIVERIES.c.id == delivery.id, _DELIVERIES.c.lease_owner == self.owner)
+                .values(**values)
+            )
+            await session.commit()
+        log.info(
+            "webhook %s to job %s: %s",
+            delivery.id,
+            delivery.job_id,
+            values.get("status", f"retry in {values.get('next_attempt_at')}"),
+        )

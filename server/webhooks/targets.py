@@ -1,0 +1,55 @@
+"""Where a webhook may go: HTTPS only, and — after DNS resolution, so a name cannot point
+inside — never to private, loopback, link-local or otherwise non-public addresses unless
+the operator allows it (GATEWAY_WEBHOOK_ALLOW_PRIVATE=1)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+
+class RefusedTarget(Exception):
+    """The URL must not be called; the message is safe to record."""
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    url: str  # the URL with the host replaced by the checked IP address
+    host_header: str
+    sni_hostname: str
+
+
+def is_public(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+async def resolve_target(url: str, *, allow_private: bool) -> ResolvedTarget:
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "https" or not parts.hostname:
+        raise RefusedTarget("webhook URLs must be https://")
+    host = parts.hostname
+    port = parts.port or 443
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise RefusedTarget(f"cannot resolve {host}") from exc
+    addresses = [info[4][0] for info in infos]
+    if not addresses:
+        raise RefusedTarget(f"cannot resolve {host}")
+    if not allow_private:
+        blocked = [a for a in addresses if not is_public(a)]
+        if blocked:
+            raise RefusedTarget(f"{host} resolves to a non-public address")
+    address = addresses[0]
+    literal = f"[{address}]" if ":" in address else address
+    netloc = f"{literal}:{port}"
+    host_header = host if parts.port is None else f"{host}:{parts.port}"
+    pinned = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
+    return ResolvedTarget(url=pinned, host_header=host_header, sni_hostname=host)
