@@ -30,7 +30,9 @@ from server.db.migrate import upgrade
 from server.jobs.video_worker import VideoWorker
 from server.providers.local_video import LocalVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
+from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
+from server.providers.queue_video import QueueVideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
 from server.services.keys import KeysService
@@ -81,7 +83,11 @@ def build_core(settings: Settings, clock: Clock | None = None) -> Core:
         follow_redirects=False,
     )
     stt_adapters = {"openai": OpenAISttAdapter(http), "pocketsphinx": PocketsphinxAdapter()}
-    video_adapters = {"local": LocalVideoAdapter()}
+    video_adapters = {
+        "local": LocalVideoAdapter(),
+        "openai": OpenAIVideoAdapter(http),
+        "queue": QueueVideoAdapter(http),
+    }
     content = ContentStore(settings.content_dir)
     webhooks = WebhookDispatcher(
         sessions, clock, http, allow_private=settings.webhook_allow_private

@@ -18,6 +18,7 @@ from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
 from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
 from tests.fakes.openai_stt import FakeSttProvider
+from tests.fakes.video_providers import FakeVideoProviders
 from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.admin import Admin
 from tests.support.catalog import FAKE_KEY_ENV, write_test_catalog
@@ -104,6 +105,13 @@ def fake_stt() -> Iterator[FakeSttProvider]:
 
 
 @pytest.fixture(scope="session")
+def fake_video() -> Iterator[FakeVideoProviders]:
+    providers = FakeVideoProviders().start()
+    yield providers
+    providers.stop()
+
+
+@pytest.fixture(scope="session")
 def webhook_receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebhookReceiver]:
     receiver = WebhookReceiver(tmp_path_factory.mktemp("webhooks") / "ca.pem").start()
     yield receiver
@@ -133,6 +141,7 @@ class Stack:
         self.admin = admin
         self.fake_stt = fake_stt
         self.webhooks = webhooks
+        self.fake_video: FakeVideoProviders | None = None
 
     @property
     def base_url(self) -> str:
@@ -150,19 +159,22 @@ async def stack(
     tmp_path_factory: pytest.TempPathFactory,
     fake_stt: FakeSttProvider,
     webhook_receiver: WebhookReceiver,
+    fake_video: FakeVideoProviders,
 ) -> AsyncIterator[Stack]:
     """The real gateway (server + Envoy) on each backend, shared by the tests of a session,
     with a catalog of fake providers on loopback."""
     url = await databases.new(request.param)
     data_dir = tmp_path_factory.mktemp(f"stack-{request.param}")
-    catalog = write_test_catalog(data_dir / "catalog.toml", fake_stt.base_url)
+    catalog = write_test_catalog(data_dir / "catalog.toml", fake_stt.base_url, fake_video.base)
     gateway = GatewayProcess(
         data_dir=data_dir, database_url=url, extra_env=gateway_env(catalog, webhook_receiver)
     )
     await asyncio.to_thread(gateway.start)
     engine = create_engine(url)
     try:
-        yield Stack(gateway, Admin(session_factory(engine)), fake_stt, webhook_receiver)
+        stack = Stack(gateway, Admin(session_factory(engine)), fake_stt, webhook_receiver)
+        stack.fake_video = fake_video
+        yield stack
     finally:
         await engine.dispose()
         await asyncio.to_thread(gateway.stop)

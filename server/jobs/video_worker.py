@@ -23,7 +23,7 @@ from server.billing.money import usd_to_micros
 from server.clock import Clock
 from server.db.engine import SessionFactory
 from server.db.models import Generation, VideoJob, WebhookDelivery
-from server.providers.stt import ProviderFailure
+from server.providers.stt import CLIENT_ERROR, REJECTED_CREDENTIALS, ProviderFailure
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
 from server.routing.catalog import Catalog, Endpoint, Model
 from server.videos import jobs
@@ -152,6 +152,9 @@ class VideoWorker:
                     endpoint, job.provider_job_id, self._call(job, model, endpoint)
                 )
             except ProviderFailure as failure:
+                if failure.kind in (CLIENT_ERROR, REJECTED_CREDENTIALS):
+                    await self.finish(job, model, error=f"Provider error: {failure.message}")
+                    return
                 log.warning("polling %s failed: %s; will retry", job.id, failure.message)
                 await self._reschedule(job)
                 return

@@ -44,7 +44,40 @@ def fake_endpoint(
     return "\n".join(parts)
 
 
-def write_test_catalog(path: Path, base_url: str) -> Path:
+def provider_video_models(video_base: str) -> list[str]:
+    def model(model_id: str, endpoints: list[tuple[str, str, str]]) -> str:
+        lines = [
+            "[[models]]",
+            f'id = "{model_id}"',
+            'kind = "video"',
+            'price_per_second = "0.01"',
+            'resolutions = ["480p", "720p"]',
+            'aspect_ratios = ["16:9", "9:16"]',
+            "durations = [1, 4]",
+            'input_reference_types = ["image_url", "video_url"]',
+        ]
+        for provider, adapter, upstream in endpoints:
+            base = f"{video_base}/v1" if adapter == "openai" else f"{video_base}/queue"
+            lines += [
+                "[[models.endpoints]]",
+                f'provider = "{provider}"',
+                f'adapter = "{adapter}"',
+                f'base_url = "{base}"',
+                f'api_key_env = "{FAKE_KEY_ENV}"',
+                f'model = "{upstream}"',
+            ]
+        return "\n".join(lines) + "\n"
+
+    return [
+        model("fakevideo/openai", [("openai", "openai", "ok")]),
+        model("fakevideo/queue", [("fal", "queue", "ok")]),
+        model("fakevideo/fallback", [("openai", "openai", "submit-500"), ("fal", "queue", "ok")]),
+        model("fakevideo/provider-fails", [("openai", "openai", "fail")]),
+        model("fakevideo/queue-fails", [("fal", "queue", "fail")]),
+    ]
+
+
+def write_test_catalog(path: Path, base_url: str, video_base: str | None = None) -> Path:
     def e(upstream: str, provider: str = "fakeai", **kw: object) -> str:
         return fake_endpoint(base_url, upstream, provider, **kw)  # type: ignore[arg-type]
 
@@ -72,6 +105,8 @@ def write_test_catalog(path: Path, base_url: str) -> Path:
         _model("fake/pricey", [e("ok")], price="1"),
     ]
     models.extend(VIDEO_MODELS)
+    if video_base is not None:
+        models.extend(provider_video_models(video_base))
     path.write_text("\n".join(models))
     return path
 

@@ -1,0 +1,99 @@
+"""The OpenAI videos API: `POST {base}/videos`, `GET {base}/videos/{id}`,
+`GET {base}/videos/{id}/content` (MP4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from server.providers.http_errors import failure_from_response
+from server.providers.stt import INVALID_RESPONSE, TIMEOUT, UNREACHABLE, ProviderFailure
+from server.providers.video import VideoCall, VideoProgress
+from server.routing.catalog import Endpoint
+
+_RUNNING = ("queued", "in_progress", "processing", "pending")
+
+
+async def send(
+    http: httpx.AsyncClient, endpoint: Endpoint, method: str, url: str, **kwargs: Any
+) -> httpx.Response:
+    """One provider request; transport failures become ProviderFailures."""
+    headers = dict(kwargs.pop("headers", {}))
+    credential = endpoint.credential()
+    if credential:
+        headers["Authorization"] = f"Bearer {credential}"
+    try:
+        response = await http.request(
+            method, url, headers=headers, timeout=endpoint.timeout_seconds, **kwargs
+        )
+    except httpx.TimeoutException as exc:
+        raise ProviderFailure(TIMEOUT, "Provider timed out") from exc
+    except httpx.TransportError as exc:
+        raise ProviderFailure(UNREACHABLE, "Provider is unreachable") from exc
+    if response.status_code >= 400:
+        raise failure_from_response(response)
+    return response
+
+
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response") from exc
+    if not isinstance(body, dict):
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+    return body
+
+
+class OpenAIVideoAdapter:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    def _progress(self, body: dict[str, Any]) -> VideoProgress:
+        status = body.get("status")
+        job_id = body.get("id")
+        if not isinstance(job_id, str) or not isinstance(status, str):
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+        if status in _RUNNING:
+            return VideoProgress(state="running", provider_job_id=job_id)
+        if status == "completed":
+            return VideoProgress(state="completed", provider_job_id=job_id)
+        error = body.get("error")
+        message = error.get("message") if isinstance(error, dict) else None
+        return VideoProgress(
+            state="failed", provider_job_id=job_id, error=f"Provider failed: {message or status}"
+        )
+
+    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
+        params = call.params
+        body: dict[str, Any] = {
+            "model": call.model,
+            "prompt": params.get("prompt", ""),
+            "seconds": str(params["duration"]),
+            "size": f"{params['width']}x{params['height']}",
+            **call.options,
+        }
+        response = await send(
+            self._http, endpoint, "POST", f"{endpoint.base_url}/videos", json=body
+        )
+        return await self._finish(endpoint, self._progress(json_object(response)))
+
+    async def poll(
+        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
+    ) -> VideoProgress:
+        response = await send(
+            self._http, endpoint, "GET", f"{endpoint.base_url}/videos/{provider_job_id}"
+        )
+        return await self._finish(endpoint, self._progress(json_object(response)))
+
+    async def _finish(self, endpoint: Endpoint, progress: VideoProgress) -> VideoProgress:
+        if progress.state == "completed":
+            content = await send(
+                self._http,
+                endpoint,
+                "GET",
+                f"{endpoint.base_url}/videos/{progress.provider_job_id}/content",
+            )
+            progress.videos = [content.content]
+        return progress

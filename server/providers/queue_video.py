@@ -1,0 +1,78 @@
+"""Queue-style video APIs (fal's queue, and the same shape elsewhere): submit
+`POST {base}/{model}` → `{request_id}`; status `GET {base}/{model}/requests/{id}/status` →
+`{status: IN_QUEUE | IN_PROGRESS | COMPLETED | FAILED}`; result
+`GET {base}/{model}/requests/{id}` → `{video: {url}}` or `{videos: [{url}, ...]}`."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from server.providers.openai_video import json_object, send
+from server.providers.stt import INVALID_RESPONSE, ProviderFailure
+from server.providers.video import VideoCall, VideoProgress
+from server.routing.catalog import Endpoint
+
+
+def _input(call: VideoCall) -> dict[str, Any]:
+    params = call.params
+    body: dict[str, Any] = {
+        "prompt": params.get("prompt", ""),
+        "duration": params["duration"],
+        "resolution": params.get("resolution"),
+        "aspect_ratio": params.get("aspect_ratio"),
+        "generate_audio": params.get("generate_audio", False),
+    }
+    if "seed" in params:
+        body["seed"] = params["seed"]
+    for frame in params.get("frame_images", []):
+        body["image_url" if frame["frame_type"] == "first_frame" else "end_image_url"] = frame[
+            "url"
+        ]
+    if params.get("input_references"):
+        body["reference_urls"] = [r["url"] for r in params["input_references"]]
+    return {**{k: v for k, v in body.items() if v is not None}, **call.options}
+
+
+class QueueVideoAdapter:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    def _base(self, endpoint: Endpoint, call: VideoCall) -> str:
+        return f"{endpoint.base_url}/{call.model}"
+
+    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
+        response = await send(
+            self._http, endpoint, "POST", self._base(endpoint, call), json=_input(call)
+        )
+        request_id = json_object(response).get("request_id")
+        if not isinstance(request_id, str) or not request_id:
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned no request_id")
+        return VideoProgress(state="running", provider_job_id=request_id)
+
+    async def poll(
+        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
+    ) -> VideoProgress:
+        base = f"{self._base(endpoint, call)}/requests/{provider_job_id}"
+        status = json_object(await send(self._http, endpoint, "GET", f"{base}/status"))
+        state = status.get("status")
+        if state in ("IN_QUEUE", "IN_PROGRESS"):
+            return VideoProgress(state="running", provider_job_id=provider_job_id)
+        if state != "COMPLETED":
+            detail = status.get("error") or state
+            return VideoProgress(
+                state="failed", provider_job_id=provider_job_id, error=f"Provider failed: {detail}"
+            )
+        result = json_object(await send(self._http, endpoint, "GET", base))
+        entries = result.get("videos") or ([result["video"]] if "video" in result else [])
+        urls = [e.get("url") for e in entries if isinstance(e, dict)]
+        if not urls or not all(isinstance(u, str) for u in urls):
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
+        videos = []
+        for url in urls:
+            if urlsplit(url).scheme not in ("https", "http"):
+                raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video URL")
+            videos.append((await send(self._http, endpoint, "GET", url)).content)
+        return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=videos)

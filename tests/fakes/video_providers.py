@@ -1,0 +1,134 @@
+"""Fake video providers on loopback speaking two real protocols, scripted by model name:
+
+- the OpenAI videos API under /v1 (POST /v1/videos, GET /v1/videos/{id}, .../content);
+- a fal-style queue under /queue (POST /queue/{model}, GET .../requests/{id}/status,
+  GET .../requests/{id} -> {"video": {"url"}}, and the file itself).
+
+Models: "ok" completes on the second look, "fail" fails, "submit-500" refuses submission.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from server.providers.local_video import render_mp4
+from tests.fakes.openai_stt import API_KEY
+
+VIDEO = render_mp4({"width": 320, "height": 240, "duration": 1, "prompt": "fake provider"})
+
+
+@dataclass
+class FakeVideoProviders:
+    submissions: list[dict[str, Any]] = field(default_factory=list)
+    jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    server: ThreadingHTTPServer | None = None
+    _ids: Any = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def base(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> FakeVideoProviders:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _json(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _bytes(self, data: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "video/mp4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _authorized(self) -> bool:
+                if self.headers.get("Authorization") == f"Bearer {API_KEY}":
+                    return True
+                self._json(401, {"error": {"message": "bad key", "code": "invalid_api_key"}})
+                return False
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                if not self._authorized():
+                    return
+                parts = self.path.strip("/").split("/")
+                model = body.get("model") if parts[:2] == ["v1", "videos"] else parts[-1]
+                fake.submissions.append({"path": self.path, "model": model, "body": body})
+                if model == "submit-500":
+                    self._json(500, {"error": {"message": "down", "code": "server_error"}})
+                    return
+                job_id = f"job_{next(fake._ids)}"
+                fake.jobs[job_id] = {"model": model, "looks": 0}
+                if parts[0] == "v1":
+                    self._json(200, {"id": job_id, "object": "video", "status": "queued"})
+                else:
+                    self._json(200, {"request_id": job_id})
+
+            def do_GET(self) -> None:
+                if not self._authorized():
+                    return
+                parts = self.path.strip("/").split("/")
+                if parts[0] == "files":
+                    self._bytes(VIDEO)
+                    return
+                job_id = parts[2] if parts[0] == "v1" else parts[3]
+                job = fake.jobs.get(job_id)
+                if job is None:
+                    self._json(404, {"error": {"message": "no such job", "code": "not_found"}})
+                    return
+                if parts[0] == "v1" and parts[-1] == "content":
+                    self._bytes(VIDEO)
+                    return
+                if parts[0] == "queue" and parts[-1] != "status":
+                    self._json(200, {"video": {"url": f"{fake.base}/files/{job_id}.mp4"}})
+                    return
+                job["looks"] += 1
+                done = job["looks"] >= 2
+                if parts[0] == "v1":
+                    if job["model"] == "fail" and done:
+                        self._json(
+                            200,
+                            {
+                                "id": job_id,
+                                "status": "failed",
+                                "error": {"message": "content policy"},
+                            },
+                        )
+                    else:
+                        self._json(
+                            200, {"id": job_id, "status": "completed" if done else "in_progress"}
+                        )
+                else:
+                    state = (
+                        ("FAILED" if job["model"] == "fail" else "COMPLETED")
+                        if done
+                        else "IN_PROGRESS"
+                    )
+                    self._json(200, {"status": state})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()

@@ -1,0 +1,68 @@
+"""Video jobs on real provider protocols (fakes on loopback): the OpenAI videos API, a
+fal-style queue, fallback when submission fails, provider failures."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import Stack
+from tests.support.admin import IssuedKey
+from tests.test_videos import mp4_facts, submit, wait_for
+
+
+@pytest.fixture
+async def funded(stack: Stack, unique: str) -> IssuedKey:
+    workspace = await stack.admin.workspace(f"vprov-{unique}")
+    await stack.admin.credits(workspace, "10")
+    return await stack.admin.key(workspace, "video")
+
+
+@pytest.mark.parametrize("model", ["fakevideo/openai", "fakevideo/queue", "fakevideo/fallback"])
+async def test_provider_jobs_complete_with_playable_content(
+    stack: Stack, funded: IssuedKey, model: str
+) -> None:
+    response = await submit(
+        stack,
+        funded,
+        {
+            "model": model,
+            "prompt": "a kite",
+            "duration": 4,
+            "aspect_ratio": "9:16",
+            "provider": {
+                "options": {"openai": {"quality": "high"}, "fal": {"steps": 30}, "other": {"x": 1}}
+            },
+            "session_id": "sess-v",
+            "user": "user-v",
+        },
+    )
+    assert response.status_code == 202, response.text
+    job = await wait_for(stack, funded, response.json()["id"], "completed", "failed")
+    assert job["status"] == "completed", job
+    assert job["usage"] == {"cost": 0.04, "is_byok": False}
+    async with httpx.AsyncClient() as client:
+        content = await client.get(
+            f"{stack.base_url}/videos/{job['id']}/content", headers=funded.headers
+        )
+    assert mp4_facts(content.content)[0] == "h264"
+    assert stack.fake_video is not None
+    sent = [s for s in stack.fake_video.submissions if s["body"].get("prompt") == "a kite"]
+    served = sent[-1]
+    text = str(served["body"])
+    assert "sess-v" not in text and "user-v" not in text and "'x': 1" not in text
+    if "/v1/" in served["path"]:
+        assert served["body"]["size"] == "480x854" and served["body"]["seconds"] == "4"
+        assert served["body"]["quality"] == "high"
+    else:
+        assert served["body"]["aspect_ratio"] == "9:16" and served["body"]["steps"] == 30
+
+
+@pytest.mark.parametrize("model", ["fakevideo/provider-fails", "fakevideo/queue-fails"])
+async def test_provider_failure_becomes_failed_with_error(
+    stack: Stack, funded: IssuedKey, model: str
+) -> None:
+    response = await submit(stack, funded, {"model": model, "prompt": "a kite", "duration": 1})
+    job = await wait_for(stack, funded, response.json()["id"], "completed", "failed")
+    assert job["status"] == "failed"
+    assert "Provider failed" in job["error"]
