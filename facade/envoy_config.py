@@ -122,7 +122,24 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         "use_remote_address": True,
         "route_config": {
             "name": "api",
-            "virtual_hosts": [{"name": "api", "domains": ["*"], "routes": routes}],
+            "virtual_hosts": [
+                {
+                    "name": "api",
+                    "domains": ["*"],
+                    "routes": routes,
+                    # The host the client asked for (vault routes refuse regional hostnames);
+                    # set by Envoy, so a client cannot supply its own.
+                    "request_headers_to_add": [
+                        {
+                            "header": {
+                                "key": "x-gateway-authority",
+                                "value": "%REQ(:AUTHORITY)%",
+                            },
+                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                        }
+                    ],
+                }
+            ],
         },
         "local_reply_config": _local_reply_config(),
         "http_filters": [

@@ -38,9 +38,10 @@ from server.services.audio import AudioService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
 from server.services.rpc import ErrorInterceptor
-from server.services.unimplemented import PendingVaultService
+from server.services.vault import VaultService
 from server.services.videos import VideosService
 from server.transcription.service import Transcriber
+from server.vault.crypto import MasterKey, load_master_key
 from server.videos.content import ContentStore
 from server.webhooks.delivery import WebhookDispatcher
 
@@ -62,6 +63,7 @@ class Core:
     content: ContentStore
     video_worker: VideoWorker
     webhooks: WebhookDispatcher
+    vault_master: MasterKey
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -113,6 +115,7 @@ def build_core(settings: Settings, clock: Clock | None = None) -> Core:
             on_webhook_queued=webhooks.wake.set,
         ),
         webhooks=webhooks,
+        vault_master=load_master_key(settings.data_dir),
     )
 
 
@@ -147,7 +150,10 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         AudioService(core.auth, core.sessions, core.transcriber), server
     )
     vault_pb2_grpc.add_VaultServicer_to_server(
-        PendingVaultService(core.auth, core.sessions), server
+        VaultService(
+            core.auth, core.sessions, core.clock, core.vault_master, core.settings.regional_hosts
+        ),
+        server,
     )
 
     health_servicer = health.aio.HealthServicer()

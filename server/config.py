@@ -24,6 +24,7 @@ class Settings:
     video_retention_seconds: float = 86400.0  # completed videos expire after this
     webhook_ca_bundle: str | None = None  # an extra CA file trusted for webhook TLS
     webhook_allow_private: bool = False  # allow loopback/private webhook targets
+    regional_hosts: frozenset[str] = frozenset()  # hostnames refused on vault routes
 
     @property
     def content_dir(self) -> Path:
@@ -51,6 +52,10 @@ def load_settings(
     given = {k: v for k, v in overrides.items() if v is not None}
     if "catalog_file" not in given and env.get("GATEWAY_CATALOG"):
         given["catalog_file"] = env["GATEWAY_CATALOG"]
+    if "regional_hosts" not in given and env.get("GATEWAY_REGIONAL_HOSTS"):
+        given["regional_hosts"] = frozenset(
+            h.strip().lower() for h in env["GATEWAY_REGIONAL_HOSTS"].split(",") if h.strip()
+        )
     if "webhook_ca_bundle" not in given and env.get("GATEWAY_WEBHOOK_CA_BUNDLE"):
         given["webhook_ca_bundle"] = env["GATEWAY_WEBHOOK_CA_BUNDLE"]
     if "webhook_allow_private" not in given:

@@ -221,3 +221,33 @@ class WebhookDelivery(SQLModel, table=True):
     next_attempt_at: datetime = Field(sa_type=UtcDateTime)
     created_at: datetime = Field(sa_type=UtcDateTime)
     delivered_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+
+
+class VaultKey(SQLModel, table=True):
+    """One vault's data key (a workspace's, or one intern's), wrapped by the master key."""
+
+    __tablename__ = "vault_keys"
+
+    vault_id: str = Field(primary_key=True, max_length=100)  # "ws:<id>" | "intern:<id>"
+    wrapped_key: bytes = Field(sa_type=sa.LargeBinary)
+    master_key_id: str = Field(max_length=16)
+    created_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class VaultSecret(SQLModel, table=True):
+    """A host-bound secret: only ciphertext is stored. `scope` is "workspace" or the intern
+    id, so the name is unique per scope (NULLs would not be)."""
+
+    __tablename__ = "vault_secrets"
+    __table_args__ = (sa.UniqueConstraint("workspace_id", "scope", "name"),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    workspace_id: str = Field(index=True, max_length=40)
+    scope: str = Field(max_length=40)
+    name: str = Field(max_length=255)
+    ciphertext: bytes = Field(sa_type=sa.LargeBinary)
+    nonce: bytes = Field(sa_type=sa.LargeBinary)
+    hosts: list[str] = Field(sa_type=sa.JSON)
+    fingerprint: str = Field(max_length=64)
+    created_at: datetime = Field(sa_type=UtcDateTime)
+    updated_at: datetime = Field(sa_type=UtcDateTime)

@@ -1,0 +1,97 @@
+"""Envelope encryption for the vault (the `cryptography` package):
+
+- each vault (a workspace's, or one intern's) has its own random 256-bit data key, stored
+  wrapped with the operator's master key (AES key wrap, RFC 3394);
+- a secret value is sealed with AES-256-GCM under its vault's data key, with the workspace,
+  scope and name as associated data, so a ciphertext moved to another row does not open;
+- `fingerprint` is HMAC-SHA256 of the value under a key derived (HKDF) from the vault's
+  data key: equal values match within a vault and never across vaults.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.keywrap import aes_key_unwrap, aes_key_wrap
+
+KEY_BYTES = 32
+NONCE_BYTES = 12
+
+
+class MasterKey:
+    def __init__(self, key: bytes) -> None:
+        if len(key) != KEY_BYTES:
+            raise ValueError("the vault master key must be 32 bytes (base64-encoded)")
+        self._key = key
+        self.key_id = hashlib.sha256(b"vault-master-key-id" + key).hexdigest()[:16]
+
+    @classmethod
+    def from_base64(cls, text: str) -> MasterKey:
+        try:
+            return cls(base64.b64decode(text.strip(), validate=True))
+        except (ValueError, TypeError) as exc:
+            raise ValueError("the vault master key must be 32 bytes, base64-encoded") from exc
+
+    @staticmethod
+    def generate_base64() -> str:
+        return base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode()
+
+    def wrap(self, data_key: bytes) -> bytes:
+        return aes_key_wrap(self._key, data_key)
+
+    def unwrap(self, wrapped: bytes) -> bytes:
+        return aes_key_unwrap(self._key, wrapped)
+
+
+def load_master_key(data_dir: Path) -> MasterKey:
+    """GATEWAY_VAULT_MASTER_KEY, else the key file of the embedded default (created once,
+    readable by its owner only)."""
+    configured = os.environ.get("GATEWAY_VAULT_MASTER_KEY")
+    if configured:
+        return MasterKey.from_base64(configured)
+    path = data_dir / "vault-master.key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(MasterKey.generate_base64() + "\n")
+    return MasterKey.from_base64(path.read_text())
+
+
+def new_data_key() -> bytes:
+    return secrets.token_bytes(KEY_BYTES)
+
+
+def _associated(workspace_id: str, scope: str, name: str) -> bytes:
+    return f"vault-secret|{workspace_id}|{scope}|{name}".encode()
+
+
+def seal(
+    data_key: bytes, workspace_id: str, scope: str, name: str, value: str
+) -> tuple[bytes, bytes]:
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    sealed = AESGCM(data_key).encrypt(nonce, value.encode(), _associated(workspace_id, scope, name))
+    return sealed, nonce
+
+
+def open_sealed(
+    data_key: bytes, workspace_id: str, scope: str, name: str, ciphertext: bytes, nonce: bytes
+) -> str:
+    """Raises cryptography's InvalidTag when the ciphertext does not belong to this row."""
+    plain = AESGCM(data_key).decrypt(nonce, ciphertext, _associated(workspace_id, scope, name))
+    return plain.decode()
+
+
+def fingerprint(data_key: bytes, value: str) -> str:
+    mac_key = HKDF(
+        algorithm=hashes.SHA256(), length=32, salt=None, info=b"vault-fingerprint"
+    ).derive(data_key)
+    return hmac.new(mac_key, value.encode(), hashlib.sha256).hexdigest()
