@@ -126,6 +126,7 @@ def gateway_env(catalog: Path, receiver: WebhookReceiver) -> dict[str, str]:
         # The test receiver listens on loopback with a certificate from a test CA.
         "GATEWAY_WEBHOOK_CA_BUNDLE": str(receiver.ca_file),
         "GATEWAY_WEBHOOK_ALLOW_PRIVATE": "1",
+        "GATEWAY_REGIONAL_HOSTS": "eu.localhost,eu.gateway.test",
     }
 
 

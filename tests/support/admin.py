@@ -12,7 +12,7 @@ from server.billing.ledger import add_credits, record_charge
 from server.billing.money import usd_to_micros
 from server.clock import Clock, SystemClock
 from server.db.engine import SessionFactory
-from server.db.models import ApiKey, Workspace
+from server.db.models import ApiKey, Intern, Workspace
 
 
 @dataclass
@@ -43,11 +43,18 @@ class Admin:
             await session.commit()
             return workspace
 
+    async def intern(self, workspace: Workspace, name: str) -> Intern:
+        async with self.sessions() as session:
+            intern = await workspaces.create_intern(session, workspace, name, self.clock.now())
+            await session.commit()
+            return intern
+
     async def key(
         self,
         workspace: Workspace,
         name: str = "test key",
         *,
+        intern_id: str | None = None,
         management: bool = False,
         limit: str | None = None,
         limit_reset: str | None = None,
@@ -66,6 +73,7 @@ class Admin:
                 include_byok_in_limit=include_byok_in_limit,
                 expires_at=expires_at,
                 management=management,
+                intern_id=intern_id,
             )
             await session.commit()
             return IssuedKey(key=plaintext, hash=key.hash, workspace=workspace)
