@@ -179,6 +179,43 @@ async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_vault_rotate(args: argparse.Namespace) -> int:
+    import os
+
+    from server.vault.crypto import MasterKey, load_master_key, replace_key_file
+    from server.vault.store import rotate_master_key
+
+    settings = _settings(args)
+    old = load_master_key(settings.data_dir)
+    generated = None
+    if args.new_key_env:
+        new_text = os.environ.get(args.new_key_env)
+        if not new_text:
+            raise GatewayError(400, f"the environment variable {args.new_key_env} is not set")
+    else:
+        new_text = generated = MasterKey.generate_base64()
+    try:
+        new = MasterKey.from_base64(new_text)
+    except ValueError as exc:
+        raise GatewayError(400, str(exc)) from exc
+
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        return await rotate_master_key(session, old, new)
+
+    count = await _with_session(args, work)
+    if os.environ.get("GATEWAY_VAULT_MASTER_KEY"):
+        print(
+            f"Re-wrapped {count} vault keys. Set GATEWAY_VAULT_MASTER_KEY to the new key "
+            "before the next start."
+        )
+        if generated:
+            print(generated)
+    else:
+        replace_key_file(settings.data_dir, new_text)
+        print(f"Re-wrapped {count} vault keys; the new master key is in the data dir.")
+    return 0
+
+
 async def cmd_interns_create(args: argparse.Namespace) -> int:
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await workspaces.workspace_by_name(session, args.workspace)
@@ -382,6 +419,21 @@ def build_parser() -> argparse.ArgumentParser:
     key_list = keys.add_parser("list", parents=[common], help="list keys of a workspace")
     key_list.add_argument("--workspace")
     key_list.set_defaults(run=cmd_keys_list)
+
+    vault = commands.add_parser("vault", help="vault administration").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    rotate = vault.add_parser(
+        "rotate-master-key",
+        parents=[common],
+        help="re-wrap every vault data key under a new master key (ciphertexts untouched)",
+    )
+    rotate.add_argument(
+        "--new-key-env",
+        metavar="VAR",
+        help="environment variable holding the new base64 key (default: generate one)",
+    )
+    rotate.set_defaults(run=cmd_vault_rotate)
 
     credits = commands.add_parser("credits", help="manage credits").add_subparsers(
         dest="action", required=True, metavar="ACTION"

@@ -134,3 +134,43 @@ def test_database_url_reaches_postgresql(tmp_path: Path, pg_database: str) -> No
     listing = run(tmp_path / "unused", "keys", "list", "--database-url", plain)
     assert "pg" in listing.stdout
     assert not (tmp_path / "unused" / "gateway.db").exists()
+
+
+def test_vault_master_key_rotation(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    run(data, "workspaces", "create", "vaulted", "--intern-programme")
+    key = run(data, "keys", "create", "--name", "v", "--workspace", "vaulted").stdout.split()[-1]
+    gateway = GatewayProcess(
+        data_dir=data, database_url=f"sqlite+aiosqlite:///{data / 'gateway.db'}"
+    )
+    gateway.start()
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        stored = httpx.put(
+            f"{gateway.base_url}/vault/secrets/token",
+            headers=headers,
+            json={"value": "v1", "hosts": ["a.example.com"]},
+        )
+        assert stored.status_code == 200
+    finally:
+        gateway.stop()
+    old_key = (data / "vault-master.key").read_text()
+    rotated = run(data, "vault", "rotate-master-key")
+    assert rotated.returncode == 0 and "Re-wrapped 1 vault keys" in rotated.stdout
+    assert (data / "vault-master.key").read_text() != old_key
+    assert oct((data / "vault-master.key").stat().st_mode)[-3:] == "600"
+    gateway = GatewayProcess(
+        data_dir=data, database_url=f"sqlite+aiosqlite:///{data / 'gateway.db'}"
+    )
+    gateway.start()
+    try:  # the secret still opens under the new key: copying decrypts and re-seals it
+        interns = run(data, "interns", "create", "--workspace", "vaulted", "bot")
+        intern_id = interns.stdout.split()[-1]
+        copied = httpx.post(
+            f"{gateway.base_url}/vault/interns/{intern_id}/secrets/copy",
+            headers=headers,
+            json={"names": ["token"]},
+        )
+        assert copied.status_code == 200, copied.text
+    finally:
+        gateway.stop()

@@ -66,6 +66,16 @@ def load_master_key(data_dir: Path) -> MasterKey:
     return MasterKey.from_base64(path.read_text())
 
 
+def replace_key_file(data_dir: Path, key_base64: str) -> None:
+    """Swap the embedded default's key file atomically (after a rotation)."""
+    path = data_dir / "vault-master.key"
+    scratch = path.with_suffix(".new")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key_base64 + "\n")
+    os.replace(scratch, path)
+
+
 def new_data_key() -> bytes:
     return secrets.token_bytes(KEY_BYTES)
 
