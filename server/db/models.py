@@ -251,3 +251,13 @@ class VaultSecret(SQLModel, table=True):
     fingerprint: str = Field(max_length=64)
     created_at: datetime = Field(sa_type=UtcDateTime)
     updated_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class RateWindow(SQLModel, table=True):
+    """Requests of one account in one fixed UTC minute (the free-model per-minute limit)."""
+
+    __tablename__ = "rate_windows"
+
+    subject_id: str = Field(primary_key=True, max_length=64)
+    window_start: datetime = Field(primary_key=True, sa_type=UtcDateTime)
+    count: int = 0

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, time, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.money import usd_to_micros
+from server.db.models import RateWindow, UsageCounter
+from server.errors import GatewayError
 
 FREE_SUFFIX = ":free"
 REQUESTS_PER_MINUTE = 20
@@ -38,3 +46,126 @@ class FreeModelDailyRequests:
     @property
     def remaining(self) -> int:
         return max(0, self.limit - self.used)
+
+
+# --- the gate ---------------------------------------------------------------------------------
+
+_WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
+_COUNTERS = UsageCounter.__table__  # type: ignore[attr-defined]
+
+
+def _insert(dialect: str) -> Any:
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+
+
+def _counting_upsert(
+    dialect: str, table: sa.Table, keys: list[str], column: str, *, capped: bool
+) -> Any:
+    """INSERT one, or add one — only while below :cap when capped — RETURNING the count.
+    One statement: the row lock (PostgreSQL) or the write lock (SQLite) makes it exact under
+    any concurrency, across processes."""
+    statement = _insert(dialect)(table)
+    update = statement.on_conflict_do_update(
+        index_elements=keys,
+        set_={column: table.c[column] + 1},
+        where=(table.c[column] < sa.bindparam("cap")) if capped else None,
+    )
+    return update.returning(table.c[column])
+
+
+_STATEMENTS = {
+    (dialect, name): statement
+    for dialect in ("postgresql", "sqlite")
+    for name, statement in (
+        (
+            "minute",
+            _counting_upsert(
+                dialect, _WINDOWS, ["subject_id", "window_start"], "count", capped=True
+            ),
+        ),
+        (
+            "day_capped",
+            _counting_upsert(
+                dialect,
+                _COUNTERS,
+                ["subject", "subject_id", "period", "period_start"],
+                "free_requests",
+                capped=True,
+            ),
+        ),
+        (
+            "day",
+            _counting_upsert(
+                dialect,
+                _COUNTERS,
+                ["subject", "subject_id", "period", "period_start"],
+                "free_requests",
+                capped=False,
+            ),
+        ),
+    )
+}
+
+
+def _epoch_ms(when: datetime) -> int:
+    return int(when.timestamp() * 1000)
+
+
+def rate_limited(limit: int, resets_at: datetime, which: str) -> GatewayError:
+    return GatewayError(
+        429,
+        f"Rate limit exceeded: {limit} free-model requests per {which}",
+        {"error_type": "rate_limit_exceeded"},
+        headers={
+            "X-RateLimit-Limit": str(limit),
+            "X-RateLimit-Remaining": "0",
+            "X-RateLimit-Reset": str(_epoch_ms(resets_at)),
+        },
+    )
+
+
+async def admit_free_request(
+    session: AsyncSession,
+    *,
+    account_id: str,
+    credits_purchased_micros: int,
+    exempt: bool,
+    now: datetime,
+    is_byok: bool = False,
+) -> None:
+    """Count one `:free` request against the account's per-minute and daily limits, or raise
+    429. Runs in the caller's transaction: if the request is refused later (402), the
+    caller's rollback takes the count back."""
+    dialect = "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
+    minute = now.astimezone(UTC).replace(second=0, microsecond=0)
+    counted = (
+        await session.exec(
+            _STATEMENTS[(dialect, "minute")].values(
+                subject_id=account_id, window_start=minute, count=1
+            ),
+            params={"cap": REQUESTS_PER_MINUTE},
+        )
+    ).first()
+    if counted is None:
+        raise rate_limited(REQUESTS_PER_MINUTE, minute + timedelta(minutes=1), "minute")
+    today = now.astimezone(UTC).date()
+    gated = not (exempt or is_byok)  # exempt and BYOK requests are counted, never refused
+    limit = daily_limit(credits_purchased_micros)
+    row = dict(
+        subject="account",
+        subject_id=account_id,
+        period="day",
+        period_start=today,
+        spend_micros=0,
+        byok_micros=0,
+        free_requests=1,
+    )
+    counted = (
+        await session.exec(
+            _STATEMENTS[(dialect, "day_capped" if gated else "day")].values(**row),
+            params={"cap": limit},
+        )
+    ).first()
+    if counted is None:
+        tomorrow = datetime.combine(today + timedelta(days=1), time(0), tzinfo=UTC)
+        raise rate_limited(limit, tomorrow, "day")

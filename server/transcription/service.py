@@ -17,11 +17,10 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.auth import Principal
 from server.billing.holds import Hold, place_hold, release_hold, settle_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
-from server.billing.usage import ACCOUNT, add_usage
 from server.clock import Clock
 from server.db.models import Generation
 from server.errors import GatewayError, bad_request
-from server.limits.free_models import is_free_model
+from server.limits.free_models import admit_free_request, is_free_model
 from server.providers.stt import SttAdapter, SttCall, Transcript
 from server.routing.catalog import Catalog, Endpoint, Model
 from server.routing.fallback import route
@@ -115,6 +114,14 @@ class Transcriber:
             request.claimed_format = audio.format
         cost = price(model, audio.seconds)
         started = time.monotonic()
+        if is_free_model(model.id):
+            await admit_free_request(
+                session,
+                account_id=principal.account.id,
+                credits_purchased_micros=principal.account.credits_purchased_micros,
+                exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
+                now=self._clock.now(),
+            )
         hold = await place_hold(
             session,
             account_id=principal.account.id,
@@ -148,7 +155,6 @@ class Transcriber:
             cost=cost,
             seconds=audio.seconds,
             started=started,
-            free=is_free_model(model.id),
         )
         return TranscriptionResult(
             request=request,
@@ -185,7 +191,6 @@ class Transcriber:
             seconds=None,
             started=started,
             error=message,
-            free=False,
         )
 
     async def _record(
@@ -201,7 +206,6 @@ class Transcriber:
         cost: int,
         seconds: Decimal | None,
         started: float,
-        free: bool,
         error: str | None = None,
     ) -> None:
         now = self._clock.now()
@@ -224,6 +228,4 @@ class Transcriber:
             created_at=now,
         )
         await session.exec(_INSERT_GENERATION, params=record.model_dump())
-        if free:
-            await add_usage(session, ACCOUNT, principal.account.id, now, free_requests=1)
         await session.commit()

@@ -15,6 +15,7 @@ from server.billing.money import micros_to_json_number, usd_to_micros
 from server.clock import rfc3339
 from server.db.models import VideoJob
 from server.errors import GatewayError, bad_request, not_found
+from server.limits.free_models import admit_free_request, is_free_model
 from server.videos.content import ContentStore
 from server.videos.request import VideoInput
 
@@ -48,6 +49,14 @@ async def submit_job(
 ) -> VideoJob:
     """Hold the estimated cost and store the job; it is durable when this returns."""
     estimate = estimate_micros(video)
+    if is_free_model(video.model.id):
+        await admit_free_request(
+            session,
+            account_id=principal.account.id,
+            credits_purchased_micros=principal.account.credits_purchased_micros,
+            exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
+            now=now,
+        )
     hold = await place_hold(
         session,
         account_id=principal.account.id,

@@ -1,0 +1,144 @@
+"""Free-model (`:free`) limits through Envoy with real parallel requests: exactly 20 per
+minute and the daily ceiling, 429 in the documented shape with X-RateLimit-* headers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from server.db.models import Account, UsageCounter
+from tests.conftest import Stack
+from tests.support.admin import IssuedKey
+from tests.support.audio import b64, fixture
+
+BODY = {"model": "fake/free:free", "input_audio": {"data": b64(fixture()), "format": "wav"}}
+
+
+async def _clear_of_minute_boundary() -> None:
+    """A burst must land in one UTC minute."""
+    second = datetime.now(UTC).second
+    if second > 45:
+        await asyncio.sleep(61 - second)
+
+
+async def burst(stack: Stack, issued: IssuedKey, n: int) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        return await asyncio.gather(
+            *(
+                client.post(
+                    f"{stack.base_url}/audio/transcriptions", json=BODY, headers=issued.headers
+                )
+                for _ in range(n)
+            )
+        )
+
+
+@pytest.fixture
+async def free_user(stack: Stack, unique: str) -> IssuedKey:
+    workspace = await stack.admin.workspace(f"free-{unique}")
+    await stack.admin.credits(workspace, "1")  # a positive balance; under 9: 50 per day
+    return await stack.admin.key(workspace, "free")
+
+
+async def test_exactly_20_of_200_parallel_requests_in_a_minute(
+    stack: Stack, free_user: IssuedKey
+) -> None:
+    await _clear_of_minute_boundary()
+    responses = await burst(stack, free_user, 200)
+    accepted = [r for r in responses if r.status_code == 200]
+    refused = [r for r in responses if r.status_code == 429]
+    assert len(accepted) == 20 and len(refused) == 180
+    error = refused[0].json()["error"]
+    assert error == {
+        "code": 429,
+        "message": error["message"],
+        "metadata": {"error_type": "rate_limit_exceeded"},
+    }
+    headers = refused[0].headers
+    assert headers["x-ratelimit-limit"] == "20" and headers["x-ratelimit-remaining"] == "0"
+    reset = int(headers["x-ratelimit-reset"])
+    assert 0 < reset - time.time() * 1000 <= 60_000
+    assert not any(h.startswith("x-ratelimit") for h in accepted[0].headers)
+    async with httpx.AsyncClient() as client:
+        key = (await client.get(f"{stack.base_url}/key", headers=free_user.headers)).json()
+    assert key["data"]["free_model_daily_requests"] == {"used": 20, "limit": 50, "remaining": 30}
+
+
+async def test_the_daily_ceiling_is_exact(stack: Stack, free_user: IssuedKey) -> None:
+    today = datetime.now(UTC).date()
+    async with stack.admin.sessions() as session:  # 45 requests were made earlier today
+        session.add(
+            UsageCounter(
+                subject="account",
+                subject_id=free_user.workspace.account_id,
+                period="day",
+                period_start=today,
+                free_requests=45,
+            )
+        )
+        await session.commit()
+    await _clear_of_minute_boundary()
+    responses = await burst(stack, free_user, 12)
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200] * 5 + [429] * 7
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.headers["x-ratelimit-limit"] == "50"
+    midnight = datetime.combine(today + timedelta(days=1), datetime.min.time(), tzinfo=UTC)
+    assert int(refused.headers["x-ratelimit-reset"]) == int(midnight.timestamp() * 1000)
+
+
+async def test_higher_tier_and_exempt_accounts(stack: Stack, unique: str) -> None:
+    workspace = await stack.admin.workspace(f"exempt-{unique}")
+    await stack.admin.credits(workspace, "9")
+    issued = await stack.admin.key(workspace)
+    today = datetime.now(UTC).date()
+    async with stack.admin.sessions() as session:
+        session.add(
+            UsageCounter(
+                subject="account",
+                subject_id=workspace.account_id,
+                period="day",
+                period_start=today,
+                free_requests=999,
+            )
+        )
+        await session.commit()
+    await _clear_of_minute_boundary()
+    statuses = sorted(r.status_code for r in await burst(stack, issued, 3))
+    assert statuses == [200, 429, 429]  # 1000 per day from 9 purchased credits
+    async with stack.admin.sessions() as session:
+        await session.exec(
+            sa.update(Account)
+            .where(Account.id == workspace.account_id)
+            .values(exempt_free_limits=True)
+        )
+        await session.commit()
+    statuses = sorted(r.status_code for r in await burst(stack, issued, 3))
+    assert statuses == [200, 200, 200]  # exempt: not gated by the daily counter
+    async with httpx.AsyncClient() as client:
+        key = (await client.get(f"{stack.base_url}/key", headers=issued.headers)).json()
+    assert key["data"]["free_model_daily_requests"]["limit"] == 1000
+    assert key["data"]["free_model_daily_requests"]["used"] == 1003
+
+
+async def test_paid_models_have_no_platform_cap(stack: Stack, unique: str) -> None:
+    workspace = await stack.admin.workspace(f"paid-{unique}")
+    await stack.admin.credits(workspace, "5")
+    issued = await stack.admin.key(workspace)
+    body = {**BODY, "model": "fake/ok"}
+    async with httpx.AsyncClient(timeout=60) as client:
+        responses = await asyncio.gather(
+            *(
+                client.post(
+                    f"{stack.base_url}/audio/transcriptions", json=body, headers=issued.headers
+                )
+                for _ in range(30)
+            )
+        )
+    assert all(r.status_code == 200 for r in responses)
