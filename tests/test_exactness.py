@@ -1,0 +1,125 @@
+"""Limits that hold under concurrency: real parallel requests through Envoy, on SQLite, on
+PostgreSQL, and with two server processes sharing one PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from server.db.models import LedgerEntry, UsageCounter
+from tests.conftest import Stack
+from tests.support.admin import IssuedKey
+from tests.support.audio import b64, fixture
+from tests.support.processes import GatewayProcess
+
+PRICEY = {"model": "fake/pricey", "input_audio": {"data": b64(fixture()), "format": "wav"}}
+COST = 1_075_125  # micro-dollars: 1.075125 s at 1 USD/s
+
+
+@pytest.fixture
+async def second_process(stack: Stack) -> AsyncIterator[GatewayProcess | None]:
+    """Another `gateway up` on the same database (PostgreSQL only: the multi-process case)."""
+    if not stack.gateway.database_url.startswith("postgresql"):
+        yield None
+        return
+    other = GatewayProcess(
+        data_dir=stack.gateway.data_dir / "second",
+        database_url=stack.gateway.database_url,
+        extra_env=stack.gateway.extra_env,
+    )
+    await asyncio.to_thread(other.start)
+    yield other
+    await asyncio.to_thread(other.stop)
+
+
+def _urls(stack: Stack, other: GatewayProcess | None) -> list[str]:
+    return [stack.base_url] + ([other.base_url] if other is not None else [])
+
+
+async def _parallel(
+    urls: list[str], issued: IssuedKey, body: dict[str, object], n: int
+) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as client:
+        return await asyncio.gather(
+            *(
+                client.post(
+                    f"{urls[i % len(urls)]}/audio/transcriptions", json=body, headers=issued.headers
+                )
+                for i in range(n)
+            )
+        )
+
+
+async def test_a_key_cap_admits_exactly_k_and_reconciles(
+    stack: Stack, second_process: GatewayProcess | None, unique: str
+) -> None:
+    workspace = await stack.admin.workspace(f"cap-{unique}")
+    await stack.admin.credits(workspace, "100")
+    issued = await stack.admin.key(workspace, limit="5.5")  # room for exactly 5 requests
+    responses = await _parallel(_urls(stack, second_process), issued, PRICEY, 40)
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(200) == 5, statuses
+    assert statuses.count(402) == 35
+    sources = {
+        r.json()["error"]["metadata"]["limit_source"] for r in responses if r.status_code == 402
+    }
+    assert sources <= {"key_limit", "in_flight_budget"}
+    async with stack.admin.sessions() as session:
+        charges = (
+            await session.exec(
+                sa.select(sa.func.count(), sa.func.sum(LedgerEntry.amount_micros)).where(
+                    LedgerEntry.key_hash == issued.hash, LedgerEntry.kind == "charge"
+                )
+            )
+        ).one()
+        counter = (
+            await session.exec(
+                sa.select(UsageCounter.spend_micros).where(
+                    UsageCounter.subject == "key",
+                    UsageCounter.subject_id == issued.hash,
+                    UsageCounter.period == "all",
+                )
+            )
+        ).one()[0]
+    assert (charges[0], charges[1]) == (5, 5 * COST)
+    assert counter == 5 * COST <= 5_500_000  # never beyond the cap
+
+
+async def test_an_account_balance_admits_exactly_k(
+    stack: Stack, second_process: GatewayProcess | None, unique: str
+) -> None:
+    workspace = await stack.admin.workspace(f"bal-{unique}")
+    await stack.admin.credits(workspace, "3.3")  # exactly 3 requests
+    keys = [await stack.admin.key(workspace, f"k{i}") for i in range(3)]
+    urls = _urls(stack, second_process)
+    results = await asyncio.gather(*(_parallel(urls, key, PRICEY, 10) for key in keys))
+    statuses = [r.status_code for batch in results for r in batch]
+    assert statuses.count(200) == 3, statuses
+    async with stack.admin.sessions() as session:
+        spent = (
+            await session.exec(
+                sa.select(sa.func.sum(LedgerEntry.amount_micros)).where(
+                    LedgerEntry.account_id == workspace.account_id, LedgerEntry.kind == "charge"
+                )
+            )
+        ).one()[0]
+    assert spent == 3 * COST <= 3_300_000
+
+
+async def test_free_minute_limit_across_processes(
+    stack: Stack, second_process: GatewayProcess | None, unique: str
+) -> None:
+    workspace = await stack.admin.workspace(f"fm-{unique}")
+    await stack.admin.credits(workspace, "1")
+    issued = await stack.admin.key(workspace)
+    second = datetime.now(UTC).second
+    if second > 45:
+        await asyncio.sleep(61 - second)
+    body = {**PRICEY, "model": "fake/free:free"}
+    responses = await _parallel(_urls(stack, second_process), issued, body, 100)
+    assert [r.status_code for r in responses].count(200) == 20
