@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from server.billing.holds import place_hold, release_hold, settle_hold
 from server.billing.money import usd_to_micros
 from server.clock import ManualClock
-from server.db.models import CreditHold
+from server.db.models import CreditHold, UsageCounter
 from server.errors import GatewayError
 from tests.support.admin import Admin, IssuedKey
 
@@ -85,3 +85,40 @@ async def test_balance_at_zero_refuses_even_free_requests(admin_db: Admin) -> No
     await admin_db.credits(workspace, "1")
     await admin_db.charge(issued, "1")
     assert (await _refused(admin_db, issued, "0")).metadata == {"limit_source": "credits"}
+
+
+async def test_a_request_in_flight_across_midnight(admin_db: Admin) -> None:
+    """Held before midnight, settled after: its hold keeps counting until it settles, and
+    its charge lands on the day it settled (the counters are by settlement time)."""
+    clock = ManualClock(datetime(2026, 7, 1, 23, 59, 59, tzinfo=UTC))
+    admin_db.clock = clock
+    workspace = await admin_db.workspace("midnight")
+    await admin_db.credits(workspace, "10")
+    issued = await admin_db.key(workspace, limit="1", limit_reset="daily")
+    in_flight = await _hold(admin_db, issued, "0.6")
+    clock.advance(timedelta(seconds=2))  # 2 July 00:00:01: a new day for the daily cap
+    waiting = await _refused(admin_db, issued, "0.6")
+    assert waiting.metadata == {"limit_source": "in_flight_budget"}
+    async with admin_db.sessions() as session:
+        await settle_hold(
+            session,
+            in_flight,
+            cost_micros=usd_to_micros("0.6"),  # type: ignore[arg-type]
+            now=clock.now(),
+            reference="gen_midnight",
+        )
+        await session.commit()
+        day_rows = (
+            await session.exec(
+                sa.select(UsageCounter.period_start, UsageCounter.spend_micros).where(
+                    UsageCounter.subject == "key",
+                    UsageCounter.subject_id == issued.hash,
+                    UsageCounter.period == "day",
+                )
+            )
+        ).all()
+    assert [(str(d), s) for d, s in day_rows] == [("2026-07-02", 600_000)]
+    over = await _refused(admin_db, issued, "0.6")  # 0.4 left of today's cap
+    assert over.metadata == {"limit_source": "key_limit"}
+    clock.advance(timedelta(days=1))  # 3 July: the cap starts afresh
+    await _hold(admin_db, issued, "0.6")
