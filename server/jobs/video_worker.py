@@ -7,7 +7,6 @@ guarded by the lease, so a job is charged exactly once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -23,6 +22,7 @@ from server.billing.money import usd_to_micros
 from server.clock import Clock
 from server.db.engine import SessionFactory
 from server.db.models import Generation, VideoJob, WebhookDelivery
+from server.jobs.loop import run_until_stopped
 from server.providers.stt import CLIENT_ERROR, REJECTED_CREDENTIALS, ProviderFailure
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
 from server.routing.catalog import Catalog, Endpoint, Model
@@ -71,28 +71,15 @@ class VideoWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run due jobs until `stop`; then finish the current step and return."""
-        while not stop.is_set():
-            try:
-                job = await self.claim()
-                if job is not None:
-                    await self.step(job)
-                    continue
-                await self.expire_completed()
-            except Exception:
-                log.exception("video worker step failed; continuing")
-            self.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                waiter = asyncio.ensure_future(self.wake.wait())
-                stopper = asyncio.ensure_future(stop.wait())
-                try:
-                    await asyncio.wait(
-                        {waiter, stopper},
-                        timeout=self._idle_wait,
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                finally:
-                    waiter.cancel()
-                    stopper.cancel()
+        await run_until_stopped(self._work_once, stop, self.wake, self._idle_wait, log)
+
+    async def _work_once(self) -> bool:
+        job = await self.claim()
+        if job is None:
+            await self.expire_completed()
+            return False
+        await self.step(job)
+        return True
 
     async def claim(self) -> VideoJob | None:
         now = self._clock.now()

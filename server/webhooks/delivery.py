@@ -18,6 +18,7 @@ from standardwebhooks import Webhook
 from server.clock import Clock
 from server.db.engine import SessionFactory
 from server.db.models import WebhookDelivery, Workspace
+from server.jobs.loop import run_until_stopped
 from server.webhooks.targets import RefusedTarget, resolve_target
 
 log = logging.getLogger("gateway.webhooks")
@@ -80,24 +81,14 @@ class WebhookDispatcher:
         self.wake = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                delivery = await self.claim()
-                if delivery is not None:
-                    await self.attempt(delivery)
-                    continue
-            except Exception:
-                log.exception("webhook dispatcher step failed; continuing")
-            self.wake.clear()
-            waiter = asyncio.ensure_future(self.wake.wait())
-            stopper = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait(
-                    {waiter, stopper}, timeout=self._idle_wait, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                waiter.cancel()
-                stopper.cancel()
+        await run_until_stopped(self._work_once, stop, self.wake, self._idle_wait, log)
+
+    async def _work_once(self) -> bool:
+        delivery = await self.claim()
+        if delivery is None:
+            return False
+        await self.attempt(delivery)
+        return True
 
     async def claim(self) -> WebhookDelivery | None:
         now = self._clock.now()
