@@ -22,6 +22,7 @@ from server.billing.money import usd_to_micros
 from server.clock import Clock
 from server.db.engine import SessionFactory
 from server.db.models import Generation, VideoJob, WebhookDelivery
+from server.jobs.leases import claim_one
 from server.jobs.loop import run_until_stopped
 from server.providers.stt import CLIENT_ERROR, REJECTED_CREDENTIALS, ProviderFailure
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
@@ -84,40 +85,16 @@ class VideoWorker:
     async def claim(self) -> VideoJob | None:
         now = self._clock.now()
         async with self._sessions() as session:
-            due = (
-                sa.select(_JOBS.c.id)
-                .where(
-                    _JOBS.c.status.in_((jobs.PENDING, jobs.IN_PROGRESS)),
-                    _JOBS.c.next_run_at <= now,
-                    sa.or_(_JOBS.c.lease_expires_at.is_(None), _JOBS.c.lease_expires_at < now),
-                )
-                .order_by(_JOBS.c.next_run_at)
-                .limit(1)
+            return await claim_one(
+                session,
+                VideoJob,
+                ready=_JOBS.c.status.in_((jobs.PENDING, jobs.IN_PROGRESS)),
+                due_column="next_run_at",
+                owner=self.owner,
+                now=now,
+                lease=self._lease,
+                extra_values={"status": jobs.IN_PROGRESS, "updated_at": now},
             )
-            if session.get_bind().dialect.name == "postgresql":
-                due = due.with_for_update(skip_locked=True)
-            job_id = (await session.exec(due)).scalar_one_or_none()
-            if job_id is None:
-                await session.rollback()
-                return None
-            claimed = await session.exec(
-                sa.update(_JOBS)
-                .where(
-                    _JOBS.c.id == job_id,
-                    _JOBS.c.status.in_((jobs.PENDING, jobs.IN_PROGRESS)),
-                    sa.or_(_JOBS.c.lease_expires_at.is_(None), _JOBS.c.lease_expires_at < now),
-                )
-                .values(
-                    status=jobs.IN_PROGRESS,
-                    lease_owner=self.owner,
-                    lease_expires_at=now + self._lease,
-                    updated_at=now,
-                )
-            )
-            await session.commit()
-            if claimed.rowcount != 1:  # type: ignore[attr-defined]
-                return None
-            return await session.get(VideoJob, job_id, populate_existing=True)
 
     # --- one step of one job ------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from standardwebhooks import Webhook
 from server.clock import Clock
 from server.db.engine import SessionFactory
 from server.db.models import WebhookDelivery, Workspace
+from server.jobs.leases import claim_one
 from server.jobs.loop import run_until_stopped
 from server.webhooks.targets import RefusedTarget, resolve_target
 
@@ -91,43 +92,16 @@ class WebhookDispatcher:
         return True
 
     async def claim(self) -> WebhookDelivery | None:
-        now = self._clock.now()
         async with self._sessions() as session:
-            due = (
-                sa.select(_DELIVERIES.c.id)
-                .where(
-                    _DELIVERIES.c.status == "pending",
-                    _DELIVERIES.c.next_attempt_at <= now,
-                    sa.or_(
-                        _DELIVERIES.c.lease_expires_at.is_(None),
-                        _DELIVERIES.c.lease_expires_at < now,
-                    ),
-                )
-                .order_by(_DELIVERIES.c.next_attempt_at)
-                .limit(1)
+            return await claim_one(
+                session,
+                WebhookDelivery,
+                ready=_DELIVERIES.c.status == "pending",
+                due_column="next_attempt_at",
+                owner=self.owner,
+                now=self._clock.now(),
+                lease=self._lease,
             )
-            if session.get_bind().dialect.name == "postgresql":
-                due = due.with_for_update(skip_locked=True)
-            delivery_id = (await session.exec(due)).scalar_one_or_none()
-            if delivery_id is None:
-                await session.rollback()
-                return None
-            claimed = await session.exec(
-                sa.update(_DELIVERIES)
-                .where(
-                    _DELIVERIES.c.id == delivery_id,
-                    _DELIVERIES.c.status == "pending",
-                    sa.or_(
-                        _DELIVERIES.c.lease_expires_at.is_(None),
-                        _DELIVERIES.c.lease_expires_at < now,
-                    ),
-                )
-                .values(lease_owner=self.owner, lease_expires_at=now + self._lease)
-            )
-            await session.commit()
-            if claimed.rowcount != 1:  # type: ignore[attr-defined]
-                return None
-            return await session.get(WebhookDelivery, delivery_id, populate_existing=True)
 
     async def attempt(self, delivery: WebhookDelivery) -> None:
         status: int | None = None
