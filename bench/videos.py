@@ -57,6 +57,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -191,11 +192,11 @@ class TimedVideoProviders(FakeVideoProviders):
     def start(self) -> TimedVideoProviders:
         super().start()
         assert self.server is not None
-        base: type[Any] = self.server.RequestHandlerClass
+        base: Any = self.server.RequestHandlerClass  # the fake's own handler class
         completed_at = self.completed_at
         lock = threading.Lock()
 
-        def _json(handler: Any, status: int, body: Any) -> None:
+        def _json(handler: BaseHTTPRequestHandler, status: int, body: Any) -> None:
             base._json(handler, status, body)
             if (
                 handler.command == "GET"
@@ -296,7 +297,7 @@ class JobsTable:
 # --- part 1: accepted submissions per second ------------------------------------------------
 
 
-def submission_body(model: str, prompt: str, **extra: Any) -> dict[str, Any]:
+def submission_body(model: str, prompt: str, **extra: object) -> dict[str, Any]:
     return {
         "model": model,
         "prompt": prompt,
@@ -336,7 +337,7 @@ class Accepted:
     count: int = 0
 
 
-def _accepted_call(client: LeanVideoClient, accepted: Accepted) -> Call:
+def _accepted_call(client: LeanHttpClient, accepted: Accepted) -> Call:
     async def call() -> str | None:
         status = await client.post()
         if status != 202:
@@ -480,8 +481,11 @@ class WebhookResult:
 
 
 async def _run_webhook_job(
-    client: httpx.AsyncClient, run: _JobRun, receiver: WebhookReceiver, hooks: TimedHooks,
-    timeout: float,
+    client: httpx.AsyncClient,
+    run: _JobRun,
+    receiver: WebhookReceiver,
+    hooks: TimedHooks,
+    within: float,
 ) -> None:
     body = submission_body(
         PROVIDER_MODEL,
@@ -498,7 +502,7 @@ async def _run_webhook_job(
         return
     run.accepted_at = time.perf_counter()
     run.job_id = str(response.json()["id"])
-    deadline = run.accepted_at + timeout
+    deadline = run.accepted_at + within
     while time.perf_counter() < deadline:
         arrivals = hooks.arrivals(run.path)
         if arrivals:
@@ -704,9 +708,7 @@ def webhooks_table(w: WebhookResult) -> str:
     return "\n".join(rows)
 
 
-def report(
-    results: Results, machine: dict[str, Any], note: str, args: argparse.Namespace
-) -> str:
+def report(results: Results, machine: dict[str, Any], note: str, args: argparse.Namespace) -> str:
     lines: list[str] = []
     if results.submissions:
         check = target_check(results.submissions)
@@ -906,12 +908,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 assert gateway.process is not None
                 print(f"Gateway started (pid {gateway.process.pid})", file=sys.stderr, flush=True)
                 key = create_funded_key(data_dir, database_url)
-                secret = gateway_cli(
-                    data_dir, database_url, "workspaces", "webhook-secret", WORKSPACE
-                ).strip().splitlines()[-1]
-                results = asyncio.run(
-                    run_all(gateway, key, secret, fake, receiver, hooks, args)
+                secret = (
+                    gateway_cli(data_dir, database_url, "workspaces", "webhook-secret", WORKSPACE)
+                    .strip()
+                    .splitlines()[-1]
                 )
+                results = asyncio.run(run_all(gateway, key, secret, fake, receiver, hooks, args))
             except Exception:
                 tail = "".join(gateway.output[-40:])
                 print(f"Gateway output (last lines):\n{tail}", file=sys.stderr)
@@ -939,9 +941,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ],
             "durability": None if results.durability is None else asdict(results.durability),
             "webhooks": None if results.webhooks is None else asdict(results.webhooks),
-            "targets": [asdict(target_check(results.submissions))]
-            if results.submissions
-            else [],
+            "targets": [asdict(target_check(results.submissions))] if results.submissions else [],
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 1 if failed(results) else 0
