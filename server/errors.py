@@ -94,8 +94,4 @@ def not_found(message: str) -> GatewayError:
     return GatewayError(404, message)
 
 
-def not_implemented(what: str) -> GatewayError:
-    return GatewayError(501, f"{what} is not implemented yet")
-
-
 INTERNAL_ERROR = GatewayError(500, "Internal server error")

@@ -56,16 +56,16 @@ async def test_errors_carry_error_info_with_http_status_and_metadata(
     assert json.loads(trailers["x-error-body"])["error"]["metadata"] == {"param": "limit_reset"}
 
 
-async def test_not_implemented_yet_is_unimplemented(stack: Stack, unique: str) -> None:
-    workspace = await stack.admin.workspace(f"unimpl-{unique}")
+async def test_not_found_carries_the_http_status(stack: Stack, unique: str) -> None:
+    workspace = await stack.admin.workspace(f"nf-{unique}")  # outside the intern programme
     issued = await stack.admin.key(workspace)
     async with grpc.aio.insecure_channel(stack.grpc_target) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as failure:
             await vault_pb2_grpc.VaultStub(channel).DeleteSecret(
                 vault_pb2.DeleteSecretRequest(name="x"), metadata=issued.metadata
             )
-    assert failure.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert _error_info(failure.value).metadata["http_status"] == "501"
+    assert failure.value.code() == grpc.StatusCode.NOT_FOUND
+    assert _error_info(failure.value).metadata["http_status"] == "404"
 
 
 async def test_health_reports_serving(stack: Stack) -> None:
