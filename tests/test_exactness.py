@@ -123,3 +123,56 @@ async def test_free_minute_limit_across_processes(
     body = {**PRICEY, "model": "fake/free:free"}
     responses = await _parallel(_urls(stack, second_process), issued, body, 100)
     assert [r.status_code for r in responses].count(200) == 20
+
+
+async def test_two_processes_never_run_one_video_job_twice(
+    stack: Stack, second_process: GatewayProcess | None, unique: str
+) -> None:
+    """Both processes' workers poll one queue: every job is submitted to the provider once,
+    completes once and is charged once."""
+    workspace = await stack.admin.workspace(f"jobs-{unique}")
+    await stack.admin.credits(workspace, "50")
+    issued = await stack.admin.key(workspace)
+    urls = _urls(stack, second_process)
+    prompts = [f"job {unique} {i}" for i in range(16)]
+    async with httpx.AsyncClient(timeout=30) as client:
+        submitted = await asyncio.gather(
+            *(
+                client.post(
+                    f"{urls[i % len(urls)]}/videos",
+                    headers=issued.headers,
+                    json={"model": "fakevideo/openai", "prompt": p, "duration": 1},
+                )
+                for i, p in enumerate(prompts)
+            )
+        )
+        ids = [r.json()["id"] for r in submitted]
+        deadline = asyncio.get_running_loop().time() + 90
+        while True:
+            states = [
+                (await client.get(f"{stack.base_url}/videos/{i}", headers=issued.headers)).json()[
+                    "status"
+                ]
+                for i in ids
+            ]
+            if all(s in ("completed", "failed") for s in states):
+                break
+            assert asyncio.get_running_loop().time() < deadline, states
+            await asyncio.sleep(0.5)
+    assert states == ["completed"] * len(ids)
+    assert stack.fake_video is not None
+    sent = [
+        s["body"]["prompt"]
+        for s in stack.fake_video.submissions
+        if s["body"].get("prompt", "").startswith(f"job {unique}")
+    ]
+    assert sorted(sent) == sorted(prompts)  # each job submitted exactly once
+    async with stack.admin.sessions() as session:
+        charges = (
+            await session.exec(
+                sa.select(sa.func.count())
+                .select_from(LedgerEntry)
+                .where(LedgerEntry.key_hash == issued.hash, LedgerEntry.kind == "charge")
+            )
+        ).one()[0]
+    assert charges == len(ids)
