@@ -17,7 +17,7 @@ from tests.support.admin import Admin, IssuedKey
 
 async def _hold(admin: Admin, issued: IssuedKey, usd: str, **kw: object) -> object:
     async with admin.sessions() as session:
-        return await place_hold(
+        hold = await place_hold(
             session,
             account_id=issued.workspace.account_id,
             key_hash=issued.hash,
@@ -25,6 +25,8 @@ async def _hold(admin: Admin, issued: IssuedKey, usd: str, **kw: object) -> obje
             now=admin.clock.now(),
             **kw,  # type: ignore[arg-type]
         )
+        await session.commit()  # the caller commits a hold
+        return hold
 
 
 async def _refused(admin: Admin, issued: IssuedKey, usd: str) -> GatewayError:

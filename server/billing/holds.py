@@ -140,7 +140,9 @@ async def place_hold(
     is_byok: bool = False,
     ttl: timedelta = DEFAULT_HOLD_TTL,
 ) -> Hold:
-    """Reserve `amount_micros` or fail with 402 (`metadata.limit_source`). Commits."""
+    """Reserve `amount_micros` or fail with 402 (`metadata.limit_source`). The caller commits
+    (with whatever else belongs to accepting the request), which also releases the account
+    lock taken here: commit promptly."""
     if amount_micros < 0:
         raise ValueError("a hold cannot be negative")
     await _lock_account(session, account_id)
@@ -193,7 +195,6 @@ async def place_hold(
             "expires_at": now + ttl,
         },
     )
-    await session.commit()
     return hold
 
 

@@ -129,6 +129,7 @@ class Transcriber:
             amount_micros=cost,
             now=self._clock.now(),
         )
+        await session.commit()  # the hold (and the free-request count) before the provider call
         generation_id = f"gen_{secrets.token_hex(12)}"
         try:
             routed = await route(

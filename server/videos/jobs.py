@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
-from server.billing.holds import place_hold, release_hold
+from server.billing.holds import place_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.clock import rfc3339
 from server.db.models import VideoJob
@@ -83,13 +83,9 @@ async def submit_job(
         created_at=now,
         updated_at=now,
     )
-    try:
-        await session.exec(_INSERT_JOB, params=job.model_dump())
-        await session.commit()
-    except BaseException:
-        await session.rollback()
-        await release_hold(session, hold)
-        raise
+    # The hold and the job commit together: one transaction per accepted submission.
+    await session.exec(_INSERT_JOB, params=job.model_dump())
+    await session.commit()
     return job
 
 
