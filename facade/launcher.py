@@ -27,9 +27,11 @@ def _read(path: Path) -> str:
     return path.read_text()
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: if the gateway process dies (even by SIGKILL), the kernel
-    sends Envoy SIGTERM, so no orphaned Envoy keeps the port."""
+def die_with_parent() -> None:
+    """In a child before exec: if the gateway process dies (even by SIGKILL), the kernel
+    sends the child SIGTERM, so no orphaned Envoy or worker keeps its port."""
+    if not sys.platform.startswith("linux"):
+        return
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     pr_set_pdeathsig = 1
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
@@ -66,7 +68,7 @@ class EnvoyProcess:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + ready_within
         async with httpx.AsyncClient(timeout=1.0) as client:

@@ -4,20 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import sys
+import time
 from collections.abc import Callable
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from facade.envoy_config import EnvoyOptions, Upstream
-from facade.launcher import EnvoyProcess
+from facade.launcher import EnvoyProcess, die_with_parent
 from server.app import serve
 from server.config import Settings
 from server.contract import DESCRIPTOR_SET, SERVICES
+from server.db.migrate import upgrade
+from server.vault.crypto import load_master_key
 
 
-def envoy_options(settings: Settings) -> EnvoyOptions:
+def envoy_options(settings: Settings, workers: int = 1) -> EnvoyOptions:
     return EnvoyOptions(
         descriptor_path=str(DESCRIPTOR_SET),
         services=SERVICES,
-        upstreams=(Upstream(settings.grpc_host, settings.grpc_port),),
+        upstreams=tuple(
+            Upstream(settings.grpc_host, settings.grpc_port + i) for i in range(workers)
+        ),
         listen_host=settings.http_host,
         listen_port=settings.http_port,
         admin_port=settings.envoy_admin_port,
@@ -25,9 +35,84 @@ def envoy_options(settings: Settings) -> EnvoyOptions:
     )
 
 
-async def run_stack(
-    settings: Settings, stop: asyncio.Event, announce: Callable[[str], None]
+async def _serving(target: str, within: float) -> None:
+    """Wait until the gRPC server at `target` reports SERVING."""
+    deadline = time.monotonic() + within
+    async with grpc.aio.insecure_channel(target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while True:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server at {target} did not become ready")
+            await asyncio.sleep(0.1)
+
+
+async def run_workers(
+    settings: Settings, stop: asyncio.Event, announce: Callable[[str], None], workers: int
 ) -> None:
+    """N server processes (`gateway serve`, gRPC ports grpc_port .. grpc_port+N-1) behind one
+    Envoy that balances over them. Migrations run once, here, before any worker starts."""
+    await upgrade(settings.database_url)
+    load_master_key(settings.data_dir)  # created once here, not raced by the workers
+    children: list[asyncio.subprocess.Process] = []
+    envoy = EnvoyProcess(envoy_options(settings, workers), settings.data_dir / "envoy")
+    try:
+        for index in range(workers):
+            arguments = [
+                sys.executable,
+                "-m",
+                "server.cli",
+                "serve",
+                "--grpc-port",
+                str(settings.grpc_port + index),
+                "--data-dir",
+                str(settings.data_dir),
+                "--database-url",
+                settings.database_url,
+            ]
+            if settings.catalog_file:
+                arguments += ["--catalog", settings.catalog_file]
+            children.append(
+                await asyncio.create_subprocess_exec(
+                    *arguments,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    preexec_fn=die_with_parent,
+                )
+            )
+        await asyncio.gather(
+            *(
+                _serving(f"{settings.grpc_host}:{settings.grpc_port + i}", 60)
+                for i in range(workers)
+            )
+        )
+        await envoy.start()
+        announce(f"http://{settings.http_host}:{settings.http_port}/api/v1")
+        stopper = asyncio.create_task(stop.wait())
+        exits = [asyncio.create_task(child.wait()) for child in children]
+        await asyncio.wait({stopper, *exits}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+    finally:
+        await envoy.stop()  # stop taking requests, then drain the workers
+        for child in children:
+            if child.returncode is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                await asyncio.wait_for(child.wait(), 30)
+            except TimeoutError:
+                child.kill()
+                await child.wait()
+
+
+async def run_stack(
+    settings: Settings, stop: asyncio.Event, announce: Callable[[str], None], workers: int = 1
+) -> None:
+    if workers > 1:
+        await run_workers(settings, stop, announce, workers)
+        return
     started = asyncio.Event()
     server_stop = asyncio.Event()
     server_task = asyncio.create_task(serve(settings, started, server_stop))

@@ -50,6 +50,16 @@ def _port(text: str) -> int:
     return port
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from exc
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be 1 to 64: {text!r}")
+    return value
+
+
 def _on_off(text: str) -> bool:
     if text.lower() in ("on", "true", "yes", "1"):
         return True
@@ -112,8 +122,29 @@ async def cmd_up(args: argparse.Namespace) -> int:
         print(f"Gateway ready: REST {base_url}  gRPC {settings.grpc_target}", flush=True)
         print("Press Ctrl-C to stop.", flush=True)
 
-    await run_stack(settings, stop, announce)
+    await run_stack(settings, stop, announce, workers=args.workers)
     print("Gateway stopped.", flush=True)
+    return 0
+
+
+async def cmd_serve(args: argparse.Namespace) -> int:
+    """The gRPC server alone (a worker of `gateway up --workers N`, or a compose replica)."""
+    from server.app import serve
+
+    settings = load_settings(
+        args.data_dir,
+        args.database_url,
+        grpc_port=args.grpc_port,
+        grpc_host=args.grpc_host,
+        catalog_file=args.catalog,
+    )
+    if settings.database_url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await serve(settings, stop=stop)
     return 0
 
 
@@ -348,7 +379,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="operator provider catalog (TOML) adding to or replacing built-in "
         "models (env GATEWAY_CATALOG)",
     )
+    up.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="server processes behind Envoy (gRPC ports --grpc-port onwards)",
+    )
     up.set_defaults(run=cmd_up)
+
+    serve_cmd = commands.add_parser(
+        "serve", parents=[common], help="run only the gRPC server (no Envoy)"
+    )
+    serve_cmd.add_argument("--grpc-port", type=_port, default=50051)
+    serve_cmd.add_argument("--grpc-host", default="127.0.0.1")
+    serve_cmd.add_argument("--catalog", metavar="FILE")
+    serve_cmd.set_defaults(run=cmd_serve)
 
     envoy_config = commands.add_parser(
         "envoy-config", help="print the Envoy config of the compose stack (envoy.yaml)"

@@ -30,6 +30,7 @@ class GatewayProcess:
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
     extra_env: dict[str, str] = field(default_factory=dict)
+    extra_args: tuple[str, ...] = ()
     process: subprocess.Popen[str] | None = None
     output: list[str] = field(default_factory=list)
 
@@ -55,6 +56,7 @@ class GatewayProcess:
                 str(self.http_port),
                 "--grpc-port",
                 str(self.grpc_port),
+                *self.extra_args,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
