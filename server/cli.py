@@ -97,26 +97,34 @@ async def _workspace(session: AsyncSession, name: str | None, now: datetime) -> 
     return await workspaces.workspace_by_name(session, name)
 
 
+def _server_settings(args: argparse.Namespace, **overrides: object) -> Settings:
+    settings = load_settings(
+        args.data_dir, args.database_url, catalog_file=args.catalog, **overrides
+    )
+    if settings.database_url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return settings
+
+
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by Ctrl-C or SIGTERM: the server then drains and stops cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
+
+
 # --- commands -------------------------------------------------------------------------------
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
     from facade.stack import run_stack  # Envoy is only needed here
 
-    settings = load_settings(
-        args.data_dir,
-        args.database_url,
-        grpc_port=args.grpc_port,
-        http_port=args.http_port,
-        http_host=args.host,
-        catalog_file=args.catalog,
+    settings = _server_settings(
+        args, grpc_port=args.grpc_port, http_port=args.http_port, http_host=args.host
     )
-    if settings.database_url.startswith("sqlite"):
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = _stop_on_signals()
 
     def announce(base_url: str) -> None:
         print(f"Gateway ready: REST {base_url}  gRPC {settings.grpc_target}", flush=True)
@@ -131,20 +139,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     """The gRPC server alone (a worker of `gateway up --workers N`, or a compose replica)."""
     from server.app import serve
 
-    settings = load_settings(
-        args.data_dir,
-        args.database_url,
-        grpc_port=args.grpc_port,
-        grpc_host=args.grpc_host,
-        catalog_file=args.catalog,
-    )
-    if settings.database_url.startswith("sqlite"):
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await serve(settings, stop=stop)
+    settings = _server_settings(args, grpc_port=args.grpc_port, grpc_host=args.grpc_host)
+    await serve(settings, stop=_stop_on_signals())
     return 0
 
 
