@@ -54,8 +54,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -67,6 +66,9 @@ from bench.key_status import (
     Call,
     CaseResult,
     PgServer,
+    _fmt,
+    _positive,
+    _terminate,
     machine_info,
     measure,
 )
@@ -713,10 +715,6 @@ def target_checks(results: Sequence[CaseResult]) -> tuple[TargetCheck, TargetChe
     return latency, throughput
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
 def markdown_table(results: Sequence[CaseResult]) -> str:
     rows = [
         "| path | concurrency | requests | req/s | p50 ms | p99 ms | added p50 ms | errors |",
@@ -752,13 +750,6 @@ def report(results: Sequence[CaseResult], machine: dict[str, Any], client: str) 
 
 
 # --- main -----------------------------------------------------------------------------------
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -801,11 +792,6 @@ def build_parser() -> argparse.ArgumentParser:
     # Internal: the fake provider's own process (see FakeProviderProcess).
     parser.add_argument("--serve-fake-provider", action="store_true", help=argparse.SUPPRESS)
     return parser
-
-
-def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
-    # Turn SIGTERM into an exception so the `finally` blocks stop what was started.
-    raise SystemExit(128 + signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

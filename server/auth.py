@@ -13,7 +13,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.accounts.keys import KEY_PATTERN, hash_key, hashes_match
 from server.clock import Clock
 from server.db.models import Account, ApiKey, Workspace
-from server.errors import GatewayError, forbidden, unauthorized
+from server.errors import forbidden, unauthorized
 
 # last_used_at is refreshed at most this often, to keep reads free of writes.
 LAST_USED_GRANULARITY = timedelta(minutes=1)
@@ -92,6 +92,3 @@ class Authenticator:
         if not principal.key.is_management:
             raise forbidden("This operation requires a management key")
         return principal
-
-
-__all__ = ["Authenticator", "GatewayError", "Principal", "bearer_token"]

@@ -16,7 +16,7 @@ from server.auth import Authenticator, Principal
 from server.billing.key_status import key_status
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.billing.usage import ACCOUNT, read_usage
-from server.clock import Clock
+from server.clock import Clock, rfc3339
 from server.contract import management_pb2, management_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import ApiKey
@@ -27,7 +27,6 @@ from server.services.rpc import (
     metadata_of,
     nullable_string,
     nullable_timestamp,
-    timestamp,
 )
 
 _SECONDS_PRECISION = re.compile(r"T\d{2}:\d{2}:\d{2}")
@@ -96,7 +95,7 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
             label=key.label,
             disabled=key.disabled,
             **limit_and_usage_fields(status),
-            created_at=timestamp(key.created_at),
+            created_at=rfc3339(key.created_at),
             updated_at=nullable_timestamp(key.updated_at),
             last_used_at=nullable_timestamp(key.last_used_at),
             expires_at=nullable_timestamp(key.expires_at),

@@ -148,11 +148,8 @@ def nullable_usd(micros: int | None) -> struct_pb2.Value:
     )
 
 
-timestamp = rfc3339
-
-
 def nullable_timestamp(value: datetime | None) -> struct_pb2.Value:
-    return null() if value is None else struct_pb2.Value(string_value=timestamp(value))
+    return null() if value is None else struct_pb2.Value(string_value=rfc3339(value))
 
 
 def metadata_of(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str | bytes], ...]:

@@ -23,9 +23,7 @@ PENDING = "pending"
 IN_PROGRESS = "in_progress"
 COMPLETED = "completed"
 FAILED = "failed"
-CANCELLED = "cancelled"
 EXPIRED = "expired"
-TERMINAL = (COMPLETED, FAILED, CANCELLED, EXPIRED)
 # A job's credits stay held until it ends; a job that outlives this is failed.
 JOB_DEADLINE = timedelta(hours=2)
 
