@@ -8,11 +8,9 @@ from typing import Any
 
 import httpx
 
-from server.providers.http_errors import failure_from_response
+from server.providers.http import authorized, send
 from server.providers.stt import (
     INVALID_RESPONSE,
-    TIMEOUT,
-    UNREACHABLE,
     ProviderFailure,
     Segment,
     SttCall,
@@ -115,28 +113,17 @@ class OpenAISttAdapter:
         self._http = http
 
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
-        headers = {}
-        credential = endpoint.credential()
-        if credential:
-            headers["Authorization"] = f"Bearer {credential}"
         request = self._http.build_request(
             "POST",
             f"{endpoint.base_url}/audio/transcriptions",
             data=_form(call),
             files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
-            headers=headers,
+            headers=authorized(endpoint),
             timeout=endpoint.timeout_seconds,
         )
         # Encoding the multipart body in one go costs half of streaming it in small chunks.
         request.read()
-        try:
-            response = await self._http.send(request)
-        except httpx.TimeoutException as exc:
-            raise ProviderFailure(TIMEOUT, "Provider timed out") from exc
-        except httpx.TransportError as exc:
-            raise ProviderFailure(UNREACHABLE, "Provider is unreachable") from exc
-        if response.status_code != 200:
-            raise failure_from_response(response)
+        response = await send(self._http, request)
         try:
             return _parse(response.json(), call.verbose)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

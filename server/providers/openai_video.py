@@ -7,43 +7,12 @@ from typing import Any
 
 import httpx
 
-from server.providers.http_errors import failure_from_response
-from server.providers.stt import INVALID_RESPONSE, TIMEOUT, UNREACHABLE, ProviderFailure
+from server.providers import http as provider_http
+from server.providers.stt import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
 from server.routing.catalog import Endpoint
 
 _RUNNING = ("queued", "in_progress", "processing", "pending")
-
-
-async def send(
-    http: httpx.AsyncClient, endpoint: Endpoint, method: str, url: str, **kwargs: Any
-) -> httpx.Response:
-    """One provider request; transport failures become ProviderFailures."""
-    headers = dict(kwargs.pop("headers", {}))
-    credential = endpoint.credential()
-    if credential:
-        headers["Authorization"] = f"Bearer {credential}"
-    try:
-        response = await http.request(
-            method, url, headers=headers, timeout=endpoint.timeout_seconds, **kwargs
-        )
-    except httpx.TimeoutException as exc:
-        raise ProviderFailure(TIMEOUT, "Provider timed out") from exc
-    except httpx.TransportError as exc:
-        raise ProviderFailure(UNREACHABLE, "Provider is unreachable") from exc
-    if response.status_code >= 400:
-        raise failure_from_response(response)
-    return response
-
-
-def json_object(response: httpx.Response) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError as exc:
-        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response") from exc
-    if not isinstance(body, dict):
-        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
-    return body
 
 
 class OpenAIVideoAdapter:
@@ -74,22 +43,22 @@ class OpenAIVideoAdapter:
             "size": f"{params['width']}x{params['height']}",
             **call.options,
         }
-        response = await send(
+        response = await provider_http.call(
             self._http, endpoint, "POST", f"{endpoint.base_url}/videos", json=body
         )
-        return await self._finish(endpoint, self._progress(json_object(response)))
+        return await self._finish(endpoint, self._progress(provider_http.json_object(response)))
 
     async def poll(
         self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
     ) -> VideoProgress:
-        response = await send(
+        response = await provider_http.call(
             self._http, endpoint, "GET", f"{endpoint.base_url}/videos/{provider_job_id}"
         )
-        return await self._finish(endpoint, self._progress(json_object(response)))
+        return await self._finish(endpoint, self._progress(provider_http.json_object(response)))
 
     async def _finish(self, endpoint: Endpoint, progress: VideoProgress) -> VideoProgress:
         if progress.state == "completed":
-            content = await send(
+            content = await provider_http.call(
                 self._http,
                 endpoint,
                 "GET",

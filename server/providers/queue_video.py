@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from server.providers.openai_video import json_object, send
+from server.providers import http as provider_http
 from server.providers.stt import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
 from server.routing.catalog import Endpoint
@@ -44,10 +44,10 @@ class QueueVideoAdapter:
         return f"{endpoint.base_url}/{call.model}"
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-        response = await send(
+        response = await provider_http.call(
             self._http, endpoint, "POST", self._base(endpoint, call), json=_input(call)
         )
-        request_id = json_object(response).get("request_id")
+        request_id = provider_http.json_object(response).get("request_id")
         if not isinstance(request_id, str) or not request_id:
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned no request_id")
         return VideoProgress(state="running", provider_job_id=request_id)
@@ -56,7 +56,9 @@ class QueueVideoAdapter:
         self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
     ) -> VideoProgress:
         base = f"{self._base(endpoint, call)}/requests/{provider_job_id}"
-        status = json_object(await send(self._http, endpoint, "GET", f"{base}/status"))
+        status = provider_http.json_object(
+            await provider_http.call(self._http, endpoint, "GET", f"{base}/status")
+        )
         state = status.get("status")
         if state in ("IN_QUEUE", "IN_PROGRESS"):
             return VideoProgress(state="running", provider_job_id=provider_job_id)
@@ -65,7 +67,9 @@ class QueueVideoAdapter:
             return VideoProgress(
                 state="failed", provider_job_id=provider_job_id, error=f"Provider failed: {detail}"
             )
-        result = json_object(await send(self._http, endpoint, "GET", base))
+        result = provider_http.json_object(
+            await provider_http.call(self._http, endpoint, "GET", base)
+        )
         entries = result.get("videos") or ([result["video"]] if "video" in result else [])
         urls = [e.get("url") for e in entries if isinstance(e, dict)]
         if not urls or not all(isinstance(u, str) for u in urls):
@@ -74,5 +78,5 @@ class QueueVideoAdapter:
         for url in urls:
             if urlsplit(url).scheme not in ("https", "http"):
                 raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video URL")
-            videos.append((await send(self._http, endpoint, "GET", url)).content)
+            videos.append((await provider_http.call(self._http, endpoint, "GET", url)).content)
         return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=videos)

@@ -1,21 +1,27 @@
-"""Reading a provider's HTTP failure: its status, error code and retry hint."""
+"""Talking HTTP to providers over the one pooled client: the credential header, transport
+failures, and reading a provider's HTTP failure (status, error code, retry hint)."""
 
 from __future__ import annotations
 
 import email.utils
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 
 from server.providers.stt import (
     CLIENT_ERROR,
+    INVALID_RESPONSE,
     OVERLOADED,
     RATE_LIMITED,
     REJECTED_CREDENTIALS,
     SERVER_ERROR,
+    TIMEOUT,
+    UNREACHABLE,
     ProviderFailure,
 )
+from server.routing.catalog import Endpoint
 
 MAX_PROVIDER_MESSAGE = 300
 
@@ -94,3 +100,49 @@ def failure_from_response(response: httpx.Response) -> ProviderFailure:
     return ProviderFailure(
         SERVER_ERROR, "Provider returned error", status=status, provider_code=provider_code
     )
+
+
+def authorized(endpoint: Endpoint, headers: dict[str, str] | None = None) -> dict[str, str]:
+    """The headers plus the endpoint's credential (read from its environment variable)."""
+    result = dict(headers or {})
+    credential = endpoint.credential()
+    if credential:
+        result["Authorization"] = f"Bearer {credential}"
+    return result
+
+
+async def send(http: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """Send one provider request; transport failures and HTTP errors become
+    ProviderFailures."""
+    try:
+        response = await http.send(request)
+    except httpx.TimeoutException as exc:
+        raise ProviderFailure(TIMEOUT, "Provider timed out") from exc
+    except httpx.TransportError as exc:
+        raise ProviderFailure(UNREACHABLE, "Provider is unreachable") from exc
+    if response.status_code >= 400:
+        raise failure_from_response(response)
+    return response
+
+
+async def call(
+    http: httpx.AsyncClient, endpoint: Endpoint, method: str, url: str, **kwargs: Any
+) -> httpx.Response:
+    request = http.build_request(
+        method,
+        url,
+        headers=authorized(endpoint, kwargs.pop("headers", None)),
+        timeout=endpoint.timeout_seconds,
+        **kwargs,
+    )
+    return await send(http, request)
+
+
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response") from exc
+    if not isinstance(body, dict):
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+    return body
