@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from server.billing.holds import place_hold, release_hold, settle_hold
+from server.billing.holds import place_hold, release_hold, settle_hold, sweep_expired_holds
 from server.billing.money import usd_to_micros
 from server.clock import ManualClock
 from server.db.models import CreditHold, UsageCounter
@@ -124,3 +124,18 @@ async def test_a_request_in_flight_across_midnight(admin_db: Admin) -> None:
     assert over.metadata == {"limit_source": "key_limit"}
     clock.advance(timedelta(days=1))  # 3 July: the cap starts afresh
     await _hold(admin_db, issued, "0.6")
+
+
+async def test_lapsed_holds_are_swept(admin_db: Admin) -> None:
+    clock = ManualClock(datetime(2026, 7, 1, 12, tzinfo=UTC))
+    admin_db.clock = clock
+    workspace = await admin_db.workspace("sweep")
+    await admin_db.credits(workspace, "5")
+    issued = await admin_db.key(workspace)
+    await _hold(admin_db, issued, "1", ttl=timedelta(minutes=1))
+    await _hold(admin_db, issued, "1", ttl=timedelta(minutes=10))
+    clock.advance(timedelta(minutes=2))
+    async with admin_db.sessions() as session:
+        assert await sweep_expired_holds(session, clock.now()) == 1
+        left = (await session.exec(sa.select(sa.func.count()).select_from(CreditHold))).one()
+    assert left[0] == 1

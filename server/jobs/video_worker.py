@@ -17,7 +17,7 @@ from decimal import Decimal
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from server.billing.holds import Hold, drop_hold, settle_hold
+from server.billing.holds import Hold, drop_hold, settle_hold, sweep_expired_holds
 from server.billing.money import usd_to_micros
 from server.clock import Clock
 from server.db.engine import SessionFactory
@@ -35,6 +35,9 @@ log = logging.getLogger("gateway.jobs")
 _JOBS = VideoJob.__table__  # type: ignore[attr-defined]
 _INSERT_GENERATION = sa.insert(Generation.__table__)  # type: ignore[attr-defined]
 _INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)  # type: ignore[attr-defined]
+
+
+UPKEEP_INTERVAL = timedelta(seconds=5)
 
 
 def poll_delay(attempts: int) -> timedelta:
@@ -65,6 +68,7 @@ class VideoWorker:
         self._lease = lease
         self._retention = retention
         self._idle_wait = idle_wait
+        self._next_upkeep: datetime | None = None
         self.owner = f"worker-{secrets.token_hex(6)}"
         self.wake = asyncio.Event()  # set on submit: no need to wait for the next poll
 
@@ -77,10 +81,21 @@ class VideoWorker:
     async def _work_once(self) -> bool:
         job = await self.claim()
         if job is None:
-            await self.expire_completed()
+            await self._upkeep()
             return False
         await self.step(job)
         return True
+
+    async def _upkeep(self) -> None:
+        """Housekeeping when idle, at most every UPKEEP_INTERVAL (each is a write): expire
+        completed videos, and delete credit holds of requests whose process died."""
+        now = self._clock.now()
+        if self._next_upkeep is not None and now < self._next_upkeep:
+            return
+        self._next_upkeep = now + UPKEEP_INTERVAL
+        await self.expire_completed()
+        async with self._sessions() as session:
+            await sweep_expired_holds(session, now)
 
     async def claim(self) -> VideoJob | None:
         now = self._clock.now()
