@@ -13,6 +13,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.db.models import Account, Intern, Workspace
 from server.errors import GatewayError, bad_request, not_found
+from server.webhooks.targets import check_callback_url
 
 DEFAULT_WORKSPACE = "default"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -86,8 +87,6 @@ async def update_workspace(
         workspace.vault_writes_disabled = vault_writes_disabled
     if default_callback_url is not None:
         if default_callback_url:
-            from server.videos.request import check_callback_url
-
             check_callback_url(default_callback_url, "default_callback_url")
         workspace.default_callback_url = default_callback_url or None
     session.add(workspace)

@@ -13,6 +13,7 @@ from server.errors import bad_request
 from server.routing.catalog import Catalog, Model, VideoCapabilities
 from server.transcription.request import MAX_ID_CHARS, MODEL_ID, TRACE_STRING_KEYS
 from server.videos import options
+from server.webhooks.targets import check_callback_url
 
 MAX_PROMPT_CHARS = 20_000
 MAX_FRAME_IMAGES = 2
@@ -57,18 +58,6 @@ def _media_url(url: str, param: str) -> str:
     scheme = urlsplit(url).scheme.lower() if "://" in url or url.startswith("data:") else ""
     if scheme not in ("https", "http", "data"):
         raise bad_request(f"{param} must be an http(s) or data: URL", param=param)
-    return url
-
-
-def check_callback_url(url: str, param: str = "callback_url") -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        raise bad_request(f"{param} is not a valid URL", param=param) from exc
-    if parts.scheme.lower() != "https" or not parts.hostname:
-        raise bad_request(f"{param} must be an https:// URL", param=param)
-    if parts.username or parts.password:
-        raise bad_request(f"{param} must not carry credentials", param=param)
     return url
 
 

@@ -10,6 +10,22 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from server.errors import bad_request
+
+
+def check_callback_url(url: str, param: str = "callback_url") -> str:
+    """The check when a URL is given (400 naming `param`); addresses are checked when the
+    webhook is sent (`resolve_target`), since DNS can change in between."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise bad_request(f"{param} is not a valid URL", param=param) from exc
+    if parts.scheme.lower() != "https" or not parts.hostname:
+        raise bad_request(f"{param} must be an https:// URL", param=param)
+    if parts.username or parts.password:
+        raise bad_request(f"{param} must not carry credentials", param=param)
+    return url
+
 
 class RefusedTarget(Exception):
     """The URL must not be called; the message is safe to record."""
