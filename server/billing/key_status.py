@@ -22,22 +22,14 @@ class KeyStatus:
     free_model_daily_requests: FreeModelDailyRequests
 
 
-def remaining_under_limit(
-    limit_micros: int, limit_reset: str | None, include_byok: bool, usage: PeriodUsage
-) -> int:
-    """What is left of a cap in its current reset period."""
-    period = PERIOD_OF_RESET.get(limit_reset, "all")
-    used = usage.spend[period] + (usage.byok[period] if include_byok else 0)
-    return max(0, limit_micros - used)
-
-
 def limit_remaining(key: ApiKey, usage: PeriodUsage) -> int | None:
-    """What is left of the key's cap in its current reset period (None: unlimited)."""
+    """What is left of the key's cap in its current reset period (None: unlimited). Credit
+    holds compute the same in SQL, inside their budget query (billing/holds.py)."""
     if key.limit_micros is None:
         return None
-    return remaining_under_limit(
-        key.limit_micros, key.limit_reset, key.include_byok_in_limit, usage
-    )
+    period = PERIOD_OF_RESET.get(key.limit_reset, "all")
+    used = usage.spend[period] + (usage.byok[period] if key.include_byok_in_limit else 0)
+    return max(0, key.limit_micros - used)
 
 
 async def key_status(

@@ -131,23 +131,3 @@ async def add_usages(
     ]
     dialect = session.get_bind().dialect.name
     await session.exec(_UPSERTS["postgresql" if dialect == "postgresql" else "sqlite"], params=rows)
-
-
-async def add_usage(
-    session: AsyncSession,
-    subject: str,
-    subject_id: str,
-    now: datetime,
-    *,
-    spend_micros: int = 0,
-    byok_micros: int = 0,
-    free_requests: int = 0,
-) -> None:
-    await add_usages(
-        session,
-        [(subject, subject_id)],
-        now,
-        spend_micros=spend_micros,
-        byok_micros=byok_micros,
-        free_requests=free_requests,
-    )
