@@ -28,6 +28,7 @@ from server.contract import (
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
 from server.jobs.video_worker import VideoWorker
+from server.limits.admission import EnforcedLimits, Limits
 from server.providers.local_video import LocalVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
@@ -59,6 +60,7 @@ class Core:
     auth: Authenticator
     catalog: Catalog
     http: httpx.AsyncClient  # the one pooled client for every provider call
+    limits: Limits
     transcriber: Transcriber
     content: ContentStore
     video_worker: VideoWorker
@@ -70,7 +72,10 @@ class Core:
         await self.engine.dispose()
 
 
-def build_core(settings: Settings, clock: Clock | None = None) -> Core:
+def build_core(
+    settings: Settings, clock: Clock | None = None, limits: Limits | None = None
+) -> Core:
+    """`limits` replaces the enforced limits only to measure what they cost (bench/)."""
     engine = create_engine(settings.database_url)
     sessions = session_factory(engine)
     clock = clock or SystemClock()
@@ -91,6 +96,7 @@ def build_core(settings: Settings, clock: Clock | None = None) -> Core:
         "queue": QueueVideoAdapter(http),
     }
     content = ContentStore(settings.content_dir)
+    limits = limits or EnforcedLimits()
     webhooks = WebhookDispatcher(
         sessions, clock, http, allow_private=settings.webhook_allow_private
     )
@@ -102,7 +108,8 @@ def build_core(settings: Settings, clock: Clock | None = None) -> Core:
         auth=Authenticator(clock),
         catalog=catalog,
         http=http,
-        transcriber=Transcriber(catalog, stt_adapters, clock),
+        limits=limits,
+        transcriber=Transcriber(catalog, stt_adapters, clock, limits),
         content=content,
         video_worker=VideoWorker(
             sessions,
@@ -142,6 +149,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             core.clock,
             core.catalog,
             core.content,
+            core.limits,
             core.video_worker.wake,
         ),
         server,
@@ -170,11 +178,14 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
 
 
 async def serve(
-    settings: Settings, started: asyncio.Event | None = None, stop: asyncio.Event | None = None
+    settings: Settings,
+    started: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+    limits: Limits | None = None,
 ) -> None:
     """Migrate, serve until `stop` is set, then drain in-flight calls and close."""
     await upgrade(settings.database_url)
-    core = build_core(settings)
+    core = build_core(settings, limits=limits)
     server, health_servicer = build_server(core)
     bound = server.add_insecure_port(settings.grpc_target)
     if bound == 0:

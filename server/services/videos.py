@@ -14,6 +14,7 @@ from server.auth import Authenticator
 from server.clock import Clock
 from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.engine import SessionFactory
+from server.limits.admission import Limits
 from server.routing.catalog import Catalog, Model
 from server.services.rpc import answer_with_status, header_value, metadata_of, null
 from server.videos import jobs
@@ -74,6 +75,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         clock: Clock,
         catalog: Catalog,
         store: ContentStore,
+        limits: Limits,
         wake_worker: asyncio.Event | None = None,
     ) -> None:
         self._auth = auth
@@ -81,6 +83,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         self._clock = clock
         self._catalog = catalog
         self._store = store
+        self._limits = limits
         self._wake = wake_worker
 
     async def CreateVideo(
@@ -97,6 +100,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 video,
                 self._clock.now(),
                 principal.workspace.default_callback_url,
+                self._limits,
             )
         if self._wake is not None:
             self._wake.set()

@@ -15,12 +15,12 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
-from server.billing.holds import Hold, place_hold, release_hold, settle_hold
+from server.billing.holds import Hold, release_hold, settle_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.clock import Clock
 from server.db.models import Generation
 from server.errors import GatewayError, bad_request
-from server.limits.free_models import admit_free_request, is_free_model
+from server.limits.admission import Limits
 from server.providers.stt import SttAdapter, SttCall, Transcript
 from server.routing.catalog import Catalog, Endpoint, Model
 from server.routing.fallback import route
@@ -74,10 +74,17 @@ def price(model: Model, seconds: Decimal) -> int:
 
 
 class Transcriber:
-    def __init__(self, catalog: Catalog, adapters: Mapping[str, SttAdapter], clock: Clock) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        adapters: Mapping[str, SttAdapter],
+        clock: Clock,
+        limits: Limits,
+    ) -> None:
         self._catalog = catalog
         self._adapters = adapters
         self._clock = clock
+        self._limits = limits
 
     def _model(self, request: TranscriptionInput) -> Model:
         model = self._catalog.get(request.model)
@@ -114,20 +121,8 @@ class Transcriber:
             request.claimed_format = audio.format
         cost = price(model, audio.seconds)
         started = time.monotonic()
-        if is_free_model(model.id):
-            await admit_free_request(
-                session,
-                account_id=principal.account.id,
-                credits_purchased_micros=principal.account.credits_purchased_micros,
-                exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
-                now=self._clock.now(),
-            )
-        hold = await place_hold(
-            session,
-            account_id=principal.account.id,
-            key_hash=principal.key.hash,
-            amount_micros=cost,
-            now=self._clock.now(),
+        hold = await self._limits.admit(
+            session, principal, model_id=model.id, estimate_micros=cost, now=self._clock.now()
         )
         await session.commit()  # the hold (and the free-request count) before the provider call
         generation_id = f"gen_{secrets.token_hex(12)}"

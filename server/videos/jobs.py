@@ -10,12 +10,11 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
-from server.billing.holds import place_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.clock import rfc3339
 from server.db.models import VideoJob
 from server.errors import GatewayError, bad_request, not_found
-from server.limits.free_models import admit_free_request, is_free_model
+from server.limits.admission import Limits
 from server.videos.content import ContentStore
 from server.videos.request import VideoInput
 
@@ -44,22 +43,15 @@ async def submit_job(
     video: VideoInput,
     now: datetime,
     default_callback_url: str | None,
+    limits: Limits,
 ) -> VideoJob:
     """Hold the estimated cost and store the job; it is durable when this returns."""
     estimate = estimate_micros(video)
-    if is_free_model(video.model.id):
-        await admit_free_request(
-            session,
-            account_id=principal.account.id,
-            credits_purchased_micros=principal.account.credits_purchased_micros,
-            exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
-            now=now,
-        )
-    hold = await place_hold(
+    hold = await limits.admit(
         session,
-        account_id=principal.account.id,
-        key_hash=principal.key.hash,
-        amount_micros=estimate,
+        principal,
+        model_id=video.model.id,
+        estimate_micros=estimate,
         now=now,
         ttl=JOB_DEADLINE + timedelta(minutes=10),
     )

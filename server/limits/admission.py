@@ -1,0 +1,65 @@
+"""Admission: the limits a billable request passes before it runs — the free-model request
+limits, then a credit hold against the account balance and the key's cap."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from server.auth import Principal
+from server.billing.holds import DEFAULT_HOLD_TTL, Hold, place_hold
+from server.limits.free_models import admit_free_request, is_free_model
+
+
+class Limits(Protocol):
+    async def admit(
+        self,
+        session: AsyncSession,
+        principal: Principal,
+        *,
+        model_id: str,
+        estimate_micros: int,
+        now: datetime,
+        ttl: timedelta = DEFAULT_HOLD_TTL,
+        is_byok: bool = False,
+    ) -> Hold:
+        """Admit the request (its hold is part of the caller's transaction) or raise 402/429."""
+        ...
+
+
+class EnforcedLimits:
+    """The limits of the API reference. The caller commits the hold (and the free-request
+    count) with whatever else belongs to accepting the request; a later rollback takes both
+    back."""
+
+    async def admit(
+        self,
+        session: AsyncSession,
+        principal: Principal,
+        *,
+        model_id: str,
+        estimate_micros: int,
+        now: datetime,
+        ttl: timedelta = DEFAULT_HOLD_TTL,
+        is_byok: bool = False,
+    ) -> Hold:
+        if is_free_model(model_id):
+            await admit_free_request(
+                session,
+                account_id=principal.account.id,
+                credits_purchased_micros=principal.account.credits_purchased_micros,
+                exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
+                now=now,
+                is_byok=is_byok,
+            )
+        return await place_hold(
+            session,
+            account_id=principal.account.id,
+            key_hash=principal.key.hash,
+            amount_micros=estimate_micros,
+            now=now,
+            is_byok=is_byok,
+            ttl=ttl,
+        )
