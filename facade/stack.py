@@ -75,6 +75,8 @@ async def run_workers(
             ]
             if settings.catalog_file:
                 arguments += ["--catalog", settings.catalog_file]
+            metrics_port = settings.metrics_port + index if settings.metrics_port else 0
+            arguments += ["--metrics-port", str(metrics_port)]
             children.append(
                 await asyncio.create_subprocess_exec(
                     *arguments,
@@ -95,16 +97,18 @@ async def run_workers(
         await asyncio.wait({stopper, *exits}, return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
     finally:
-        await envoy.stop()  # stop taking requests, then drain the workers
+        # Drain the workers first (they refuse new calls and finish the ones in flight),
+        # while Envoy still carries the answers back; then stop Envoy.
         for child in children:
             if child.returncode is None:
                 child.send_signal(signal.SIGTERM)
         for child in children:
             try:
-                await asyncio.wait_for(child.wait(), 30)
+                await asyncio.wait_for(child.wait(), settings.shutdown_grace_seconds + 10)
             except TimeoutError:
                 child.kill()
                 await child.wait()
+        await envoy.stop()
 
 
 async def run_stack(
@@ -130,8 +134,11 @@ async def run_stack(
         await asyncio.wait({server_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
     finally:
-        # Envoy first: stop taking requests, then drain the server.
-        await envoy.stop()
+        # Drain the server first (it refuses new calls and finishes the ones in flight),
+        # while Envoy still carries the answers back; then stop Envoy.
         server_stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await server_task
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await server_task
+        finally:
+            await envoy.stop()

@@ -12,6 +12,8 @@ import grpc
 import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Tracer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from server.auth import Authenticator
@@ -29,6 +31,9 @@ from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
 from server.jobs.video_worker import VideoWorker
 from server.limits.admission import EnforcedLimits, Limits
+from server.observability.metrics import Metrics
+from server.observability.monitor import DatabaseMonitor
+from server.observability.tracing import tracer_of, tracer_provider_from_environment
 from server.providers.local_video import LocalVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
@@ -38,7 +43,7 @@ from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
-from server.services.rpc import ErrorInterceptor
+from server.services.rpc import RequestInterceptor
 from server.services.vault import VaultService
 from server.services.videos import VideosService
 from server.transcription.service import Transcriber
@@ -66,10 +71,16 @@ class Core:
     video_worker: VideoWorker
     webhooks: WebhookDispatcher
     vault_master: MasterKey
+    metrics: Metrics
+    tracer: Tracer
+    tracer_provider: TracerProvider | None  # None: traces are not exported
 
     async def close(self) -> None:
         await self.http.aclose()
         await self.engine.dispose()
+        if self.tracer_provider is not None:
+            # Export what is still buffered; the exporter blocks, so off the event loop.
+            await asyncio.to_thread(self.tracer_provider.shutdown)
 
 
 def build_core(
@@ -96,7 +107,10 @@ def build_core(
         "queue": QueueVideoAdapter(http),
     }
     content = ContentStore(settings.content_dir)
-    limits = limits or EnforcedLimits()
+    metrics = Metrics()
+    tracer_provider = tracer_provider_from_environment()
+    tracer = tracer_of(tracer_provider)
+    limits = limits or EnforcedLimits(metrics)
     webhooks = WebhookDispatcher(
         sessions, clock, http, allow_private=settings.webhook_allow_private
     )
@@ -109,7 +123,7 @@ def build_core(
         catalog=catalog,
         http=http,
         limits=limits,
-        transcriber=Transcriber(catalog, stt_adapters, clock, limits),
+        transcriber=Transcriber(catalog, stt_adapters, clock, limits, metrics, tracer),
         content=content,
         video_worker=VideoWorker(
             sessions,
@@ -120,16 +134,21 @@ def build_core(
             lease=timedelta(seconds=settings.job_lease_seconds),
             retention=timedelta(seconds=settings.video_retention_seconds),
             on_webhook_queued=webhooks.wake.set,
+            metrics=metrics,
+            tracer=tracer,
         ),
         webhooks=webhooks,
         vault_master=load_master_key(settings.data_dir),
+        metrics=metrics,
+        tracer=tracer,
+        tracer_provider=tracer_provider,
     )
 
 
 def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor()],
+        interceptors=[RequestInterceptor(core.metrics, core.tracer)],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -183,21 +202,44 @@ async def serve(
     stop: asyncio.Event | None = None,
     limits: Limits | None = None,
 ) -> None:
-    """Migrate, serve until `stop` is set, then drain in-flight calls and close."""
+    """Migrate, serve until `stop` is set, then drain: report NOT_SERVING, stop claiming
+    jobs and webhooks (the current step finishes), let in-flight calls finish within the
+    shutdown grace, and close."""
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
     server, health_servicer = build_server(core)
     bound = server.add_insecure_port(settings.grpc_target)
     if bound == 0:
         raise OSError(f"cannot listen on {settings.grpc_target}")
+    metrics_server = None
+    if settings.metrics_port:
+        metrics_server = core.metrics.serve(settings.metrics_host, settings.metrics_port)
+        log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
     await server.start()
-    for service in ("", *SERVICES):
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    async def set_serving(serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", *SERVICES):
+            await health_servicer.set(service, status)
+
+    await set_serving(True)
     log.info("gRPC server listening on %s", settings.grpc_target)
     workers_stop = asyncio.Event()
+    monitor = DatabaseMonitor(
+        core.sessions,
+        core.clock,
+        core.metrics,
+        set_serving,
+        interval=settings.health_interval_seconds,
+    )
     background = [
         asyncio.create_task(core.video_worker.run(workers_stop)),
         asyncio.create_task(core.webhooks.run(workers_stop)),
+        asyncio.create_task(monitor.run(workers_stop)),
     ]
     if started is not None:
         started.set()
@@ -207,8 +249,13 @@ async def serve(
         else:
             await stop.wait()
     finally:
+        log.info("stopping: draining in-flight requests")
         await health_servicer.enter_graceful_shutdown()
         workers_stop.set()  # finish the current step, claim nothing new
-        await server.stop(grace=10)
+        await server.stop(grace=settings.shutdown_grace_seconds)
         await asyncio.gather(*background)
         await core.close()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
+        log.info("stopped")

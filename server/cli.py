@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,6 +27,7 @@ from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
 from server.db.models import ApiKey
 from server.errors import GatewayError
+from server.observability.logs import LOG_FORMATS, configure_logging
 
 log = logging.getLogger("gateway")
 
@@ -48,6 +50,10 @@ def _port(text: str) -> int:
     if not 0 < port < 65536:
         raise argparse.ArgumentTypeError(f"port must be 1-65535: {text!r}")
     return port
+
+
+def _port_or_off(text: str) -> int:
+    return 0 if text.strip() == "0" else _port(text)
 
 
 def _positive_int(text: str) -> int:
@@ -99,7 +105,11 @@ async def _workspace(session: AsyncSession, name: str | None, now: datetime) -> 
 
 def _server_settings(args: argparse.Namespace, **overrides: object) -> Settings:
     settings = load_settings(
-        args.data_dir, args.database_url, catalog_file=args.catalog, **overrides
+        args.data_dir,
+        args.database_url,
+        catalog_file=args.catalog,
+        metrics_port=args.metrics_port,
+        **overrides,
     )
     if settings.database_url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -142,6 +152,24 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     settings = _server_settings(args, grpc_port=args.grpc_port, grpc_host=args.grpc_host)
     await serve(settings, stop=_stop_on_signals())
     return 0
+
+
+async def cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when the server at --grpc-target reports SERVING (container health checks)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(args.grpc_target) as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=args.timeout
+            )
+        except grpc.aio.AioRpcError as error:
+            print(f"{args.grpc_target}: unreachable ({error.code().name})")
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{args.grpc_target}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 async def cmd_envoy_config(args: argparse.Namespace) -> int:
@@ -207,8 +235,6 @@ async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
 
 
 async def cmd_vault_rotate(args: argparse.Namespace) -> int:
-    import os
-
     from server.vault.crypto import MasterKey, load_master_key, replace_key_file
     from server.vault.store import rotate_master_key
 
@@ -381,6 +407,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="server processes behind Envoy (gRPC ports --grpc-port onwards)",
     )
+    up.add_argument(
+        "--metrics-port",
+        type=_port_or_off,
+        help="Prometheus /metrics port (env GATEWAY_METRICS_PORT, default 9464; with "
+        "--workers N, one port per process from this one on; 0: off)",
+    )
     up.set_defaults(run=cmd_up)
 
     serve_cmd = commands.add_parser(
@@ -389,7 +421,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--grpc-port", type=_port, default=50051)
     serve_cmd.add_argument("--grpc-host", default="127.0.0.1")
     serve_cmd.add_argument("--catalog", metavar="FILE")
+    serve_cmd.add_argument(
+        "--metrics-port",
+        type=_port_or_off,
+        help="Prometheus /metrics port of this process (env GATEWAY_METRICS_PORT, "
+        "default 9464; 0: off)",
+    )
     serve_cmd.set_defaults(run=cmd_serve)
+
+    health = commands.add_parser(
+        "health", help="check a server's gRPC health (exit 0 when SERVING)"
+    )
+    health.add_argument("--grpc-target", default="127.0.0.1:50051", metavar="HOST:PORT")
+    health.add_argument("--timeout", type=float, default=3.0, help="seconds (default 3)")
+    health.set_defaults(run=cmd_health)
 
     envoy_config = commands.add_parser(
         "envoy-config", help="print the Envoy config of the compose stack (envoy.yaml)"
@@ -488,9 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    for noisy in ("alembic", "httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    log_format = os.environ.get("GATEWAY_LOG_FORMAT", "json")
+    configure_logging(log_format if log_format in LOG_FORMATS else "json")
     try:
         return asyncio.run(args.run(args))
     except GatewayError as error:

@@ -25,6 +25,10 @@ class Settings:
     webhook_ca_bundle: str | None = None  # an extra CA file trusted for webhook TLS
     webhook_allow_private: bool = False  # allow loopback/private webhook targets
     regional_hosts: frozenset[str] = frozenset()  # hostnames refused on vault routes
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9464  # Prometheus /metrics of this process; 0: not served
+    shutdown_grace_seconds: float = 30.0  # in-flight requests may finish within this
+    health_interval_seconds: float = 2.0  # how often the database is pinged for health
 
     @property
     def content_dir(self) -> Path:
@@ -63,9 +67,16 @@ def load_settings(
     for name, variable in (
         ("job_lease_seconds", "GATEWAY_JOB_LEASE_SECONDS"),
         ("video_retention_seconds", "GATEWAY_VIDEO_RETENTION_SECONDS"),
+        ("shutdown_grace_seconds", "GATEWAY_SHUTDOWN_GRACE_SECONDS"),
+        ("health_interval_seconds", "GATEWAY_HEALTH_INTERVAL_SECONDS"),
     ):
         if name not in given and env.get(variable):
             given[name] = float(env[variable])
+    if "metrics_host" not in given and env.get("GATEWAY_METRICS_HOST"):
+        given["metrics_host"] = env["GATEWAY_METRICS_HOST"]
+    if "metrics_port" not in given and env.get("GATEWAY_METRICS_PORT"):
+        given["metrics_port"] = int(env["GATEWAY_METRICS_PORT"])
+
     return Settings(data_dir=folder, database_url=normalize_database_url(url), **given)  # type: ignore[arg-type]
 
 

@@ -109,12 +109,30 @@ from gateway.v1 import (  # noqa: E402
     videos_pb2_grpc,
 )
 
+
+def http_routes() -> dict[str, str]:
+    """Each public rpc's REST route: "/gateway.v1.Keys/GetCurrentKey" -> "GET /api/v1/key"."""
+    from google.api import annotations_pb2
+
+    routes: dict[str, str] = {}
+    for module in (audio_pb2, keys_pb2, management_pb2, vault_pb2, videos_pb2):
+        for service in module.DESCRIPTOR.services_by_name.values():
+            for method in service.methods:
+                rule = method.GetOptions().Extensions[annotations_pb2.http]
+                pattern = rule.WhichOneof("pattern")
+                if pattern is not None and pattern != "custom":
+                    path = f"/{service.full_name}/{method.name}"
+                    routes[path] = f"{pattern.upper()} {getattr(rule, pattern)}"
+    return routes
+
+
 __all__ = [
     "DESCRIPTOR_SET",
     "SERVICES",
     "audio_pb2",
     "audio_pb2_grpc",
     "common_pb2",
+    "http_routes",
     "keys_pb2",
     "keys_pb2_grpc",
     "management_pb2",

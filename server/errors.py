@@ -95,3 +95,4 @@ def not_found(message: str) -> GatewayError:
 
 
 INTERNAL_ERROR = GatewayError(500, "Internal server error")
+SERVICE_UNAVAILABLE = GatewayError(503, "Service temporarily unavailable")

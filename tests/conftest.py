@@ -20,7 +20,7 @@ from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
 from tests.fakes.openai_stt import FakeSttProvider
 from tests.fakes.video_providers import FakeVideoProviders
 from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.admin import Admin
+from tests.support.admin import Admin, IssuedKey
 from tests.support.catalog import FAKE_KEY_ENV, write_test_catalog
 from tests.support.processes import GatewayProcess
 
@@ -184,6 +184,14 @@ async def stack(
 @pytest.fixture
 def unique() -> Iterator[str]:
     yield secrets.token_hex(4)
+
+
+@pytest_asyncio.fixture
+async def funded(stack: Stack, unique: str) -> IssuedKey:
+    """A key of a new workspace whose account holds 100 USD."""
+    workspace = await stack.admin.workspace(f"funded-{unique}")
+    await stack.admin.credits(workspace, "100")
+    return await stack.admin.key(workspace, "funded")
 
 
 @pytest_asyncio.fixture

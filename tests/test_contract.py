@@ -6,10 +6,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from google.api import annotations_pb2, http_pb2
-from google.protobuf import descriptor_pb2, json_format
+from google.protobuf import json_format
 
-from server.contract import DESCRIPTOR_SET, SERVICES, keys_pb2, videos_pb2
+from server.contract import DESCRIPTOR_SET, http_routes, keys_pb2, videos_pb2
 from server.services.rpc import null
 
 PUBLIC_ROUTES = {
@@ -36,23 +35,9 @@ PUBLIC_ROUTES = {
 }
 
 
-def _routes() -> set[tuple[str, str]]:
-    files = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_bytes())
-    routes = set()
-    for file in files.file:
-        for service in file.service:
-            if f"{file.package}.{service.name}" not in SERVICES:
-                continue
-            for method in service.method:
-                rule: http_pb2.HttpRule = method.options.Extensions[annotations_pb2.http]
-                pattern = rule.WhichOneof("pattern")
-                if pattern is not None:
-                    routes.add((pattern.upper(), getattr(rule, pattern)))
-    return routes
-
-
 def test_every_public_path_is_annotated() -> None:
-    assert _routes() == PUBLIC_ROUTES
+    routes = {tuple(route.split(" ", 1)) for route in http_routes().values()}
+    assert routes == PUBLIC_ROUTES
 
 
 def test_nullable_fields_print_null_and_required_fields_always_print() -> None:

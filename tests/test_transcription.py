@@ -25,13 +25,6 @@ from tests.support.audio import ENCODINGS, b64, encode, fixture, vbr_mp3_without
 HELLO_SECONDS = 1.075125
 
 
-@pytest.fixture
-async def funded(stack: Stack, unique: str) -> IssuedKey:
-    workspace = await stack.admin.workspace(f"stt-{unique}")
-    await stack.admin.credits(workspace, "100")
-    return await stack.admin.key(workspace, "stt")
-
-
 async def transcribe_json(
     stack: Stack, issued: IssuedKey, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> httpx.Response:

@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 SessionFactory = async_sessionmaker[AsyncSession]
+CONNECT_TIMEOUT_SECONDS = 5
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -36,7 +37,17 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 10)
     kwargs.setdefault("pool_pre_ping", True)
+    # Fail fast when the server is unreachable (asyncpg waits 60 s by default).
+    kwargs.setdefault("connect_args", {"timeout": CONNECT_TIMEOUT_SECONDS})
     return create_async_engine(url, **kwargs)
+
+
+def is_database_unavailable(exc: BaseException) -> bool:
+    """The database could not be reached (refused, reset, timed out, connection lost) or
+    handed out no connection in time: a 503, not a bug."""
+    if isinstance(exc, ConnectionError | TimeoutError | sa.exc.TimeoutError):
+        return True
+    return isinstance(exc, sa.exc.DBAPIError) and bool(exc.connection_invalidated)
 
 
 def session_factory(engine: AsyncEngine) -> SessionFactory:

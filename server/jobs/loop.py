@@ -6,6 +6,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from server.db.engine import is_database_unavailable
+
 
 async def run_until_stopped(
     work_once: Callable[[], Awaitable[bool]],
@@ -21,8 +23,11 @@ async def run_until_stopped(
         try:
             if await work_once():
                 continue
-        except Exception:
-            log.exception("background step failed; continuing")
+        except Exception as exc:
+            if is_database_unavailable(exc):  # health reports it; retried after idle_wait
+                log.warning("background step skipped: database unavailable")
+            else:
+                log.exception("background step failed; continuing")
         wake.clear()
         waiter = asyncio.ensure_future(wake.wait())
         stopper = asyncio.ensure_future(stop.wait())

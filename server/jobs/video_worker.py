@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 import sqlalchemy as sa
+from opentelemetry.trace import NoOpTracer, Tracer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.holds import Hold, drop_hold, settle_hold, sweep_expired_holds
@@ -24,6 +25,8 @@ from server.db.engine import SessionFactory
 from server.db.models import Generation, VideoJob, WebhookDelivery
 from server.jobs.leases import claim_one
 from server.jobs.loop import run_until_stopped
+from server.observability.metrics import Metrics
+from server.observability.tracing import emit_generation_span
 from server.providers.stt import CLIENT_ERROR, REJECTED_CREDENTIALS, ProviderFailure
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
 from server.routing.catalog import Catalog, Endpoint, Model
@@ -58,8 +61,12 @@ class VideoWorker:
         retention: timedelta = timedelta(days=1),
         idle_wait: float = 0.5,
         on_webhook_queued: Callable[[], None] | None = None,
+        metrics: Metrics | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self._on_webhook_queued = on_webhook_queued
+        self._metrics = metrics or Metrics()
+        self._tracer = tracer or NoOpTracer()
         self._sessions = sessions
         self._clock = clock
         self._catalog = catalog
@@ -127,9 +134,10 @@ class VideoWorker:
         else:
             endpoint = model.endpoints[min(job.endpoint_index, len(model.endpoints) - 1)]
             try:
-                progress = await self._adapters[endpoint.adapter].poll(
-                    endpoint, job.provider_job_id, self._call(job, model, endpoint)
-                )
+                with self._metrics.provider_call(endpoint.provider, "video_poll"):
+                    progress = await self._adapters[endpoint.adapter].poll(
+                        endpoint, job.provider_job_id, self._call(job, model, endpoint)
+                    )
             except ProviderFailure as failure:
                 if failure.kind in (CLIENT_ERROR, REJECTED_CREDENTIALS):
                     await self.finish(job, model, error=f"Provider error: {failure.message}")
@@ -152,17 +160,22 @@ class VideoWorker:
     async def _submit(self, job: VideoJob, model: Model) -> VideoProgress | None:
         """Submit to the endpoints in order; a submission failure falls back to the next."""
         last_error = "No available provider meets the routing requirements"
+        failed: str | None = None  # the provider that failed last
         for index, endpoint in enumerate(model.endpoints):
             if index < job.endpoint_index or not endpoint.available:
                 continue
+            if failed is not None:
+                self._metrics.fallbacks.labels(model.id, failed).inc()
             call = self._call(job, model, endpoint)
             try:
-                progress = await self._adapters[endpoint.adapter].submit(endpoint, call)
+                with self._metrics.provider_call(endpoint.provider, "video_submit"):
+                    progress = await self._adapters[endpoint.adapter].submit(endpoint, call)
             except ProviderFailure as failure:
                 log.warning(
                     "submitting %s to %s failed: %s", job.id, endpoint.provider, failure.message
                 )
                 last_error = f"Provider returned error: {failure.message}"
+                failed = endpoint.provider
                 continue
             await self._record_submission(job, index, endpoint.provider, progress)
             return progress
@@ -263,28 +276,26 @@ class VideoWorker:
                     await settle_hold(
                         session, hold, cost_micros=cost, now=now, reference=generation_id
                     )
-            await session.exec(
-                _INSERT_GENERATION,
-                params=Generation(
-                    id=generation_id,
-                    account_id=job.account_id,
-                    workspace_id=job.workspace_id,
-                    key_hash=job.key_hash,
-                    kind="video",
-                    model=job.model,
-                    provider=job.provider,
-                    status=status,
-                    cost_micros=cost,
-                    is_byok=job.is_byok,
-                    seconds=duration if not error else None,
-                    latency_ms=int((now - job.created_at).total_seconds() * 1000),
-                    session_id=job.session_id,
-                    user=job.user,
-                    trace=job.trace,
-                    error=error,
-                    created_at=now,
-                ).model_dump(),
+            record = Generation(
+                id=generation_id,
+                account_id=job.account_id,
+                workspace_id=job.workspace_id,
+                key_hash=job.key_hash,
+                kind="video",
+                model=job.model,
+                provider=job.provider,
+                status=status,
+                cost_micros=cost,
+                is_byok=job.is_byok,
+                seconds=duration if not error else None,
+                latency_ms=int((now - job.created_at).total_seconds() * 1000),
+                session_id=job.session_id,
+                user=job.user,
+                trace=job.trace,
+                error=error,
+                created_at=now,
             )
+            await session.exec(_INSERT_GENERATION, params=record.model_dump())
             for name, value in values.items():
                 setattr(job, name, value)
             if job.callback_url:
@@ -292,6 +303,7 @@ class VideoWorker:
             await session.commit()
         if job.callback_url and self._on_webhook_queued is not None:
             self._on_webhook_queued()
+        emit_generation_span(self._tracer, record, job.created_at)
         log.info("video job %s %s", job.id, status)
 
     async def _queue_webhook(self, session: AsyncSession, job: VideoJob, now: datetime) -> None:

@@ -10,7 +10,9 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
 from server.billing.holds import DEFAULT_HOLD_TTL, Hold, place_hold
+from server.errors import GatewayError
 from server.limits.free_models import admit_free_request, is_free_model
+from server.observability.metrics import Metrics
 
 
 class Limits(Protocol):
@@ -34,6 +36,9 @@ class EnforcedLimits:
     count) with whatever else belongs to accepting the request; a later rollback takes both
     back."""
 
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
     async def admit(
         self,
         session: AsyncSession,
@@ -45,21 +50,35 @@ class EnforcedLimits:
         ttl: timedelta = DEFAULT_HOLD_TTL,
         is_byok: bool = False,
     ) -> Hold:
-        if is_free_model(model_id):
-            await admit_free_request(
+        try:
+            if is_free_model(model_id):
+                await admit_free_request(
+                    session,
+                    account_id=principal.account.id,
+                    credits_purchased_micros=principal.account.credits_purchased_micros,
+                    exempt=principal.account.exempt_free_limits
+                    or principal.key.exempt_free_limits,
+                    now=now,
+                    is_byok=is_byok,
+                )
+            hold = await place_hold(
                 session,
                 account_id=principal.account.id,
-                credits_purchased_micros=principal.account.credits_purchased_micros,
-                exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
+                key_hash=principal.key.hash,
+                amount_micros=estimate_micros,
                 now=now,
                 is_byok=is_byok,
+                ttl=ttl,
             )
-        return await place_hold(
-            session,
-            account_id=principal.account.id,
-            key_hash=principal.key.hash,
-            amount_micros=estimate_micros,
-            now=now,
-            is_byok=is_byok,
-            ttl=ttl,
-        )
+        except GatewayError as refused:
+            self._metrics.admissions.labels(_refusal(refused)).inc()
+            raise
+        self._metrics.admissions.labels("admitted").inc()
+        return hold
+
+
+def _refusal(error: GatewayError) -> str:
+    """The metrics label of a refusal: the 402's limit_source, or the free-model limit."""
+    if error.status == 429:
+        return "free_model_limit"
+    return str((error.metadata or {}).get("limit_source", error.status))

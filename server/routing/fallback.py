@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from server.errors import GatewayError
+from server.observability.metrics import Metrics
 from server.providers.stt import (
     CLIENT_ERROR,
     OVERLOADED,
@@ -61,7 +62,11 @@ def final_error(attempts: Sequence[Attempt]) -> GatewayError:
 
 
 async def route(
-    endpoints: Sequence[Endpoint], attempt: Callable[[Endpoint], Awaitable[T]]
+    model_id: str,
+    endpoints: Sequence[Endpoint],
+    attempt: Callable[[Endpoint], Awaitable[T]],
+    metrics: Metrics,
+    operation: str,
 ) -> Routed[T]:
     """Run `attempt` on each usable endpoint until one succeeds. A failure that is the
     client's fault ends the request at once (another provider would refuse it too)."""
@@ -69,8 +74,11 @@ async def route(
     for endpoint in endpoints:
         if not endpoint.available:
             continue
+        if failures:  # handed on from the provider that just failed
+            metrics.fallbacks.labels(model_id, failures[-1].endpoint.provider).inc()
         try:
-            value = await attempt(endpoint)
+            with metrics.provider_call(endpoint.provider, operation):
+                value = await attempt(endpoint)
         except ProviderFailure as failure:
             if failure.kind == CLIENT_ERROR:
                 metadata = {"provider_name": endpoint.provider}

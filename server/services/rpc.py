@@ -1,21 +1,35 @@
-"""What every service shares: turning GatewayErrors into gRPC failures the facade renders,
-non-200 success statuses, and JSON-null-capable values."""
+"""What every service shares: the request interceptor (request ids, spans, metrics, access
+log, and GatewayErrors turned into gRPC failures the facade renders), non-200 success
+statuses, and JSON-null-capable values."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2, struct_pb2
 from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from server.billing.money import micros_to_json_number
 from server.clock import rfc3339
-from server.errors import INTERNAL_ERROR, GatewayError
+from server.contract import http_routes
+from server.db.engine import is_database_unavailable
+from server.errors import INTERNAL_ERROR, SERVICE_UNAVAILABLE, GatewayError
+from server.observability.logs import REQUEST_ID
+from server.observability.metrics import Metrics
 
 log = logging.getLogger("gateway.rpc")
 
@@ -73,13 +87,58 @@ async def abort_with(context: grpc.aio.ServicerContext, error: GatewayError) -> 
 def _failure(exc: Exception) -> GatewayError:
     if isinstance(exc, GatewayError):
         return exc
+    if is_database_unavailable(exc):
+        log.warning("database unavailable: %s", type(exc).__name__)
+        return SERVICE_UNAVAILABLE
     log.exception("unhandled error in an rpc")
     return INTERNAL_ERROR
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """The one place failures become responses: a GatewayError as it says, anything else as
-    a bare 500 (the exception is logged, never shown)."""
+@dataclass
+class _Call:
+    """What the interceptor learns about the rpc it wraps."""
+
+    status: int = 200
+
+
+_CALL: ContextVar[_Call | None] = ContextVar("rpc_call", default=None)
+_PROPAGATOR = TraceContextTextMapPropagator()
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def _request_id(metadata: Sequence[tuple[str, str | bytes]]) -> str:
+    """Envoy's x-request-id (or a direct caller's), else a new one."""
+    for key, value in metadata:
+        if key == "x-request-id" and isinstance(value, str) and _REQUEST_ID.match(value):
+            return value
+    return uuid.uuid4().hex
+
+
+async def _answer_failure(
+    context: grpc.aio.ServicerContext, call: _Call, exc: BaseException
+) -> None:
+    """Abort the rpc with the failure's documented error; re-raise what is not a failure."""
+    if isinstance(exc, grpc.aio.AbortError):
+        raise exc
+    if isinstance(exc, asyncio.CancelledError):
+        call.status = 499  # the caller went away (or the server stopped) first
+        raise exc
+    if not isinstance(exc, Exception):
+        raise exc
+    error = _failure(exc)
+    call.status = error.status
+    await abort_with(context, error)
+
+
+class RequestInterceptor(grpc.aio.ServerInterceptor):
+    """The one place every rpc passes: its request id (logs), server span (traces), route and
+    status (metrics, access log), and failures — a GatewayError as it says, anything else
+    as a bare 500 (the exception is logged, never shown)."""
+
+    def __init__(self, metrics: Metrics, tracer: Tracer) -> None:
+        self._metrics = metrics
+        self._tracer = tracer
+        self._routes = http_routes()
 
     async def intercept_service(
         self,
@@ -89,48 +148,82 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
+        method = handler_call_details.method
+        if not method.startswith("/gateway."):
+            return handler  # health, reflection: no access log, no metrics
+        route = self._routes.get(method, method)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                _guard_unary(handler.unary_unary),
+                self._unary(handler.unary_unary, route),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                _guard_stream(handler.unary_stream),
+                self._stream(handler.unary_stream, route),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
 
+    @contextlib.contextmanager
+    def _observed(self, context: grpc.aio.ServicerContext, route: str) -> Iterator[_Call]:
+        metadata = metadata_of(context)
+        call = _Call()
+        call_token = _CALL.set(call)
+        id_token = REQUEST_ID.set(_request_id(metadata))
+        started = time.perf_counter()
+        parent = _PROPAGATOR.extract({k: v for k, v in metadata if isinstance(v, str)})
+        with self._tracer.start_as_current_span(
+            route, context=parent, kind=SpanKind.SERVER, record_exception=False
+        ) as span:
+            try:
+                yield call
+            finally:
+                elapsed = time.perf_counter() - started
+                span.set_attribute("http.response.status_code", call.status)
+                span.set_attribute("gateway.request_id", REQUEST_ID.get() or "")
+                if call.status >= 500:
+                    span.set_status(Status(StatusCode.ERROR))
+                self._metrics.requests.labels(route, str(call.status)).inc()
+                self._metrics.request_seconds.labels(route).observe(elapsed)
+                log.info(
+                    "%s %s %.1f ms",
+                    route,
+                    call.status,
+                    elapsed * 1000,
+                    extra={"route": route, "status": call.status, "duration_ms": elapsed * 1000},
+                )
+                REQUEST_ID.reset(id_token)
+                _CALL.reset(call_token)
 
-def _guard_unary(inner: Any) -> Any:
-    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await inner(request, context)
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await abort_with(context, _failure(exc))
+    def _unary(self, inner: Any, route: str) -> Any:
+        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            with self._observed(context, route) as call:
+                try:
+                    return await inner(request, context)
+                except BaseException as exc:
+                    await _answer_failure(context, call, exc)
 
-    return guarded
+        return guarded
 
+    def _stream(self, inner: Any, route: str) -> Any:
+        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            with self._observed(context, route) as call:
+                try:
+                    async for item in inner(request, context):
+                        yield item
+                except BaseException as exc:
+                    await _answer_failure(context, call, exc)
 
-def _guard_stream(inner: Any) -> Any:
-    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        try:
-            async for item in inner(request, context):
-                yield item
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            await abort_with(context, _failure(exc))
-
-    return guarded
+        return guarded
 
 
 async def answer_with_status(context: grpc.aio.ServicerContext, http_status: int) -> None:
     """A success status other than 200 (202, 204) for the REST facade to apply."""
+    call = _CALL.get()
+    if call is not None:
+        call.status = http_status
     await context.send_initial_metadata((("x-http-status", str(http_status)),))
 
 

@@ -8,10 +8,12 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
+from opentelemetry.trace import Tracer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
@@ -21,6 +23,9 @@ from server.clock import Clock
 from server.db.models import Generation
 from server.errors import GatewayError, bad_request
 from server.limits.admission import Limits
+from server.observability.logs import REQUEST_ID
+from server.observability.metrics import Metrics
+from server.observability.tracing import emit_generation_span
 from server.providers.stt import SttAdapter, SttCall, Transcript
 from server.routing.catalog import Catalog, Endpoint, Model
 from server.routing.fallback import route
@@ -80,11 +85,15 @@ class Transcriber:
         adapters: Mapping[str, SttAdapter],
         clock: Clock,
         limits: Limits,
+        metrics: Metrics,
+        tracer: Tracer,
     ) -> None:
         self._catalog = catalog
         self._adapters = adapters
         self._clock = clock
         self._limits = limits
+        self._metrics = metrics
+        self._tracer = tracer
 
     def _model(self, request: TranscriptionInput) -> Model:
         model = self._catalog.get(request.model)
@@ -121,6 +130,7 @@ class Transcriber:
             request.claimed_format = audio.format
         cost = price(model, audio.seconds)
         started = time.monotonic()
+        started_at = self._clock.now()
         hold = await self._limits.admit(
             session, principal, model_id=model.id, estimate_micros=cost, now=self._clock.now()
         )
@@ -128,13 +138,18 @@ class Transcriber:
         generation_id = f"gen_{secrets.token_hex(12)}"
         try:
             routed = await route(
+                model.id,
                 model.endpoints,
                 lambda endpoint: self._adapters[endpoint.adapter].transcribe(
                     endpoint, self._call(request, model, endpoint)
                 ),
+                self._metrics,
+                "transcription",
             )
         except BaseException as exc:
-            await self._fail(session, hold, principal, request, model, generation_id, exc, started)
+            await self._fail(
+                session, hold, principal, request, model, generation_id, exc, started, started_at
+            )
             raise
         # The charge and the generation record commit together.
         await settle_hold(
@@ -151,6 +166,7 @@ class Transcriber:
             cost=cost,
             seconds=audio.seconds,
             started=started,
+            started_at=started_at,
         )
         return TranscriptionResult(
             request=request,
@@ -171,6 +187,7 @@ class Transcriber:
         generation_id: str,
         exc: BaseException,
         started: float,
+        started_at: datetime,
     ) -> None:
         await session.rollback()
         await release_hold(session, hold)
@@ -186,6 +203,7 @@ class Transcriber:
             cost=0,
             seconds=None,
             started=started,
+            started_at=started_at,
             error=message,
         )
 
@@ -202,8 +220,10 @@ class Transcriber:
         cost: int,
         seconds: Decimal | None,
         started: float,
+        started_at: datetime,
         error: str | None = None,
     ) -> None:
+        """Store the generation record (committing) and report it as a span."""
         now = self._clock.now()
         record = Generation(
             id=generation_id,
@@ -225,3 +245,4 @@ class Transcriber:
         )
         await session.exec(_INSERT_GENERATION, params=record.model_dump())
         await session.commit()
+        emit_generation_span(self._tracer, record, started_at, REQUEST_ID.get())

@@ -97,6 +97,7 @@ def write_test_catalog(path: Path, base_url: str, video_base: str | None = None)
         _model("fake/garbage", [e("garbage")]),
         _model("fake/overloaded", [e("overloaded")]),
         _model("fake/slow", [e("slow-3", timeout=0.5)]),
+        _model("fake/slow-ok", [e("slow-2", timeout=10)]),
         _model("fake/client-error", [e("bad-request", "alpha"), e("ok", "beta")]),
         _model("fake/no-verbose", [e("ok")], verbose=False),
         _model("fake/no-credential", [e("ok", key_env="GATEWAY_TEST_UNSET_KEY")]),

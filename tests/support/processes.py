@@ -29,6 +29,7 @@ class GatewayProcess:
     database_url: str
     http_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     process: subprocess.Popen[str] | None = None
@@ -41,6 +42,10 @@ class GatewayProcess:
     @property
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, ready_within: float = 60.0) -> GatewayProcess:
         env = {**os.environ, "GATEWAY_DATABASE_URL": self.database_url, **self.extra_env}
@@ -56,6 +61,8 @@ class GatewayProcess:
                 str(self.http_port),
                 "--grpc-port",
                 str(self.grpc_port),
+                "--metrics-port",
+                str(self.metrics_port),
                 *self.extra_args,
             ],
             stdout=subprocess.PIPE,

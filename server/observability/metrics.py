@@ -1,0 +1,109 @@
+"""Prometheus metrics of one server process, served on the operator's metrics port.
+
+Every process keeps its own registry (passed in, never the library's global one) and serves
+it on its own port; Prometheus scrapes each process. The queue gauges are read from the
+shared database, so every process reports the same cluster-wide value (take max() over
+processes, not sum())."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# Request latencies from a fast key lookup to a slow provider call.
+_LATENCY_BUCKETS = (0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests by route (REST route, or gRPC method without one) and HTTP status "
+            "(499: the caller went away, or the server stopped, before the answer)",
+            ["route", "status"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "gateway_request_duration_seconds",
+            "Time the server took to answer, by route",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.provider_calls = Counter(
+            "gateway_provider_calls",
+            "Calls to model providers by provider, operation and outcome (ok or a failure kind)",
+            ["provider", "operation", "outcome"],
+            registry=r,
+        )
+        self.provider_seconds = Histogram(
+            "gateway_provider_call_duration_seconds",
+            "Provider call latency by provider and operation",
+            ["provider", "operation"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "gateway_provider_fallbacks",
+            "Requests moved on to the next endpoint after this provider failed",
+            ["model", "provider"],
+            registry=r,
+        )
+        self.admissions = Counter(
+            "gateway_admissions",
+            "Billable requests admitted or refused by the limits "
+            "(admitted, credits, key_limit, in_flight_budget, free_minute, free_day)",
+            ["outcome"],
+            registry=r,
+        )
+        self.holds_open = Gauge(
+            "gateway_credit_holds_open",
+            "Credit holds of requests still running (all processes)",
+            registry=r,
+        )
+        self.holds_open_usd = Gauge(
+            "gateway_credit_holds_open_usd",
+            "USD held by requests still running (all processes)",
+            registry=r,
+        )
+        self.video_jobs = Gauge(
+            "gateway_video_jobs",
+            "Video jobs waiting or running, by status: the job queue depth (all processes)",
+            ["status"],
+            registry=r,
+        )
+        self.webhook_backlog = Gauge(
+            "gateway_webhook_backlog",
+            "Webhook deliveries not yet delivered, stopped or given up (all processes)",
+            registry=r,
+        )
+        self.database_up = Gauge(
+            "gateway_database_up",
+            "1 while the database answers this process, else 0",
+            registry=r,
+        )
+
+    @contextmanager
+    def provider_call(self, provider: str, operation: str) -> Iterator[None]:
+        """Time one provider call; the outcome is the failure's kind, if it raised one."""
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            yield
+        except BaseException as exc:
+            outcome = str(getattr(exc, "kind", None) or "error")
+            raise
+        finally:
+            self.provider_calls.labels(provider, operation, outcome).inc()
+            self.provider_seconds.labels(provider, operation).observe(time.perf_counter() - started)
+
+    def serve(self, host: str, port: int) -> Any:
+        """Serve /metrics on host:port from a daemon thread; returns the HTTP server."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server
