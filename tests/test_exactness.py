@@ -4,6 +4,7 @@ PostgreSQL, and with two server processes sharing one PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -128,8 +129,9 @@ async def test_free_minute_limit_across_processes(
 async def test_two_processes_never_run_one_video_job_twice(
     stack: Stack, second_process: GatewayProcess | None, unique: str
 ) -> None:
-    """Both processes' workers poll one queue: every job is submitted to the provider once,
-    completes once and is charged once."""
+    """Both processes' workers poll one queue, and both dispatchers one webhook outbox: every
+    job is submitted to the provider once, completes once, is charged once, and its webhook
+    arrives once."""
     workspace = await stack.admin.workspace(f"jobs-{unique}")
     await stack.admin.credits(workspace, "50")
     issued = await stack.admin.key(workspace)
@@ -141,7 +143,12 @@ async def test_two_processes_never_run_one_video_job_twice(
                 client.post(
                     f"{urls[i % len(urls)]}/videos",
                     headers=issued.headers,
-                    json={"model": "fakevideo/openai", "prompt": p, "duration": 1},
+                    json={
+                        "model": "fakevideo/openai",
+                        "prompt": p,
+                        "duration": 1,
+                        "callback_url": stack.webhooks.url(f"/exact/{unique}"),
+                    },
                 )
                 for i, p in enumerate(prompts)
             )
@@ -176,3 +183,11 @@ async def test_two_processes_never_run_one_video_job_twice(
             )
         ).one()[0]
     assert charges == len(ids)
+    deadline = asyncio.get_running_loop().time() + 30
+    while len(stack.webhooks.hooks(f"/exact/{unique}")) < len(ids):
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(1)  # a duplicate would come now
+    hooks = stack.webhooks.hooks(f"/exact/{unique}")
+    delivered = sorted(json.loads(h.body)["data"]["id"] for h in hooks)
+    assert delivered == sorted(ids)  # each job's webhook exactly once
