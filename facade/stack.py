@@ -32,6 +32,7 @@ def envoy_options(settings: Settings, workers: int = 1) -> EnvoyOptions:
         listen_port=settings.http_port,
         admin_port=settings.envoy_admin_port,
         max_request_bytes=settings.max_request_bytes,
+        edge=settings.edge,
     )
 
 

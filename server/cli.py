@@ -22,7 +22,7 @@ from server.billing.ledger import add_credits
 from server.billing.money import usd_to_micros
 from server.billing.periods import LIMIT_RESETS
 from server.clock import SystemClock
-from server.config import Settings, load_settings
+from server.config import Settings, edge_policy_from_environment, load_settings
 from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
 from server.db.models import ApiKey
@@ -175,7 +175,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
 async def cmd_envoy_config(args: argparse.Namespace) -> int:
     from facade.compose import compose_envoy_yaml
 
-    sys.stdout.write(compose_envoy_yaml())
+    sys.stdout.write(compose_envoy_yaml(edge_policy_from_environment(os.environ)))
     return 0
 
 

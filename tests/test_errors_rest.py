@@ -3,8 +3,10 @@ and nothing is half-written."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -12,6 +14,7 @@ import sqlalchemy as sa
 
 from server.db.models import ApiKey
 from tests.conftest import Stack
+from tests.support.raw_http import exchange, stream_until_answered
 
 
 def assert_error(response: httpx.Response, status: int) -> dict[str, object]:
@@ -95,12 +98,46 @@ async def test_unknown_query_parameters_are_ignored(stack: Stack, unique: str) -
     assert response.status_code == 200
 
 
-async def test_body_over_the_limit_is_413(stack: Stack, management: dict[str, str]) -> None:
+async def test_body_over_the_limit_is_413_before_it_is_read(
+    stack: Stack, management: dict[str, str]
+) -> None:
+    """The announced length is refused at once: the client gets its 413 after sending the
+    headers and a little of the body, and nothing is created."""
     before = await _key_count(stack)
-    payload = b'{"name":"' + b"a" * (50 * 1024 * 1024 + 10) + b'"}'
-    async with httpx.AsyncClient(timeout=60) as client:
-        response = await client.post(f"{stack.base_url}/keys", content=payload, headers=management)
-    assert assert_error(response, 413)["message"] == "Request payload too large"
+    head = (
+        "POST /api/v1/keys HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+        f"Authorization: {management['Authorization']}\r\n"
+        f"Content-Length: {50 * 1024 * 1024 + 1}\r\n\r\n"
+    ).encode()
+    response = await asyncio.to_thread(
+        exchange, stack.gateway.http_port, head, b'{"name":"' + b"a" * 65536
+    )
+    assert response.status == 413
+    assert response.json() == {"error": {"code": 413, "message": "Request payload too large"}}
+    assert await _key_count(stack) == before
+
+
+async def test_an_unannounced_body_over_the_limit_is_413(
+    stack: Stack, management: dict[str, str]
+) -> None:
+    """A chunked body has no length to judge: Envoy reads up to the limit, then refuses."""
+    before = await _key_count(stack)
+    head = (
+        "POST /api/v1/keys HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+        f"Authorization: {management['Authorization']}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    megabyte = 1024 * 1024
+
+    def chunks() -> Iterator[bytes]:
+        for _ in range(200):  # up to 200 MiB; the answer must come long before
+            yield f"{megabyte:x}\r\n".encode() + b"a" * megabyte + b"\r\n"
+
+    response, sent = await asyncio.to_thread(
+        stream_until_answered, stack.gateway.http_port, head, chunks()
+    )
+    assert response.status == 413
+    assert response.json()["error"] == {"code": 413, "message": "Request payload too large"}
+    assert sent < 60 * megabyte
     assert await _key_count(stack) == before
 
 

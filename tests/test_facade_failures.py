@@ -14,6 +14,7 @@ import pytest
 
 from facade.envoy_config import EnvoyOptions, Upstream
 from facade.launcher import EnvoyProcess
+from server.config import EdgePolicy
 from server.contract import DESCRIPTOR_SET, SERVICES, keys_pb2, keys_pb2_grpc
 from server.db.engine import create_engine, session_factory
 from tests.support.admin import Admin
@@ -27,7 +28,7 @@ async def _envoy(tmp_path: Path, upstream_port: int, timeout_s: int = 300) -> En
             services=SERVICES,
             upstreams=(Upstream("127.0.0.1", upstream_port),),
             listen_port=free_port(),
-            route_timeout_seconds=timeout_s,
+            edge=EdgePolicy(upstream_timeout_seconds=timeout_s),
         ),
         tmp_path / "envoy",
         concurrency=1,

@@ -33,7 +33,9 @@ class AudioService(audio_pb2_grpc.AudioServicer):
             parsed = from_http(
                 request.data, request.content_type, header_value(context, "x-session-id")
             )
-            result = await self._transcriber.transcribe(session, principal, parsed)
+            result = await self._transcriber.transcribe(
+                session, principal, parsed, context.time_remaining()
+            )
         return httpbody_pb2.HttpBody(
             content_type="application/json",
             data=json.dumps(result.body(), separators=(",", ":")).encode(),
@@ -45,7 +47,9 @@ class AudioService(audio_pb2_grpc.AudioServicer):
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
             parsed = from_message(request, header_value(context, "x-session-id"))
-            result = await self._transcriber.transcribe(session, principal, parsed)
+            result = await self._transcriber.transcribe(
+                session, principal, parsed, context.time_remaining()
+            )
         return json_format.ParseDict(
             result.body(), audio_pb2.TranscriptionResponse(), ignore_unknown_fields=True
         )

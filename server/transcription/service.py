@@ -3,6 +3,7 @@ fallback, settle, record."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -33,6 +34,9 @@ from server.transcription.media import probe
 from server.transcription.request import TranscriptionInput
 
 log = logging.getLogger("gateway.transcription")
+# The gateway answers 504 itself this long before the caller's deadline, so its answer (and
+# the released hold) arrives before the caller, or Envoy, gives up.
+DEADLINE_MARGIN_SECONDS = 0.25
 _INSERT_GENERATION = sa.insert(Generation.__table__)  # type: ignore[attr-defined]
 
 
@@ -122,8 +126,14 @@ class Transcriber:
         )
 
     async def transcribe(
-        self, session: AsyncSession, principal: Principal, request: TranscriptionInput
+        self,
+        session: AsyncSession,
+        principal: Principal,
+        request: TranscriptionInput,
+        time_remaining: float | None = None,
     ) -> TranscriptionResult:
+        """Run the transcription; `time_remaining` is the caller's deadline (the gRPC deadline,
+        which Envoy sets from its route timeout): the providers get what is left of it."""
         model = self._model(request)
         audio = probe(request.audio, request.claimed_format, request.audio_param)
         if request.claimed_format is None or request.claimed_format != audio.format:
@@ -136,16 +146,26 @@ class Transcriber:
         )
         await session.commit()  # the hold (and the free-request count) before the provider call
         generation_id = f"gen_{secrets.token_hex(12)}"
+        budget = None if time_remaining is None else time_remaining - DEADLINE_MARGIN_SECONDS
         try:
-            routed = await route(
-                model.id,
-                model.endpoints,
-                lambda endpoint: self._adapters[endpoint.adapter].transcribe(
-                    endpoint, self._call(request, model, endpoint)
-                ),
-                self._metrics,
-                "transcription",
-            )
+            async with asyncio.timeout(budget) as deadline:
+                try:
+                    routed = await route(
+                        model.id,
+                        model.endpoints,
+                        lambda endpoint: self._adapters[endpoint.adapter].transcribe(
+                            endpoint, self._call(request, model, endpoint)
+                        ),
+                        self._metrics,
+                        "transcription",
+                    )
+                except TimeoutError:
+                    if not deadline.expired():
+                        raise
+            if deadline.expired():
+                raise GatewayError(
+                    504, "Operation aborted due to timeout: the request's deadline passed"
+                )
         except BaseException as exc:
             await self._fail(
                 session, hold, principal, request, model, generation_id, exc, started, started_at
