@@ -59,18 +59,20 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bench.key_status import (
+from bench.common import (
     DEFAULT_PG_ADMIN_URL,
     LOOPBACK,
+    REPO_ROOT,
     REQUEST_TIMEOUT,
     Call,
     CaseResult,
     PgServer,
-    _fmt,
-    _positive,
-    _terminate,
+    exit_on_sigterm,
+    fmt,
+    gateway_cli,
     machine_info,
     measure,
+    positive_int,
 )
 from server.config import sqlite_url
 from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
@@ -78,7 +80,6 @@ from tests.support.audio import fixture
 from tests.support.catalog import FAKE_KEY_ENV, fake_endpoint
 from tests.support.processes import GatewayProcess
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DIRECT_PATH = "direct to fake provider"
 GATEWAY_PATH = "REST POST /api/v1/audio/transcriptions (Envoy)"
 BENCH_MODEL = "bench/fast"
@@ -419,27 +420,6 @@ def write_catalog(path: Path, provider_base_url: str) -> Path:
     return path
 
 
-def gateway_cli(data_dir: Path, database_url: str, *arguments: str) -> str:
-    """Run `gateway <arguments> --data-dir DIR` on the run's database; its stdout."""
-    env = {**os.environ, "GATEWAY_DATABASE_URL": database_url}
-    done = subprocess.run(
-        [sys.executable, "-m", "server.cli", *arguments, "--data-dir", str(data_dir)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if done.returncode != 0 or not done.stdout.strip():
-        raise RuntimeError(
-            f"`gateway {' '.join(arguments)}` failed ({done.returncode}):\n"
-            f"{done.stdout}{done.stderr}"
-        )
-    return done.stdout
-
-
 def create_funded_key(data_dir: Path, database_url: str) -> str:
     key = gateway_cli(data_dir, database_url, "keys", "create", "--name", "bench")
     gateway_cli(data_dir, database_url, "credits", "add", "--amount", CREDITS_USD)
@@ -725,7 +705,7 @@ def markdown_table(results: Sequence[CaseResult]) -> str:
         added = added_p50(results, r.concurrency) if r.path == GATEWAY_PATH else None
         rows.append(
             f"| {r.path} | {r.concurrency} | {requests} | {r.requests_per_second:.1f} "
-            f"| {_fmt(r.p50_ms)} | {_fmt(r.p99_ms)} | {_fmt(added)} | {r.errors} |"
+            f"| {fmt(r.p50_ms)} | {fmt(r.p99_ms)} | {fmt(added)} | {r.errors} |"
         )
     return "\n".join(rows)
 
@@ -766,7 +746,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Default: SQLite in a temporary data dir",
     )
     parser.add_argument(
-        "--requests", type=_positive, default=1000, help="measured requests per case (1000)"
+        "--requests", type=positive_int, default=1000, help="measured requests per case (1000)"
     )
     parser.add_argument(
         "--warmup", type=int, default=100, help="warm-up requests per case, not measured (100)"
@@ -776,7 +756,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--concurrency",
-        type=_positive,
+        type=positive_int,
         nargs="+",
         default=[1, 16],
         help="concurrency levels (1 16)",
@@ -803,7 +783,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"transcription: error: {error}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
 
     with tempfile.TemporaryDirectory(prefix="bench-transcription-") as tmp:
         data_dir = Path(tmp) / "data"

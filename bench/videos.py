@@ -67,26 +67,26 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
 
-from bench.key_status import (
+from bench.common import (
     DEFAULT_PG_ADMIN_URL,
     LOOPBACK,
     REQUEST_TIMEOUT,
     Call,
     CaseResult,
     PgServer,
-    _fmt,
-    _positive,
-    _terminate,
+    exit_on_sigterm,
+    fmt,
+    gateway_cli,
     machine_info,
     measure,
     percentile,
+    positive_int,
 )
 from bench.transcription import (
     PRICE_PER_SECOND,
     LeanHttpClient,
     TargetCheck,
     create_funded_key,
-    gateway_cli,
 )
 from server.config import sqlite_url
 from server.db.engine import create_engine
@@ -685,7 +685,7 @@ def submissions_table(cases: Sequence[SubmitCase]) -> str:
         requests = f"{r.requests}" + (" (time cap)" if r.hit_time_cap else "")
         rows.append(
             f"| {r.path} | {r.concurrency} | {requests} | {c.accepted} "
-            f"| {c.accepted_per_second:.1f} | {_fmt(r.p50_ms)} | {_fmt(r.p99_ms)} | {r.errors} "
+            f"| {c.accepted_per_second:.1f} | {fmt(r.p50_ms)} | {fmt(r.p99_ms)} | {r.errors} "
             f"| {c.backlog_at_end} |"
         )
     return "\n".join(rows)
@@ -702,7 +702,7 @@ def webhooks_table(w: WebhookResult) -> str:
         (WHOLE_JOB_INTERVAL, w.whole_p50_ms, w.whole_p99_ms, w.whole_max_ms, w.delivered),
     ):
         rows.append(
-            f"| {name} | {jobs_cell} | {count} | {_fmt(p50)} | {_fmt(p99)} | {_fmt(worst)} "
+            f"| {name} | {jobs_cell} | {count} | {fmt(p50)} | {fmt(p99)} | {fmt(worst)} "
             f"| {w.signature_failures} | {w.missing} |"
         )
     return "\n".join(rows)
@@ -815,7 +815,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--concurrency",
-        type=_positive,
+        type=positive_int,
         nargs="+",
         default=[1, 16],
         help="concurrency levels of the submissions (1 16)",
@@ -828,7 +828,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--webhook-parallel",
-        type=_positive,
+        type=positive_int,
         default=3,
         help="webhook jobs in flight at a time (3)",
     )
@@ -871,7 +871,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"videos: error: {error}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
 
     with tempfile.TemporaryDirectory(prefix="bench-videos-") as tmp:
         data_dir = Path(tmp) / "data"
