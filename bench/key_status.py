@@ -11,18 +11,22 @@ Run from the repository root:
     python -m bench.key_status                         # SQLite in the temp data dir
     python -m bench.key_status --database-url postgresql://postgres@127.0.0.1:5432/test
     python -m bench.key_status --database-url postgresql --requests 500 --json out.json
+    python -m bench.key_status --workers 2             # `gateway up --workers 2`
 
 With --database-url the URL names a PostgreSQL server and a database to connect to for
 administration (`postgresql` alone means postgresql://postgres@127.0.0.1:5432/test); a fresh
-database is created there for the run and dropped at the end.
+database is created there for the run and dropped at the end. With --workers N the gateway
+runs N server processes behind one Envoy; the direct gRPC calls then go round-robin to their
+ports. The peak RSS (VmHWM) of the gateway's processes is read before it is stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
-import secrets
 import signal
 import sys
 import tempfile
@@ -35,19 +39,22 @@ import grpc
 import httpx
 
 from bench.common import (
-    DEFAULT_PG_ADMIN_URL,
+    LOOPBACK,
     REQUEST_TIMEOUT,
     Call,
     CaseResult,
+    PeakRss,
     PgServer,
+    add_gateway_arguments,
     exit_on_sigterm,
     fmt,
     gateway_cli,
     machine_info,
     measure,
     positive_int,
+    run_database,
+    running,
 )
-from server.config import sqlite_url
 from server.contract import keys_pb2, keys_pb2_grpc
 from tests.support.processes import GatewayProcess
 
@@ -86,13 +93,21 @@ def _grpc_channel(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)])
 
 
-def _grpc_call(stub: keys_pb2_grpc.KeysStub, key: str) -> Call:
+def grpc_targets(gateway: GatewayProcess, workers: int) -> list[str]:
+    """The gRPC port of each server process (`gateway up --workers N` numbers them on)."""
+    return [f"{LOOPBACK}:{gateway.grpc_port + index}" for index in range(workers)]
+
+
+def _grpc_call(stubs: Sequence[keys_pb2_grpc.KeysStub], key: str) -> Call:
+    """Calls spread round-robin over the server processes: Envoy balances REST, nothing
+    balances a direct gRPC client."""
     metadata = (("authorization", f"Bearer {key}"),)
     request = keys_pb2.GetCurrentKeyRequest()
+    next_stub = itertools.cycle(stubs)
 
     async def call() -> str | None:
         try:
-            await stub.GetCurrentKey(request, metadata=metadata, timeout=REQUEST_TIMEOUT)
+            await next(next_stub).GetCurrentKey(request, metadata=metadata, timeout=REQUEST_TIMEOUT)
         except grpc.aio.AioRpcError as error:
             return f"gRPC {error.code().name}"
         return None
@@ -100,27 +115,29 @@ def _grpc_call(stub: keys_pb2_grpc.KeysStub, key: str) -> Call:
     return call
 
 
-async def preflight(gateway: GatewayProcess, key: str) -> None:
-    """One request per path, so a broken setup fails loudly instead of as 100% errors."""
+async def preflight(gateway: GatewayProcess, key: str, workers: int) -> None:
+    """One request per path (and server process), so a broken setup fails loudly instead of
+    as 100% errors."""
     async with _rest_client(gateway.base_url, key, 1) as client:
         response = await client.get("/key")
         if response.status_code != 200 or "data" not in response.json():
             raise RuntimeError(f"REST preflight failed: {response.status_code} {response.text}")
-    async with _grpc_channel(gateway.grpc_target) as channel:
-        await asyncio.wait_for(channel.channel_ready(), REQUEST_TIMEOUT)
-        reply = await keys_pb2_grpc.KeysStub(channel).GetCurrentKey(
-            keys_pb2.GetCurrentKeyRequest(),
-            metadata=(("authorization", f"Bearer {key}"),),
-            timeout=REQUEST_TIMEOUT,
-        )
-        if not reply.ByteSize():
-            raise RuntimeError("gRPC preflight returned an empty response")
+    for target in grpc_targets(gateway, workers):
+        async with _grpc_channel(target) as channel:
+            await asyncio.wait_for(channel.channel_ready(), REQUEST_TIMEOUT)
+            reply = await keys_pb2_grpc.KeysStub(channel).GetCurrentKey(
+                keys_pb2.GetCurrentKeyRequest(),
+                metadata=(("authorization", f"Bearer {key}"),),
+                timeout=REQUEST_TIMEOUT,
+            )
+            if not reply.ByteSize():
+                raise RuntimeError(f"gRPC preflight ({target}) returned an empty response")
 
 
 async def run_cases(
     gateway: GatewayProcess, key: str, args: argparse.Namespace
 ) -> list[CaseResult]:
-    await preflight(gateway, key)
+    await preflight(gateway, key, args.workers)
     results: list[CaseResult] = []
     for concurrency in args.concurrency:
         async with _rest_client(gateway.base_url, key, concurrency) as client:
@@ -136,13 +153,16 @@ async def run_cases(
             )
         _progress(results[-1])
     for concurrency in args.concurrency:
-        async with _grpc_channel(gateway.grpc_target) as channel:
-            await asyncio.wait_for(channel.channel_ready(), REQUEST_TIMEOUT)
-            stub = keys_pb2_grpc.KeysStub(channel)
+        async with contextlib.AsyncExitStack() as channels:
+            stubs = []
+            for target in grpc_targets(gateway, args.workers):
+                channel = await channels.enter_async_context(_grpc_channel(target))
+                await asyncio.wait_for(channel.channel_ready(), REQUEST_TIMEOUT)
+                stubs.append(keys_pb2_grpc.KeysStub(channel))
             results.append(
                 await measure(
                     GRPC_PATH,
-                    _grpc_call(stub, key),
+                    _grpc_call(stubs, key),
                     concurrency,
                     args.requests,
                     args.warmup,
@@ -191,12 +211,17 @@ def markdown_table(results: Sequence[CaseResult]) -> str:
     return "\n".join(rows)
 
 
-def report(results: Sequence[CaseResult], machine: dict[str, Any]) -> str:
+def report(
+    results: Sequence[CaseResult], machine: dict[str, Any], workers: int, rss: PeakRss | None
+) -> str:
     lines = [markdown_table(results), ""]
     lines.append(
         f"Machine: nproc={machine['nproc']}, CPU: {machine['cpu']}, "
         f"Python {machine['python']}, database: {machine['database']}"
     )
+    lines.append(f"Gateway: {workers} server process(es) behind one Envoy")
+    if rss is not None:
+        lines.append(rss.line())
     for r in results:
         if r.error_kinds:
             kinds = ", ".join(f"{kind} x{count}" for kind, count in sorted(r.error_kinds.items()))
@@ -213,12 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark GET /api/v1/key via Envoy and gateway.v1.Keys/GetCurrentKey "
         "via gRPC against a gateway started for the run.",
     )
-    parser.add_argument(
-        "--database-url",
-        help="run on PostgreSQL: URL of the server's admin database on 127.0.0.1 "
-        f"('postgresql' = {DEFAULT_PG_ADMIN_URL}); a fresh database is created and dropped. "
-        "Default: SQLite in a temporary data dir",
-    )
+    add_gateway_arguments(parser)
     parser.add_argument(
         "--requests", type=positive_int, default=2000, help="measured requests per case (2000)"
     )
@@ -251,33 +271,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-key-status-") as tmp:
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
-        pg_name = f"bench_{secrets.token_hex(6)}"
-        if pg is None:
-            database_url = sqlite_url(data_dir)
-            database = "SQLite (aiosqlite, file in a temp dir)"
-        else:
-            version = asyncio.run(pg.create(pg_name))
-            database_url = pg.database_url(pg_name)
-            database = f"PostgreSQL {version} (asyncpg, 127.0.0.1)"
-        try:
-            gateway = GatewayProcess(data_dir=data_dir, database_url=database_url)
-            try:
-                print("Starting the gateway...", file=sys.stderr, flush=True)
-                gateway.start()
-                key = create_key(data_dir, database_url)
+        with run_database(pg, data_dir) as database:
+            gateway = GatewayProcess(
+                data_dir=data_dir,
+                database_url=database.url,
+                extra_args=("--workers", str(args.workers)),
+            )
+            with running(gateway) as run:
+                key = create_key(data_dir, database.url)
                 results = asyncio.run(run_cases(gateway, key, args))
-            except Exception:
-                tail = "".join(gateway.output[-40:])
-                print(f"Gateway output (last lines):\n{tail}", file=sys.stderr)
-                raise
-            finally:
-                gateway.stop()
-        finally:
-            if pg is not None:
-                asyncio.run(pg.drop(pg_name))
 
-    machine = machine_info(database)
-    print(report(results, machine))
+    machine = machine_info(database.label)
+    print(report(results, machine, args.workers, run.peak_rss))
     if args.json is not None:
         payload = {
             "benchmark": "key_status",
@@ -286,8 +291,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "warmup": args.warmup,
                 "time_cap_seconds": args.time_cap,
                 "concurrency": args.concurrency,
+                "workers": args.workers,
             },
             "machine": machine,
+            "peak_rss": None if run.peak_rss is None else asdict(run.peak_rss),
             "results": [asdict(r) for r in results],
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")

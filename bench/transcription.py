@@ -29,10 +29,13 @@ Run from the repository root:
     python -m bench.transcription                         # SQLite in the temp data dir
     python -m bench.transcription --database-url postgresql://postgres@127.0.0.1:5432/test
     python -m bench.transcription --database-url postgresql --requests 300 --json out.json
+    python -m bench.transcription --workers 2             # `gateway up --workers 2`
 
 With --database-url the URL names a PostgreSQL server and a database to connect to for
 administration (`postgresql` alone means postgresql://postgres@127.0.0.1:5432/test); a fresh
-database is created there for the run and dropped at the end.
+database is created there for the run and dropped at the end. With --workers N the gateway
+runs N server processes behind one Envoy. The peak RSS (VmHWM) of the gateway's processes is
+read before it is stopped.
 """
 
 from __future__ import annotations
@@ -43,14 +46,13 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -60,21 +62,23 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.common import (
-    DEFAULT_PG_ADMIN_URL,
     LOOPBACK,
     REPO_ROOT,
     REQUEST_TIMEOUT,
     Call,
     CaseResult,
+    PeakRss,
     PgServer,
+    add_gateway_arguments,
     exit_on_sigterm,
     fmt,
     gateway_cli,
     machine_info,
     measure,
     positive_int,
+    run_database,
+    running,
 )
-from server.config import sqlite_url
 from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
 from tests.support.audio import fixture
 from tests.support.catalog import FAKE_KEY_ENV, fake_endpoint
@@ -394,6 +398,22 @@ class FakeProviderProcess:
             self.process.wait()
 
 
+@contextlib.contextmanager
+def running_fake_provider() -> Iterator[FakeProviderProcess]:
+    """The fast fake provider for the length of a run; the end of its output if anything
+    failed."""
+    fake = FakeProviderProcess(api_key=FAKE_PROVIDER_KEY)
+    print("Starting the fake provider...", file=sys.stderr, flush=True)
+    try:
+        fake.start()
+        yield fake
+    except Exception:
+        print(f"Fake provider output (last lines):\n{''.join(fake.output[-20:])}", file=sys.stderr)
+        raise
+    finally:
+        fake.stop()
+
+
 def run_fake_provider() -> int:
     api_key = os.environ.get(FAKE_KEY_ENV)
     if not api_key:
@@ -710,7 +730,13 @@ def markdown_table(results: Sequence[CaseResult]) -> str:
     return "\n".join(rows)
 
 
-def report(results: Sequence[CaseResult], machine: dict[str, Any], client: str) -> str:
+def report(
+    results: Sequence[CaseResult],
+    machine: dict[str, Any],
+    client: str,
+    workers: int,
+    rss: PeakRss | None,
+) -> str:
     latency, throughput = target_checks(results)
     lines = [
         markdown_table(results),
@@ -721,7 +747,10 @@ def report(results: Sequence[CaseResult], machine: dict[str, Any], client: str) 
         "",
         f"Machine: nproc={machine['nproc']}, CPU: {machine['cpu']}, "
         f"Python {machine['python']}, database: {machine['database']}, load generator: {client}",
+        f"Gateway: {workers} server process(es) behind one Envoy",
     ]
+    if rss is not None:
+        lines.append(rss.line())
     for r in results:
         if r.error_kinds:
             kinds = ", ".join(f"{kind} x{count}" for kind, count in sorted(r.error_kinds.items()))
@@ -739,12 +768,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the same multipart upload sent directly to a fast fake provider and through a gateway "
         "started for the run.",
     )
-    parser.add_argument(
-        "--database-url",
-        help="run on PostgreSQL: URL of the server's admin database on 127.0.0.1 "
-        f"('postgresql' = {DEFAULT_PG_ADMIN_URL}); a fresh database is created and dropped. "
-        "Default: SQLite in a temporary data dir",
-    )
+    add_gateway_arguments(parser)
     parser.add_argument(
         "--requests", type=positive_int, default=1000, help="measured requests per case (1000)"
     )
@@ -788,46 +812,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-transcription-") as tmp:
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
-        pg_name = f"bench_{secrets.token_hex(6)}"
-        if pg is None:
-            database_url = sqlite_url(data_dir)
-            database = "SQLite (aiosqlite, file in a temp dir)"
-        else:
-            version = asyncio.run(pg.create(pg_name))
-            database_url = pg.database_url(pg_name)
-            database = f"PostgreSQL {version} (asyncpg, 127.0.0.1)"
-        fake = FakeProviderProcess(api_key=FAKE_PROVIDER_KEY)
-        try:
-            print("Starting the fake provider...", file=sys.stderr, flush=True)
-            fake.start()
+        with run_database(pg, data_dir) as database, running_fake_provider() as fake:
             catalog = write_catalog(Path(tmp) / "catalog.toml", fake.base_url)
             gateway = GatewayProcess(
                 data_dir=data_dir,
-                database_url=database_url,
+                database_url=database.url,
                 extra_env={"GATEWAY_CATALOG": str(catalog), FAKE_KEY_ENV: fake.api_key},
+                extra_args=("--workers", str(args.workers)),
             )
-            try:
-                print("Starting the gateway...", file=sys.stderr, flush=True)
-                gateway.start()
-                key = create_funded_key(data_dir, database_url)
+            with running(gateway) as run:
+                key = create_funded_key(data_dir, database.url)
                 results = asyncio.run(run_cases(fake, gateway, key, args))
-            except Exception:
-                tail = "".join(gateway.output[-40:])
-                print(f"Gateway output (last lines):\n{tail}", file=sys.stderr)
-                raise
-            finally:
-                gateway.stop()
-        except Exception:
-            tail = "".join(fake.output[-20:])
-            print(f"Fake provider output (last lines):\n{tail}", file=sys.stderr)
-            raise
-        finally:
-            fake.stop()
-            if pg is not None:
-                asyncio.run(pg.drop(pg_name))
 
-    machine = machine_info(database)
-    print(report(results, machine, args.client))
+    machine = machine_info(database.label)
+    print(report(results, machine, args.client, args.workers, run.peak_rss))
     if args.json is not None:
         latency, throughput = target_checks(results)
         payload = {
@@ -838,10 +836,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "time_cap_seconds": args.time_cap,
                 "concurrency": args.concurrency,
                 "client": args.client,
+                "workers": args.workers,
                 "model": BENCH_MODEL,
                 "audio": f"tests/fixtures/{AUDIO_NAME}.wav",
             },
             "machine": machine,
+            "peak_rss": None if run.peak_rss is None else asdict(run.peak_rss),
             "results": [asdict(r) for r in results],
             "added_p50_ms": {str(c): added_p50(results, c) for c in args.concurrency},
             "targets": [asdict(latency), asdict(throughput)],
