@@ -106,7 +106,7 @@ def _server_settings(args: argparse.Namespace, **overrides: object) -> Settings:
     return settings
 
 
-def _stop_on_signals() -> asyncio.Event:
+def stop_on_signals() -> asyncio.Event:
     """An event set by Ctrl-C or SIGTERM: the server then drains and stops cleanly."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -124,7 +124,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     settings = _server_settings(
         args, grpc_port=args.grpc_port, http_port=args.http_port, http_host=args.host
     )
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
 
     def announce(base_url: str) -> None:
         print(f"Gateway ready: REST {base_url}  gRPC {settings.grpc_target}", flush=True)
@@ -140,7 +140,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     from server.app import serve
 
     settings = _server_settings(args, grpc_port=args.grpc_port, grpc_host=args.grpc_host)
-    await serve(settings, stop=_stop_on_signals())
+    await serve(settings, stop=stop_on_signals())
     return 0
 
 
@@ -486,11 +486,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     for noisy in ("alembic", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging()
     try:
         return asyncio.run(args.run(args))
     except GatewayError as error:
