@@ -52,10 +52,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -426,16 +427,23 @@ def run_fake_provider() -> int:
 # --- catalog, key and credits ---------------------------------------------------------------
 
 
-def write_catalog(path: Path, provider_base_url: str) -> Path:
-    lines = [
-        "[[models]]",
-        f'id = "{BENCH_MODEL}"',
-        'name = "Benchmark: fast fake provider"',
-        'kind = "stt"',
-        f'price_per_second = "{PRICE_PER_SECOND}"',
-        "[[models.endpoints]]",
-        fake_endpoint(provider_base_url, UPSTREAM_MODEL, "benchfake"),
-    ]
+def write_catalog(
+    path: Path,
+    provider_base_url: str,
+    prices: Mapping[str, str] = MappingProxyType({BENCH_MODEL: PRICE_PER_SECOND}),
+) -> Path:
+    """A catalog of speech-to-text models (id -> USD per second), all on the fake provider."""
+    lines: list[str] = []
+    for model_id, price_per_second in prices.items():
+        lines += [
+            "[[models]]",
+            f'id = "{model_id}"',
+            'name = "Benchmark: fast fake provider"',
+            'kind = "stt"',
+            f'price_per_second = "{price_per_second}"',
+            "[[models.endpoints]]",
+            fake_endpoint(provider_base_url, UPSTREAM_MODEL, "benchfake"),
+        ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
@@ -537,27 +545,41 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
 
 
 class LeanHttpClient:
-    """A minimal keep-alive HTTP/1.1 client for one pre-encoded POST: the request bytes are
-    built once and each call costs a write and a parse of the response head, so the load
-    generator's CPU stays small next to the servers'. Connections are opened on demand, at
-    most one per concurrent call, and reused; one that fails or is cut off is closed."""
+    """A minimal keep-alive HTTP/1.1 client for pre-encoded POSTs: the requests are built
+    once and each call costs a write and a parse of the response head, so the load
+    generator's CPU stays small next to the servers'. Each call sends the next request in
+    turn (one per API key given). Connections are opened on demand, at most one per
+    concurrent call, and reused; one that fails or is cut off is closed."""
 
-    def __init__(self, target: Destination) -> None:
-        url = urlsplit(target.base_url + ROUTE)
-        if url.scheme != "http" or url.hostname != LOOPBACK or url.port is None:
+    def __init__(self, url: str, keys: Sequence[str], content_type: str, body: bytes) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or parts.hostname != LOOPBACK or parts.port is None:
             raise ValueError(f"the lean client only talks plain HTTP to {LOOPBACK}: {url}")
-        self._port = url.port
-        head = (
-            f"POST {url.path} HTTP/1.1\r\n"
-            f"Host: {LOOPBACK}:{url.port}\r\n"
-            f"Authorization: Bearer {target.key}\r\n"
-            f"Content-Type: {target.upload.content_type}\r\n"
-            f"Content-Length: {len(target.upload.content)}\r\n"
-            "Accept: application/json\r\n"
-            "\r\n"
-        )
-        self._request = head.encode("latin-1") + target.upload.content
+        if not keys:
+            raise ValueError("the lean client needs at least one API key")
+        self._port = parts.port
+        self._requests = [
+            (
+                f"POST {parts.path} HTTP/1.1\r\n"
+                f"Host: {LOOPBACK}:{parts.port}\r\n"
+                f"Authorization: Bearer {key}\r\n"
+                f"Content-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\n"
+                "Accept: application/json\r\n"
+                "\r\n"
+            ).encode("latin-1")
+            + body
+            for key in keys
+        ]
+        self._sent = 0
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    @classmethod
+    def for_target(cls, target: Destination) -> LeanHttpClient:
+        """The transcription upload of one path, with its key."""
+        return cls(
+            target.base_url + ROUTE, [target.key], target.upload.content_type, target.upload.content
+        )
 
     async def __aenter__(self) -> LeanHttpClient:
         return self
@@ -566,14 +588,16 @@ class LeanHttpClient:
         await self.aclose()
 
     async def post(self) -> int:
-        """Send the request once; the response status."""
+        """Send the next request; the response status."""
+        request = self._requests[self._sent % len(self._requests)]
+        self._sent += 1
         connection = self._idle.pop() if self._idle else None
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT):
                 if connection is None:
                     connection = await asyncio.open_connection(LOOPBACK, self._port)
                 reader, writer = connection
-                writer.write(self._request)
+                writer.write(request)
                 status, reusable = await _read_response(reader)
         except BaseException:
             if connection is not None:
@@ -594,7 +618,7 @@ class LeanHttpClient:
                 await writer.wait_closed()
 
 
-def _lean_call(client: LeanHttpClient) -> Call:
+def lean_call(client: LeanHttpClient) -> Call:
     async def call() -> str | None:
         status = await client.post()
         return None if status == 200 else f"HTTP {status}"
@@ -620,7 +644,7 @@ async def preflight(target: Destination) -> None:
     usage = body.get("usage")
     if target.path == GATEWAY_PATH and not (isinstance(usage, dict) and usage.get("cost")):
         raise RuntimeError(f"{target.path} preflight: the request was not billed: {response.text}")
-    async with LeanHttpClient(target) as lean:
+    async with LeanHttpClient.for_target(target) as lean:
         status = await lean.post()
         if status != 200:
             raise RuntimeError(f"{target.path} preflight (lean client) failed: HTTP {status}")
@@ -635,8 +659,8 @@ async def _measure_one(
     if args.client == "httpx":
         async with _httpx_client(target, concurrency) as client:
             return await run(_httpx_call(client, target.upload))
-    async with LeanHttpClient(target) as lean:
-        return await run(_lean_call(lean))
+    async with LeanHttpClient.for_target(target) as lean:
+        return await run(lean_call(lean))
 
 
 async def run_cases(

@@ -63,7 +63,6 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import sqlalchemy as sa
@@ -313,28 +312,6 @@ def submission_body(model: str, prompt: str, **extra: object) -> dict[str, Any]:
     }
 
 
-class LeanVideoClient(LeanHttpClient):
-    """bench.transcription's LeanHttpClient (keep-alive connections, one pre-encoded request,
-    a parse of the response head per call) posting a JSON body to POST /videos instead."""
-
-    def __init__(self, base_url: str, key: str, body: bytes) -> None:
-        url = urlsplit(base_url + VIDEOS_ROUTE)
-        if url.scheme != "http" or url.hostname != LOOPBACK or url.port is None:
-            raise ValueError(f"the lean client only talks plain HTTP to {LOOPBACK}: {url}")
-        self._port = url.port
-        head = (
-            f"POST {url.path} HTTP/1.1\r\n"
-            f"Host: {LOOPBACK}:{url.port}\r\n"
-            f"Authorization: Bearer {key}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n"
-            "Accept: application/json\r\n"
-            "\r\n"
-        )
-        self._request = head.encode("latin-1") + body
-        self._idle = []
-
-
 @dataclass
 class Accepted:
     """202s seen by the load generator, warm-ups included, for the durability check."""
@@ -394,7 +371,9 @@ async def run_submissions(
     cases: list[SubmitCase] = []
     for concurrency in args.concurrency:
         await table.drain(UNSERVED_MODEL, DRAIN_CAP)
-        async with LeanVideoClient(gateway.base_url, key, body) as client:
+        async with LeanHttpClient(
+            gateway.base_url + VIDEOS_ROUTE, [key], "application/json", body
+        ) as client:
             result = await measure(
                 SUBMIT_PATH,
                 _accepted_call(client, accepted),
