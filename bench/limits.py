@@ -3,8 +3,9 @@
 The same multipart POST /api/v1/audio/transcriptions as bench.transcription (hello.wav, the
 fast fake provider in a process of its own, the lean keep-alive client), through Envoy, at
 one concurrency (16), for two models of one catalog on that provider: `bench/fast`
-(paid, 0.0001 USD/s) and its variant `bench/fast:free` (price 0), against two gateways run
-one after the other, each on a fresh database:
+(paid, 0.0001 USD/s) and its variant `bench/fast:free` (price 0), against two gateways
+running side by side, each on a fresh database of its own, measured one right after the
+other for each model (without limits first):
 
 - limits enforced: `gateway up`, the server as shipped (server/limits/admission.py,
   EnforcedLimits): the free-model gate (per-minute and daily counters) for `:free`, then a
@@ -48,12 +49,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -64,8 +66,10 @@ import sqlalchemy as sa
 from bench.common import (
     REQUEST_TIMEOUT,
     CaseResult,
+    GatewayRun,
     PeakRss,
     PgServer,
+    RunDatabase,
     add_gateway_arguments,
     exit_on_sigterm,
     fmt,
@@ -123,8 +127,8 @@ ENFORCED = Variant("enforced", "limits enforced (`gateway up`)", ("-m", "server.
 NO_LIMITS = Variant(
     "none", "limits off (`python -m bench.unlimited up`)", ("-m", "bench.unlimited", "up")
 )
-# Without limits first: the machine's later state (caches, other load) then falls on the
-# enforced run, which errs on the side of a higher measured cost.
+# Measured in this order for each model: a drift in the machine's state then falls on the
+# enforced side, which errs towards a higher measured cost.
 VARIANTS = (NO_LIMITS, ENFORCED)
 
 
@@ -227,52 +231,26 @@ async def preflight(base_url: str, key: str, model: str) -> None:
         raise RuntimeError(f"{model} preflight: unexpected answer {response.text}")
 
 
-async def run_variant(
-    gateway: GatewayProcess, variant: Variant, keys: BenchKeys, args: argparse.Namespace
-) -> list[LimitsCase]:
-    for model in MODELS:
-        await preflight(gateway.base_url, keys.preflight, model)
-    audio = fixture(AUDIO_NAME)
-    cases: list[LimitsCase] = []
-    for model, label in MODELS.items():
-        upload = multipart_upload(model, audio)
-        async with LeanHttpClient(
-            gateway.base_url + ROUTE, keys.load, upload.content_type, upload.content
-        ) as client:
-            result = await measure(
-                f"{label} model, limits {variant.name}",
-                lean_call(client),
-                args.concurrency,
-                args.requests,
-                args.warmup,
-                args.time_cap,
-            )
-        cases.append(LimitsCase(model, variant.name, result))
-        print(
-            f"  done: {result.path}: {result.requests_per_second} req/s, p50 {result.p50_ms} ms",
-            file=sys.stderr,
-            flush=True,
-        )
-    return cases
-
-
 @dataclass
-class VariantRun:
+class GatewayUnderTest:
+    """One gateway of the comparison, running on a fresh database of its own."""
+
     variant: Variant
-    cases: list[LimitsCase]
-    counted_free: int  # free requests the per-minute windows counted
-    peak_rss: PeakRss | None
+    gateway: GatewayProcess
+    database: RunDatabase
+    keys: BenchKeys
+    run: GatewayRun  # its peak RSS once stopped
 
 
-def run_gateway(
+@contextlib.contextmanager
+def gateway_under_test(
     variant: Variant,
     pg: PgServer | None,
     data_dir: Path,
     catalog: Path,
     fake_key: str,
     args: argparse.Namespace,
-) -> tuple[VariantRun, str]:
-    """One gateway on a fresh database: its cases, and the database's label."""
+) -> Iterator[GatewayUnderTest]:
     data_dir.mkdir()
     with run_database(pg, data_dir) as database:
         count = accounts_needed(args.requests, args.warmup, args.concurrency)
@@ -285,9 +263,52 @@ def run_gateway(
             command=variant.command,
         )
         with running(gateway, f"the gateway, {variant.title}") as run:
-            cases = asyncio.run(run_variant(gateway, variant, keys, args))
-        counted = asyncio.run(counted_free_requests(database.url))
-    return VariantRun(variant, cases, counted, run.peak_rss), database.label
+            yield GatewayUnderTest(variant, gateway, database, keys, run)
+
+
+async def run_cases(
+    gateways: Sequence[GatewayUnderTest], args: argparse.Namespace
+) -> list[LimitsCase]:
+    for under_test in gateways:
+        for model in MODELS:
+            await preflight(under_test.gateway.base_url, under_test.keys.preflight, model)
+    audio = fixture(AUDIO_NAME)
+    cases: list[LimitsCase] = []
+    for model, label in MODELS.items():
+        upload = multipart_upload(model, audio)
+        # The gateways right after one another, so a change in the machine's other load
+        # falls on both sides of one comparison as little as it can.
+        for under_test in gateways:
+            async with LeanHttpClient(
+                under_test.gateway.base_url + ROUTE,
+                under_test.keys.load,
+                upload.content_type,
+                upload.content,
+            ) as client:
+                result = await measure(
+                    f"{label} model, limits {under_test.variant.name}",
+                    lean_call(client),
+                    args.concurrency,
+                    args.requests,
+                    args.warmup,
+                    args.time_cap,
+                )
+            cases.append(LimitsCase(model, under_test.variant.name, result))
+            print(
+                f"  done: {result.path}: {result.requests_per_second} req/s, "
+                f"p50 {result.p50_ms} ms",
+                file=sys.stderr,
+                flush=True,
+            )
+    return cases
+
+
+@dataclass
+class VariantRun:
+    variant: Variant
+    cases: list[LimitsCase]
+    counted_free: int  # free requests the per-minute windows counted
+    peak_rss: PeakRss | None
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -420,21 +441,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, exit_on_sigterm)
 
-    runs: list[VariantRun] = []
     with (
         tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp,
         running_fake_provider() as fake,
+        contextlib.ExitStack() as started,
     ):
         catalog = write_catalog(
             Path(tmp) / "catalog.toml",
             fake.base_url,
             {PAID_MODEL: PRICE_PER_SECOND, FREE_MODEL: "0"},
         )
-        for variant in VARIANTS:
-            run, database = run_gateway(
-                variant, pg, Path(tmp) / variant.name, catalog, fake.api_key, args
+        gateways = [
+            started.enter_context(
+                gateway_under_test(
+                    variant, pg, Path(tmp) / variant.name, catalog, fake.api_key, args
+                )
             )
-            runs.append(run)
+            for variant in VARIANTS
+        ]
+        cases = asyncio.run(run_cases(gateways, args))
+        counted = [asyncio.run(counted_free_requests(g.database.url)) for g in gateways]
+    runs = [
+        VariantRun(
+            g.variant, [c for c in cases if c.limits == g.variant.name], free, g.run.peak_rss
+        )
+        for g, free in zip(gateways, counted, strict=True)
+    ]
+    database = gateways[0].database.label
 
     accounts = accounts_needed(args.requests, args.warmup, args.concurrency)
     machine = machine_info(database)
