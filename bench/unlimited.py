@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from facade.stack import run_stack
+from facade.stack import run_stack, serve_command
 from server.app import serve
 from server.auth import Principal
 from server.billing.holds import DEFAULT_HOLD_TTL, Hold
 from server.cli import configure_logging, stop_on_signals
-from server.config import Settings, load_settings
+from server.config import load_settings
 from tests.support.processes import READY_LINE
 
 
@@ -53,23 +54,10 @@ class NoLimits:
         return Hold("", principal.account.id, principal.key.hash, estimate_micros, is_byok)
 
 
-def serve_command(settings: Settings, index: int) -> list[str]:
-    """`python -m bench.unlimited serve` on gRPC port grpc_port + index (a worker of `up`)."""
-    arguments = [
-        sys.executable,
-        "-m",
-        "bench.unlimited",
-        "serve",
-        "--grpc-port",
-        str(settings.grpc_port + index),
-        "--data-dir",
-        str(settings.data_dir),
-        "--database-url",
-        settings.database_url,
-    ]
-    if settings.catalog_file:
-        arguments += ["--catalog", settings.catalog_file]
-    return arguments
+# The server processes of `up --workers N`: `python -m bench.unlimited serve`.
+unlimited_serve_command = functools.partial(
+    serve_command, entry_point=("-m", "bench.unlimited", "serve")
+)
 
 
 async def up(args: argparse.Namespace) -> None:
@@ -86,7 +74,12 @@ async def up(args: argparse.Namespace) -> None:
         print(f"{READY_LINE} (no limits): REST {base_url}  gRPC {settings.grpc_target}", flush=True)
 
     await run_stack(
-        settings, stop, announce, args.workers, limits=NoLimits(), worker_command=serve_command
+        settings,
+        stop,
+        announce,
+        args.workers,
+        limits=NoLimits(),
+        worker_command=unlimited_serve_command,
     )
 
 

@@ -54,13 +54,14 @@ async def _serving(target: str, within: float) -> None:
             await asyncio.sleep(0.1)
 
 
-def serve_command(settings: Settings, index: int) -> list[str]:
-    """`gateway serve` on gRPC port grpc_port + index, with the stack's settings."""
+def serve_command(
+    settings: Settings, index: int, entry_point: tuple[str, ...] = ("-m", "server.cli", "serve")
+) -> list[str]:
+    """`gateway serve` (or another entry point taking its options) on gRPC port
+    grpc_port + index, with the stack's settings."""
     arguments = [
         sys.executable,
-        "-m",
-        "server.cli",
-        "serve",
+        *entry_point,
         "--grpc-port",
         str(settings.grpc_port + index),
         "--data-dir",
