@@ -12,7 +12,7 @@ machine that is busy with anything else are not worth publishing.
 
 Run from the repository root:
 
-    python -m bench.all                     # print the table (about 10-12 min on 2 cores)
+    python -m bench.all                     # print the table (about 12 min on 2 cores)
     python -m bench.all --readme            # ... and write it into README.md's Performance
     python -m bench.all --requests 100 --backends sqlite --workers 1   # a quick check
 
