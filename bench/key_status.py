@@ -11,150 +11,55 @@ Run from the repository root:
     python -m bench.key_status                         # SQLite in the temp data dir
     python -m bench.key_status --database-url postgresql://postgres@127.0.0.1:5432/test
     python -m bench.key_status --database-url postgresql --requests 500 --json out.json
+    python -m bench.key_status --workers 2             # `gateway up --workers 2`
 
 With --database-url the URL names a PostgreSQL server and a database to connect to for
 administration (`postgresql` alone means postgresql://postgres@127.0.0.1:5432/test); a fresh
-database is created there for the run and dropped at the end.
+database is created there for the run and dropped at the end. With --workers N the gateway
+runs N server processes behind one Envoy; the direct gRPC calls then go round-robin to their
+ports. The peak RSS (VmHWM) of the gateway's processes is read before it is stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
-import math
-import os
-import platform
-import secrets
-import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
-from types import FrameType
-from typing import Any, NoReturn
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
 
-import asyncpg
 import grpc
 import httpx
 
-from server.config import sqlite_url
+from bench.common import (
+    LOOPBACK,
+    REQUEST_TIMEOUT,
+    Call,
+    CaseResult,
+    PeakRss,
+    PgServer,
+    add_gateway_arguments,
+    exit_on_sigterm,
+    fmt,
+    gateway_cli,
+    machine_info,
+    measure,
+    positive_int,
+    run_database,
+    running,
+)
 from server.contract import keys_pb2, keys_pb2_grpc
 from tests.support.processes import GatewayProcess
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
-LOOPBACK = "127.0.0.1"
 REST_PATH = "REST GET /api/v1/key (Envoy)"
 GRPC_PATH = "gRPC Keys/GetCurrentKey (direct)"
-REQUEST_TIMEOUT = 10.0  # seconds, per request
-
-# One request: returns None on success, otherwise a short description of the failure.
-Call = Callable[[], Awaitable[str | None]]
-
-
-# --- measurement ----------------------------------------------------------------------------
-
-
-@dataclass
-class CaseResult:
-    path: str
-    concurrency: int
-    target_requests: int
-    requests: int  # completed (successful + failed)
-    errors: int
-    seconds: float
-    requests_per_second: float
-    p50_ms: float | None
-    p99_ms: float | None
-    hit_time_cap: bool
-    error_kinds: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class _Tally:
-    latencies_ms: list[float] = field(default_factory=list)
-    errors: Counter[str] = field(default_factory=Counter)
-    issued: int = 0
-
-    @property
-    def completed(self) -> int:
-        return len(self.latencies_ms) + self.errors.total()
-
-
-def percentile(sorted_values: Sequence[float], pct: float) -> float | None:
-    """Nearest-rank percentile of already sorted values."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
-async def _drive(
-    call: Call, concurrency: int, total: int, time_cap: float
-) -> tuple[_Tally, float, bool]:
-    """Issue `total` requests from `concurrency` workers, stopping at `time_cap` seconds."""
-    tally = _Tally()
-    deadline = time.perf_counter() + time_cap
-
-    async def worker() -> None:
-        while tally.issued < total and time.perf_counter() < deadline:
-            tally.issued += 1
-            started = time.perf_counter()
-            try:
-                failure = await call()
-            except Exception as exc:
-                failure = type(exc).__name__
-            elapsed_ms = (time.perf_counter() - started) * 1000
-            if failure is None:
-                tally.latencies_ms.append(elapsed_ms)
-            else:
-                tally.errors[failure] += 1
-
-    started = time.perf_counter()
-    hit_cap = False
-    try:
-        # The hard cap also cuts off requests still in flight when it expires.
-        async with asyncio.timeout(time_cap):
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-    except TimeoutError:
-        hit_cap = True
-    seconds = time.perf_counter() - started
-    hit_cap = hit_cap or tally.completed < total
-    return tally, seconds, hit_cap
-
-
-async def measure(
-    path: str, call: Call, concurrency: int, total: int, warmup: int, time_cap: float
-) -> CaseResult:
-    if warmup > 0:
-        await _drive(call, concurrency, warmup, min(time_cap, 10.0))
-    tally, seconds, hit_cap = await _drive(call, concurrency, total, time_cap)
-    latencies = sorted(tally.latencies_ms)
-    completed = tally.completed
-    return CaseResult(
-        path=path,
-        concurrency=concurrency,
-        target_requests=total,
-        requests=completed,
-        errors=tally.errors.total(),
-        seconds=round(seconds, 3),
-        requests_per_second=round(completed / seconds, 1) if seconds > 0 else 0.0,
-        p50_ms=_round(percentile(latencies, 50)),
-        p99_ms=_round(percentile(latencies, 99)),
-        hit_time_cap=hit_cap,
-        error_kinds=dict(tally.errors),
-    )
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)
 
 
 # --- the two paths --------------------------------------------------------------------------
@@ -188,13 +93,21 @@ def _grpc_channel(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)])
 
 
-def _grpc_call(stub: keys_pb2_grpc.KeysStub, key: str) -> Call:
+def grpc_targets(gateway: GatewayProcess, workers: int) -> list[str]:
+    """The gRPC port of each server process (`gateway up --workers N` numbers them on)."""
+    return [f"{LOOPBACK}:{gateway.grpc_port + index}" for index in range(workers)]
+
+
+def _grpc_call(stubs: Sequence[keys_pb2_grpc.KeysStub], key: str) -> Call:
+    """Calls spread round-robin over the server processes: Envoy balances REST, nothing
+    balances a direct gRPC client."""
     metadata = (("authorization", f"Bearer {key}"),)
     request = keys_pb2.GetCurrentKeyRequest()
+    next_stub = itertools.cycle(stubs)
 
     async def call() -> str | None:
         try:
-            await stub.GetCurrentKey(request, metadata=metadata, timeout=REQUEST_TIMEOUT)
+            await next(next_stub).GetCurrentKey(request, metadata=metadata, timeout=REQUEST_TIMEOUT)
         except grpc.aio.AioRpcError as error:
             return f"gRPC {error.code().name}"
         return None
@@ -202,27 +115,29 @@ def _grpc_call(stub: keys_pb2_grpc.KeysStub, key: str) -> Call:
     return call
 
 
-async def preflight(gateway: GatewayProcess, key: str) -> None:
-    """One request per path, so a broken setup fails loudly instead of as 100% errors."""
+async def preflight(gateway: GatewayProcess, key: str, workers: int) -> None:
+    """One request per path (and server process), so a broken setup fails loudly instead of
+    as 100% errors."""
     async with _rest_client(gateway.base_url, key, 1) as client:
         response = await client.get("/key")
         if response.status_code != 200 or "data" not in response.json():
             raise RuntimeError(f"REST preflight failed: {response.status_code} {response.text}")
-    async with _grpc_channel(gateway.grpc_target) as channel:
-        await asyncio.wait_for(channel.channel_ready(), REQUEST_TIMEOUT)
-        reply = await keys_pb2_grpc.KeysStub(channel).GetCurrentKey(
-            keys_pb2.GetCurrentKeyRequest(),
-            metadata=(("authorization", f"Bearer {key}"),),
-            timeout=REQUEST_TIMEOUT,
-        )
-        if not reply.ByteSize():
-            raise RuntimeError("gRPC preflight returned an empty response")
+    for target in grpc_targets(gateway, workers):
+        async with _grpc_channel(target) as channel:
+            await asyncio.wait_for(channel.channel_ready(), REQUEST_TIMEOUT)
+            reply = await keys_pb2_grpc.KeysStub(channel).GetCurrentKey(
+                keys_pb2.GetCurrentKeyRequest(),
+                metadata=(("authorization", f"Bearer {key}"),),
+                timeout=REQUEST_TIMEOUT,
+            )
+            if not reply.ByteSize():
+                raise RuntimeError(f"gRPC preflight ({target}) returned an empty response")
 
 
 async def run_cases(
     gateway: GatewayProcess, key: str, args: argparse.Namespace
 ) -> list[CaseResult]:
-    await preflight(gateway, key)
+    await preflight(gateway, key, args.workers)
     results: list[CaseResult] = []
     for concurrency in args.concurrency:
         async with _rest_client(gateway.base_url, key, concurrency) as client:
@@ -238,13 +153,16 @@ async def run_cases(
             )
         _progress(results[-1])
     for concurrency in args.concurrency:
-        async with _grpc_channel(gateway.grpc_target) as channel:
-            await asyncio.wait_for(channel.channel_ready(), REQUEST_TIMEOUT)
-            stub = keys_pb2_grpc.KeysStub(channel)
+        async with contextlib.AsyncExitStack() as channels:
+            stubs = []
+            for target in grpc_targets(gateway, args.workers):
+                channel = await channels.enter_async_context(_grpc_channel(target))
+                await asyncio.wait_for(channel.channel_ready(), REQUEST_TIMEOUT)
+                stubs.append(keys_pb2_grpc.KeysStub(channel))
             results.append(
                 await measure(
                     GRPC_PATH,
-                    _grpc_call(stub, key),
+                    _grpc_call(stubs, key),
                     concurrency,
                     args.requests,
                     args.warmup,
@@ -268,107 +186,15 @@ def _progress(result: CaseResult) -> None:
 
 
 def create_key(data_dir: Path, database_url: str) -> str:
-    env = {**os.environ, "GATEWAY_DATABASE_URL": database_url}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "server.cli",
-            "keys",
-            "create",
-            "--name",
-            "bench",
-            "--data-dir",
-            str(data_dir),
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    return (
+        gateway_cli(data_dir, database_url, "keys", "create", "--name", "bench")
+        .strip()
+        .splitlines()[-1]
+        .strip()
     )
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(
-            f"`gateway keys create` failed ({done.returncode}):\n{done.stdout}{done.stderr}"
-        )
-    return lines[-1].strip()
-
-
-@dataclass(frozen=True)
-class PgServer:
-    """A PostgreSQL server on 127.0.0.1, reached through an administrative database."""
-
-    admin_url: str  # plain postgresql:// URL, for asyncpg
-
-    @classmethod
-    def parse(cls, text: str) -> PgServer:
-        if text in ("postgresql", "postgres", "pg"):
-            text = DEFAULT_PG_ADMIN_URL
-        parts = urlsplit(text)
-        scheme = parts.scheme.split("+", 1)[0]
-        if scheme not in ("postgresql", "postgres"):
-            raise ValueError(f"--database-url must be a postgresql:// URL, not {text!r}")
-        if parts.hostname != LOOPBACK:
-            raise ValueError(f"--database-url must point at {LOOPBACK}, not {parts.hostname!r}")
-        return cls(urlunsplit(parts._replace(scheme="postgresql")))
-
-    def database_url(self, name: str) -> str:
-        """SQLAlchemy URL of database `name` on this server, for the gateway."""
-        parts = urlsplit(self.admin_url)
-        return urlunsplit(parts._replace(scheme="postgresql+asyncpg", path=f"/{name}"))
-
-    async def _execute(self, statement: str) -> str:
-        connection = await asyncpg.connect(self.admin_url, timeout=10)
-        try:
-            await connection.execute(statement)
-            return str(await connection.fetchval("SHOW server_version"))
-        finally:
-            await connection.close()
-
-    async def create(self, name: str) -> str:
-        """Create database `name`; return the server version."""
-        return await self._execute(f'CREATE DATABASE "{name}"')
-
-    async def drop(self, name: str) -> None:
-        await self._execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # --- report ---------------------------------------------------------------------------------
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def _nproc() -> int:
-    if shutil.which("nproc"):
-        done = subprocess.run(["nproc"], capture_output=True, text=True, check=False)
-        if done.returncode == 0 and done.stdout.strip().isdigit():
-            return int(done.stdout.strip())
-    return len(os.sched_getaffinity(0))
-
-
-def machine_info(database: str) -> dict[str, Any]:
-    return {
-        "nproc": _nproc(),
-        "cpu": _cpu_model(),
-        "python": platform.python_version(),
-        "database": database,
-    }
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
 
 
 def markdown_table(results: Sequence[CaseResult]) -> str:
@@ -380,17 +206,22 @@ def markdown_table(results: Sequence[CaseResult]) -> str:
         requests = f"{r.requests}" + (" (time cap)" if r.hit_time_cap else "")
         rows.append(
             f"| {r.path} | {r.concurrency} | {requests} | {r.requests_per_second:.1f} "
-            f"| {_fmt(r.p50_ms)} | {_fmt(r.p99_ms)} | {r.errors} |"
+            f"| {fmt(r.p50_ms)} | {fmt(r.p99_ms)} | {r.errors} |"
         )
     return "\n".join(rows)
 
 
-def report(results: Sequence[CaseResult], machine: dict[str, Any]) -> str:
+def report(
+    results: Sequence[CaseResult], machine: dict[str, Any], workers: int, rss: PeakRss | None
+) -> str:
     lines = [markdown_table(results), ""]
     lines.append(
         f"Machine: nproc={machine['nproc']}, CPU: {machine['cpu']}, "
         f"Python {machine['python']}, database: {machine['database']}"
     )
+    lines.append(f"Gateway: {workers} server process(es) behind one Envoy")
+    if rss is not None:
+        lines.append(rss.line())
     for r in results:
         if r.error_kinds:
             kinds = ", ".join(f"{kind} x{count}" for kind, count in sorted(r.error_kinds.items()))
@@ -401,27 +232,15 @@ def report(results: Sequence[CaseResult], machine: dict[str, Any]) -> str:
 # --- main -----------------------------------------------------------------------------------
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.key_status",
         description="Benchmark GET /api/v1/key via Envoy and gateway.v1.Keys/GetCurrentKey "
         "via gRPC against a gateway started for the run.",
     )
+    add_gateway_arguments(parser)
     parser.add_argument(
-        "--database-url",
-        help="run on PostgreSQL: URL of the server's admin database on 127.0.0.1 "
-        f"('postgresql' = {DEFAULT_PG_ADMIN_URL}); a fresh database is created and dropped. "
-        "Default: SQLite in a temporary data dir",
-    )
-    parser.add_argument(
-        "--requests", type=_positive, default=2000, help="measured requests per case (2000)"
+        "--requests", type=positive_int, default=2000, help="measured requests per case (2000)"
     )
     parser.add_argument(
         "--warmup", type=int, default=200, help="warm-up requests per case, not measured (200)"
@@ -431,18 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--concurrency",
-        type=_positive,
+        type=positive_int,
         nargs="+",
         default=[1, 16],
         help="concurrency levels (1 16)",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write results as JSON")
     return parser
-
-
-def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
-    # Turn SIGTERM into an exception so the `finally` blocks stop the gateway.
-    raise SystemExit(128 + signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -452,38 +266,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"key_status: error: {error}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
 
     with tempfile.TemporaryDirectory(prefix="bench-key-status-") as tmp:
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
-        pg_name = f"bench_{secrets.token_hex(6)}"
-        if pg is None:
-            database_url = sqlite_url(data_dir)
-            database = "SQLite (aiosqlite, file in a temp dir)"
-        else:
-            version = asyncio.run(pg.create(pg_name))
-            database_url = pg.database_url(pg_name)
-            database = f"PostgreSQL {version} (asyncpg, 127.0.0.1)"
-        try:
-            gateway = GatewayProcess(data_dir=data_dir, database_url=database_url)
-            try:
-                print("Starting the gateway...", file=sys.stderr, flush=True)
-                gateway.start()
-                key = create_key(data_dir, database_url)
+        with run_database(pg, data_dir) as database:
+            gateway = GatewayProcess(
+                data_dir=data_dir,
+                database_url=database.url,
+                extra_args=("--workers", str(args.workers)),
+            )
+            with running(gateway) as run:
+                key = create_key(data_dir, database.url)
                 results = asyncio.run(run_cases(gateway, key, args))
-            except Exception:
-                tail = "".join(gateway.output[-40:])
-                print(f"Gateway output (last lines):\n{tail}", file=sys.stderr)
-                raise
-            finally:
-                gateway.stop()
-        finally:
-            if pg is not None:
-                asyncio.run(pg.drop(pg_name))
 
-    machine = machine_info(database)
-    print(report(results, machine))
+    machine = machine_info(database.label)
+    print(report(results, machine, args.workers, run.peak_rss))
     if args.json is not None:
         payload = {
             "benchmark": "key_status",
@@ -492,8 +291,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "warmup": args.warmup,
                 "time_cap_seconds": args.time_cap,
                 "concurrency": args.concurrency,
+                "workers": args.workers,
             },
             "machine": machine,
+            "peak_rss": None if run.peak_rss is None else asdict(run.peak_rss),
             "results": [asdict(r) for r in results],
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")

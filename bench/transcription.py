@@ -29,10 +29,13 @@ Run from the repository root:
     python -m bench.transcription                         # SQLite in the temp data dir
     python -m bench.transcription --database-url postgresql://postgres@127.0.0.1:5432/test
     python -m bench.transcription --database-url postgresql --requests 300 --json out.json
+    python -m bench.transcription --workers 2             # `gateway up --workers 2`
 
 With --database-url the URL names a PostgreSQL server and a database to connect to for
 administration (`postgresql` alone means postgresql://postgres@127.0.0.1:5432/test); a fresh
-database is created there for the run and dropped at the end.
+database is created there for the run and dropped at the end. With --workers N the gateway
+runs N server processes behind one Envoy. The peak RSS (VmHWM) of the gateway's processes is
+read before it is stopped.
 """
 
 from __future__ import annotations
@@ -43,42 +46,45 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from bench.key_status import (
-    DEFAULT_PG_ADMIN_URL,
+from bench.common import (
     LOOPBACK,
+    REPO_ROOT,
     REQUEST_TIMEOUT,
     Call,
     CaseResult,
+    PeakRss,
     PgServer,
-    _fmt,
-    _positive,
-    _terminate,
+    add_gateway_arguments,
+    exit_on_sigterm,
+    fmt,
+    gateway_cli,
     machine_info,
     measure,
+    positive_int,
+    run_database,
+    running,
 )
-from server.config import sqlite_url
 from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
 from tests.support.audio import fixture
 from tests.support.catalog import FAKE_KEY_ENV, fake_endpoint
 from tests.support.processes import GatewayProcess
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DIRECT_PATH = "direct to fake provider"
 GATEWAY_PATH = "REST POST /api/v1/audio/transcriptions (Envoy)"
 BENCH_MODEL = "bench/fast"
@@ -393,6 +399,22 @@ class FakeProviderProcess:
             self.process.wait()
 
 
+@contextlib.contextmanager
+def running_fake_provider() -> Iterator[FakeProviderProcess]:
+    """The fast fake provider for the length of a run; the end of its output if anything
+    failed."""
+    fake = FakeProviderProcess(api_key=FAKE_PROVIDER_KEY)
+    print("Starting the fake provider...", file=sys.stderr, flush=True)
+    try:
+        fake.start()
+        yield fake
+    except Exception:
+        print(f"Fake provider output (last lines):\n{''.join(fake.output[-20:])}", file=sys.stderr)
+        raise
+    finally:
+        fake.stop()
+
+
 def run_fake_provider() -> int:
     api_key = os.environ.get(FAKE_KEY_ENV)
     if not api_key:
@@ -405,39 +427,25 @@ def run_fake_provider() -> int:
 # --- catalog, key and credits ---------------------------------------------------------------
 
 
-def write_catalog(path: Path, provider_base_url: str) -> Path:
-    lines = [
-        "[[models]]",
-        f'id = "{BENCH_MODEL}"',
-        'name = "Benchmark: fast fake provider"',
-        'kind = "stt"',
-        f'price_per_second = "{PRICE_PER_SECOND}"',
-        "[[models.endpoints]]",
-        fake_endpoint(provider_base_url, UPSTREAM_MODEL, "benchfake"),
-    ]
+def write_catalog(
+    path: Path,
+    provider_base_url: str,
+    prices: Mapping[str, str] = MappingProxyType({BENCH_MODEL: PRICE_PER_SECOND}),
+) -> Path:
+    """A catalog of speech-to-text models (id -> USD per second), all on the fake provider."""
+    lines: list[str] = []
+    for model_id, price_per_second in prices.items():
+        lines += [
+            "[[models]]",
+            f'id = "{model_id}"',
+            'name = "Benchmark: fast fake provider"',
+            'kind = "stt"',
+            f'price_per_second = "{price_per_second}"',
+            "[[models.endpoints]]",
+            fake_endpoint(provider_base_url, UPSTREAM_MODEL, "benchfake"),
+        ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
-
-
-def gateway_cli(data_dir: Path, database_url: str, *arguments: str) -> str:
-    """Run `gateway <arguments> --data-dir DIR` on the run's database; its stdout."""
-    env = {**os.environ, "GATEWAY_DATABASE_URL": database_url}
-    done = subprocess.run(
-        [sys.executable, "-m", "server.cli", *arguments, "--data-dir", str(data_dir)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if done.returncode != 0 or not done.stdout.strip():
-        raise RuntimeError(
-            f"`gateway {' '.join(arguments)}` failed ({done.returncode}):\n"
-            f"{done.stdout}{done.stderr}"
-        )
-    return done.stdout
 
 
 def create_funded_key(data_dir: Path, database_url: str) -> str:
@@ -537,27 +545,41 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
 
 
 class LeanHttpClient:
-    """A minimal keep-alive HTTP/1.1 client for one pre-encoded POST: the request bytes are
-    built once and each call costs a write and a parse of the response head, so the load
-    generator's CPU stays small next to the servers'. Connections are opened on demand, at
-    most one per concurrent call, and reused; one that fails or is cut off is closed."""
+    """A minimal keep-alive HTTP/1.1 client for pre-encoded POSTs: the requests are built
+    once and each call costs a write and a parse of the response head, so the load
+    generator's CPU stays small next to the servers'. Each call sends the next request in
+    turn (one per API key given). Connections are opened on demand, at most one per
+    concurrent call, and reused; one that fails or is cut off is closed."""
 
-    def __init__(self, target: Destination) -> None:
-        url = urlsplit(target.base_url + ROUTE)
-        if url.scheme != "http" or url.hostname != LOOPBACK or url.port is None:
+    def __init__(self, url: str, keys: Sequence[str], content_type: str, body: bytes) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or parts.hostname != LOOPBACK or parts.port is None:
             raise ValueError(f"the lean client only talks plain HTTP to {LOOPBACK}: {url}")
-        self._port = url.port
-        head = (
-            f"POST {url.path} HTTP/1.1\r\n"
-            f"Host: {LOOPBACK}:{url.port}\r\n"
-            f"Authorization: Bearer {target.key}\r\n"
-            f"Content-Type: {target.upload.content_type}\r\n"
-            f"Content-Length: {len(target.upload.content)}\r\n"
-            "Accept: application/json\r\n"
-            "\r\n"
-        )
-        self._request = head.encode("latin-1") + target.upload.content
+        if not keys:
+            raise ValueError("the lean client needs at least one API key")
+        self._port = parts.port
+        self._requests = [
+            (
+                f"POST {parts.path} HTTP/1.1\r\n"
+                f"Host: {LOOPBACK}:{parts.port}\r\n"
+                f"Authorization: Bearer {key}\r\n"
+                f"Content-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\n"
+                "Accept: application/json\r\n"
+                "\r\n"
+            ).encode("latin-1")
+            + body
+            for key in keys
+        ]
+        self._sent = 0
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    @classmethod
+    def for_target(cls, target: Destination) -> LeanHttpClient:
+        """The transcription upload of one path, with its key."""
+        return cls(
+            target.base_url + ROUTE, [target.key], target.upload.content_type, target.upload.content
+        )
 
     async def __aenter__(self) -> LeanHttpClient:
         return self
@@ -566,14 +588,16 @@ class LeanHttpClient:
         await self.aclose()
 
     async def post(self) -> int:
-        """Send the request once; the response status."""
+        """Send the next request; the response status."""
+        request = self._requests[self._sent % len(self._requests)]
+        self._sent += 1
         connection = self._idle.pop() if self._idle else None
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT):
                 if connection is None:
                     connection = await asyncio.open_connection(LOOPBACK, self._port)
                 reader, writer = connection
-                writer.write(self._request)
+                writer.write(request)
                 status, reusable = await _read_response(reader)
         except BaseException:
             if connection is not None:
@@ -594,7 +618,7 @@ class LeanHttpClient:
                 await writer.wait_closed()
 
 
-def _lean_call(client: LeanHttpClient) -> Call:
+def lean_call(client: LeanHttpClient) -> Call:
     async def call() -> str | None:
         status = await client.post()
         return None if status == 200 else f"HTTP {status}"
@@ -620,7 +644,7 @@ async def preflight(target: Destination) -> None:
     usage = body.get("usage")
     if target.path == GATEWAY_PATH and not (isinstance(usage, dict) and usage.get("cost")):
         raise RuntimeError(f"{target.path} preflight: the request was not billed: {response.text}")
-    async with LeanHttpClient(target) as lean:
+    async with LeanHttpClient.for_target(target) as lean:
         status = await lean.post()
         if status != 200:
             raise RuntimeError(f"{target.path} preflight (lean client) failed: HTTP {status}")
@@ -635,8 +659,8 @@ async def _measure_one(
     if args.client == "httpx":
         async with _httpx_client(target, concurrency) as client:
             return await run(_httpx_call(client, target.upload))
-    async with LeanHttpClient(target) as lean:
-        return await run(_lean_call(lean))
+    async with LeanHttpClient.for_target(target) as lean:
+        return await run(lean_call(lean))
 
 
 async def run_cases(
@@ -725,12 +749,18 @@ def markdown_table(results: Sequence[CaseResult]) -> str:
         added = added_p50(results, r.concurrency) if r.path == GATEWAY_PATH else None
         rows.append(
             f"| {r.path} | {r.concurrency} | {requests} | {r.requests_per_second:.1f} "
-            f"| {_fmt(r.p50_ms)} | {_fmt(r.p99_ms)} | {_fmt(added)} | {r.errors} |"
+            f"| {fmt(r.p50_ms)} | {fmt(r.p99_ms)} | {fmt(added)} | {r.errors} |"
         )
     return "\n".join(rows)
 
 
-def report(results: Sequence[CaseResult], machine: dict[str, Any], client: str) -> str:
+def report(
+    results: Sequence[CaseResult],
+    machine: dict[str, Any],
+    client: str,
+    workers: int,
+    rss: PeakRss | None,
+) -> str:
     latency, throughput = target_checks(results)
     lines = [
         markdown_table(results),
@@ -741,7 +771,10 @@ def report(results: Sequence[CaseResult], machine: dict[str, Any], client: str) 
         "",
         f"Machine: nproc={machine['nproc']}, CPU: {machine['cpu']}, "
         f"Python {machine['python']}, database: {machine['database']}, load generator: {client}",
+        f"Gateway: {workers} server process(es) behind one Envoy",
     ]
+    if rss is not None:
+        lines.append(rss.line())
     for r in results:
         if r.error_kinds:
             kinds = ", ".join(f"{kind} x{count}" for kind, count in sorted(r.error_kinds.items()))
@@ -759,14 +792,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the same multipart upload sent directly to a fast fake provider and through a gateway "
         "started for the run.",
     )
+    add_gateway_arguments(parser)
     parser.add_argument(
-        "--database-url",
-        help="run on PostgreSQL: URL of the server's admin database on 127.0.0.1 "
-        f"('postgresql' = {DEFAULT_PG_ADMIN_URL}); a fresh database is created and dropped. "
-        "Default: SQLite in a temporary data dir",
-    )
-    parser.add_argument(
-        "--requests", type=_positive, default=1000, help="measured requests per case (1000)"
+        "--requests", type=positive_int, default=1000, help="measured requests per case (1000)"
     )
     parser.add_argument(
         "--warmup", type=int, default=100, help="warm-up requests per case, not measured (100)"
@@ -776,7 +804,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--concurrency",
-        type=_positive,
+        type=positive_int,
         nargs="+",
         default=[1, 16],
         help="concurrency levels (1 16)",
@@ -803,51 +831,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"transcription: error: {error}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
 
     with tempfile.TemporaryDirectory(prefix="bench-transcription-") as tmp:
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
-        pg_name = f"bench_{secrets.token_hex(6)}"
-        if pg is None:
-            database_url = sqlite_url(data_dir)
-            database = "SQLite (aiosqlite, file in a temp dir)"
-        else:
-            version = asyncio.run(pg.create(pg_name))
-            database_url = pg.database_url(pg_name)
-            database = f"PostgreSQL {version} (asyncpg, 127.0.0.1)"
-        fake = FakeProviderProcess(api_key=FAKE_PROVIDER_KEY)
-        try:
-            print("Starting the fake provider...", file=sys.stderr, flush=True)
-            fake.start()
+        with run_database(pg, data_dir) as database, running_fake_provider() as fake:
             catalog = write_catalog(Path(tmp) / "catalog.toml", fake.base_url)
             gateway = GatewayProcess(
                 data_dir=data_dir,
-                database_url=database_url,
+                database_url=database.url,
                 extra_env={"GATEWAY_CATALOG": str(catalog), FAKE_KEY_ENV: fake.api_key},
+                extra_args=("--workers", str(args.workers)),
             )
-            try:
-                print("Starting the gateway...", file=sys.stderr, flush=True)
-                gateway.start()
-                key = create_funded_key(data_dir, database_url)
+            with running(gateway) as run:
+                key = create_funded_key(data_dir, database.url)
                 results = asyncio.run(run_cases(fake, gateway, key, args))
-            except Exception:
-                tail = "".join(gateway.output[-40:])
-                print(f"Gateway output (last lines):\n{tail}", file=sys.stderr)
-                raise
-            finally:
-                gateway.stop()
-        except Exception:
-            tail = "".join(fake.output[-20:])
-            print(f"Fake provider output (last lines):\n{tail}", file=sys.stderr)
-            raise
-        finally:
-            fake.stop()
-            if pg is not None:
-                asyncio.run(pg.drop(pg_name))
 
-    machine = machine_info(database)
-    print(report(results, machine, args.client))
+    machine = machine_info(database.label)
+    print(report(results, machine, args.client, args.workers, run.peak_rss))
     if args.json is not None:
         latency, throughput = target_checks(results)
         payload = {
@@ -858,10 +860,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "time_cap_seconds": args.time_cap,
                 "concurrency": args.concurrency,
                 "client": args.client,
+                "workers": args.workers,
                 "model": BENCH_MODEL,
                 "audio": f"tests/fixtures/{AUDIO_NAME}.wav",
             },
             "machine": machine,
+            "peak_rss": None if run.peak_rss is None else asdict(run.peak_rss),
             "results": [asdict(r) for r in results],
             "added_p50_ms": {str(c): added_p50(results, c) for c in args.concurrency},
             "targets": [asdict(latency), asdict(throughput)],

@@ -37,10 +37,13 @@ Run from the repository root:
     python -m bench.videos                         # SQLite in the temp data dir
     python -m bench.videos --database-url postgresql://postgres@127.0.0.1:5432/test
     python -m bench.videos --database-url postgresql --requests 300 --webhook-jobs 5
+    python -m bench.videos --workers 2             # `gateway up --workers 2`
 
 With --database-url the URL names a PostgreSQL server and a database to connect to for
 administration (`postgresql` alone means postgresql://postgres@127.0.0.1:5432/test); a fresh
-database is created there for the run and dropped at the end.
+database is created there for the run and dropped at the end. With --workers N the gateway
+runs N server processes (each with its own background worker) behind one Envoy. The peak RSS
+(VmHWM) of the gateway's processes is read before it is stopped.
 """
 
 from __future__ import annotations
@@ -60,35 +63,36 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
 
-from bench.key_status import (
-    DEFAULT_PG_ADMIN_URL,
+from bench.common import (
     LOOPBACK,
     REQUEST_TIMEOUT,
     Call,
     CaseResult,
+    PeakRss,
     PgServer,
-    _fmt,
-    _positive,
-    _terminate,
+    add_gateway_arguments,
+    exit_on_sigterm,
+    fmt,
+    gateway_cli,
     machine_info,
     measure,
     percentile,
+    positive_int,
+    run_database,
+    running,
 )
 from bench.transcription import (
     PRICE_PER_SECOND,
     LeanHttpClient,
     TargetCheck,
     create_funded_key,
-    gateway_cli,
 )
-from server.config import sqlite_url
 from server.db.engine import create_engine
 from server.db.models import VideoJob
 from server.videos import jobs
@@ -308,28 +312,6 @@ def submission_body(model: str, prompt: str, **extra: object) -> dict[str, Any]:
     }
 
 
-class LeanVideoClient(LeanHttpClient):
-    """bench.transcription's LeanHttpClient (keep-alive connections, one pre-encoded request,
-    a parse of the response head per call) posting a JSON body to POST /videos instead."""
-
-    def __init__(self, base_url: str, key: str, body: bytes) -> None:
-        url = urlsplit(base_url + VIDEOS_ROUTE)
-        if url.scheme != "http" or url.hostname != LOOPBACK or url.port is None:
-            raise ValueError(f"the lean client only talks plain HTTP to {LOOPBACK}: {url}")
-        self._port = url.port
-        head = (
-            f"POST {url.path} HTTP/1.1\r\n"
-            f"Host: {LOOPBACK}:{url.port}\r\n"
-            f"Authorization: Bearer {key}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n"
-            "Accept: application/json\r\n"
-            "\r\n"
-        )
-        self._request = head.encode("latin-1") + body
-        self._idle = []
-
-
 @dataclass
 class Accepted:
     """202s seen by the load generator, warm-ups included, for the durability check."""
@@ -389,7 +371,9 @@ async def run_submissions(
     cases: list[SubmitCase] = []
     for concurrency in args.concurrency:
         await table.drain(UNSERVED_MODEL, DRAIN_CAP)
-        async with LeanVideoClient(gateway.base_url, key, body) as client:
+        async with LeanHttpClient(
+            gateway.base_url + VIDEOS_ROUTE, [key], "application/json", body
+        ) as client:
             result = await measure(
                 SUBMIT_PATH,
                 _accepted_call(client, accepted),
@@ -685,7 +669,7 @@ def submissions_table(cases: Sequence[SubmitCase]) -> str:
         requests = f"{r.requests}" + (" (time cap)" if r.hit_time_cap else "")
         rows.append(
             f"| {r.path} | {r.concurrency} | {requests} | {c.accepted} "
-            f"| {c.accepted_per_second:.1f} | {_fmt(r.p50_ms)} | {_fmt(r.p99_ms)} | {r.errors} "
+            f"| {c.accepted_per_second:.1f} | {fmt(r.p50_ms)} | {fmt(r.p99_ms)} | {r.errors} "
             f"| {c.backlog_at_end} |"
         )
     return "\n".join(rows)
@@ -702,13 +686,19 @@ def webhooks_table(w: WebhookResult) -> str:
         (WHOLE_JOB_INTERVAL, w.whole_p50_ms, w.whole_p99_ms, w.whole_max_ms, w.delivered),
     ):
         rows.append(
-            f"| {name} | {jobs_cell} | {count} | {_fmt(p50)} | {_fmt(p99)} | {_fmt(worst)} "
+            f"| {name} | {jobs_cell} | {count} | {fmt(p50)} | {fmt(p99)} | {fmt(worst)} "
             f"| {w.signature_failures} | {w.missing} |"
         )
     return "\n".join(rows)
 
 
-def report(results: Results, machine: dict[str, Any], note: str, args: argparse.Namespace) -> str:
+def report(
+    results: Results,
+    machine: dict[str, Any],
+    note: str,
+    args: argparse.Namespace,
+    rss: PeakRss | None,
+) -> str:
     lines: list[str] = []
     if results.submissions:
         check = target_check(results.submissions)
@@ -742,6 +732,9 @@ def report(results: Results, machine: dict[str, Any], note: str, args: argparse.
         f"Python {machine['python']}, database: {machine['database']}, "
         "load generator: lean keep-alive HTTP/1.1 client"
     )
+    lines.append(f"Gateway: {args.workers} server process(es) behind one Envoy")
+    if rss is not None:
+        lines.append(rss.line())
     lines.append(f"Worker: {note}")
     if results.durability is not None:
         d = results.durability
@@ -795,12 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the time from provider completion to webhook delivery, against a gateway started "
         "for the run.",
     )
-    parser.add_argument(
-        "--database-url",
-        help="run on PostgreSQL: URL of the server's admin database on 127.0.0.1 "
-        f"('postgresql' = {DEFAULT_PG_ADMIN_URL}); a fresh database is created and dropped. "
-        "Default: SQLite in a temporary data dir",
-    )
+    add_gateway_arguments(parser)
     parser.add_argument(
         "--requests",
         type=_count,
@@ -815,7 +803,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--concurrency",
-        type=_positive,
+        type=positive_int,
         nargs="+",
         default=[1, 16],
         help="concurrency levels of the submissions (1 16)",
@@ -828,7 +816,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--webhook-parallel",
-        type=_positive,
+        type=positive_int,
         default=3,
         help="webhook jobs in flight at a time (3)",
     )
@@ -855,6 +843,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "time_cap_seconds": args.time_cap,
         "concurrency": args.concurrency,
         "client": "lean",
+        "workers": args.workers,
         "submission_model": UNSERVED_MODEL,
         "webhook_jobs": args.webhook_jobs,
         "webhook_parallel": args.webhook_parallel,
@@ -871,69 +860,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"videos: error: {error}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
 
     with tempfile.TemporaryDirectory(prefix="bench-videos-") as tmp:
         data_dir = Path(tmp) / "data"
         data_dir.mkdir()
-        pg_name = f"bench_{secrets.token_hex(6)}"
-        if pg is None:
-            database_url = sqlite_url(data_dir)
-            database = "SQLite (aiosqlite, file in a temp dir)"
-        else:
-            version = asyncio.run(pg.create(pg_name))
-            database_url = pg.database_url(pg_name)
-            database = f"PostgreSQL {version} (asyncpg, 127.0.0.1)"
         hooks = TimedHooks()
         receiver = WebhookReceiver(Path(tmp) / "webhook-ca.pem", received=hooks)
         fake = TimedVideoProviders()
-        try:
-            print("Starting the webhook receiver and the fake provider...", file=sys.stderr)
-            receiver.start()
-            fake.start()
-            catalog = write_catalog(Path(tmp) / "catalog.toml", f"{fake.base}/v1")
-            gateway = GatewayProcess(
-                data_dir=data_dir,
-                database_url=database_url,
-                extra_env={
-                    "GATEWAY_CATALOG": str(catalog.path),
-                    FAKE_KEY_ENV: FAKE_PROVIDER_KEY,
-                    "GATEWAY_WEBHOOK_CA_BUNDLE": str(receiver.ca_file),
-                    "GATEWAY_WEBHOOK_ALLOW_PRIVATE": "1",
-                },
-            )
+        with run_database(pg, data_dir) as database:
             try:
-                print("Starting the gateway...", file=sys.stderr, flush=True)
-                gateway.start()
-                assert gateway.process is not None
-                print(f"Gateway started (pid {gateway.process.pid})", file=sys.stderr, flush=True)
-                key = create_funded_key(data_dir, database_url)
-                secret = (
-                    gateway_cli(data_dir, database_url, "workspaces", "webhook-secret", WORKSPACE)
-                    .strip()
-                    .splitlines()[-1]
+                print("Starting the webhook receiver and the fake provider...", file=sys.stderr)
+                receiver.start()
+                fake.start()
+                catalog = write_catalog(Path(tmp) / "catalog.toml", f"{fake.base}/v1")
+                gateway = GatewayProcess(
+                    data_dir=data_dir,
+                    database_url=database.url,
+                    extra_env={
+                        "GATEWAY_CATALOG": str(catalog.path),
+                        FAKE_KEY_ENV: FAKE_PROVIDER_KEY,
+                        "GATEWAY_WEBHOOK_CA_BUNDLE": str(receiver.ca_file),
+                        "GATEWAY_WEBHOOK_ALLOW_PRIVATE": "1",
+                    },
+                    extra_args=("--workers", str(args.workers)),
                 )
-                results = asyncio.run(run_all(gateway, key, secret, fake, receiver, hooks, args))
-            except Exception:
-                tail = "".join(gateway.output[-40:])
-                print(f"Gateway output (last lines):\n{tail}", file=sys.stderr)
-                raise
+                with running(gateway) as run:
+                    key = create_funded_key(data_dir, database.url)
+                    secret = (
+                        gateway_cli(
+                            data_dir, database.url, "workspaces", "webhook-secret", WORKSPACE
+                        )
+                        .strip()
+                        .splitlines()[-1]
+                    )
+                    results = asyncio.run(
+                        run_all(gateway, key, secret, fake, receiver, hooks, args)
+                    )
             finally:
-                gateway.stop()
-        finally:
-            fake.stop()
-            receiver.stop()
-            if pg is not None:
-                asyncio.run(pg.drop(pg_name))
+                fake.stop()
+                receiver.stop()
 
-    machine = machine_info(database)
+    machine = machine_info(database.label)
     note = worker_note(catalog)
-    print(report(results, machine, note, args))
+    print(report(results, machine, note, args, run.peak_rss))
     if args.json is not None:
         payload = {
             "benchmark": "videos",
             "settings": _settings(args),
             "machine": machine,
+            "peak_rss": None if run.peak_rss is None else asdict(run.peak_rss),
             "worker_note": note,
             "submissions": [
                 {**asdict(c.result), **{k: v for k, v in asdict(c).items() if k != "result"}}

@@ -18,7 +18,11 @@ from server.app import serve
 from server.config import Settings
 from server.contract import DESCRIPTOR_SET, SERVICES
 from server.db.migrate import upgrade
+from server.limits.admission import Limits
 from server.vault.crypto import load_master_key
+
+# The command line of server process `index` of `gateway up --workers N`.
+WorkerCommand = Callable[[Settings, int], list[str]]
 
 
 def envoy_options(settings: Settings, workers: int = 1) -> EnvoyOptions:
@@ -51,8 +55,34 @@ async def _serving(target: str, within: float) -> None:
             await asyncio.sleep(0.1)
 
 
+def serve_command(
+    settings: Settings, index: int, entry_point: tuple[str, ...] = ("-m", "server.cli", "serve")
+) -> list[str]:
+    """`gateway serve` (or another entry point taking its options) on gRPC port
+    grpc_port + index, with the stack's settings."""
+    arguments = [
+        sys.executable,
+        *entry_point,
+        "--grpc-port",
+        str(settings.grpc_port + index),
+        "--data-dir",
+        str(settings.data_dir),
+        "--database-url",
+        settings.database_url,
+    ]
+    if settings.catalog_file:
+        arguments += ["--catalog", settings.catalog_file]
+    metrics_port = settings.metrics_port + index if settings.metrics_port else 0
+    arguments += ["--metrics-port", str(metrics_port)]
+    return arguments
+
+
 async def run_workers(
-    settings: Settings, stop: asyncio.Event, announce: Callable[[str], None], workers: int
+    settings: Settings,
+    stop: asyncio.Event,
+    announce: Callable[[str], None],
+    workers: int,
+    worker_command: WorkerCommand = serve_command,
 ) -> None:
     """N server processes (`gateway serve`, gRPC ports grpc_port .. grpc_port+N-1) behind one
     Envoy that balances over them. Migrations run once, here, before any worker starts."""
@@ -62,25 +92,9 @@ async def run_workers(
     envoy = EnvoyProcess(envoy_options(settings, workers), settings.data_dir / "envoy")
     try:
         for index in range(workers):
-            arguments = [
-                sys.executable,
-                "-m",
-                "server.cli",
-                "serve",
-                "--grpc-port",
-                str(settings.grpc_port + index),
-                "--data-dir",
-                str(settings.data_dir),
-                "--database-url",
-                settings.database_url,
-            ]
-            if settings.catalog_file:
-                arguments += ["--catalog", settings.catalog_file]
-            metrics_port = settings.metrics_port + index if settings.metrics_port else 0
-            arguments += ["--metrics-port", str(metrics_port)]
             children.append(
                 await asyncio.create_subprocess_exec(
-                    *arguments,
+                    *worker_command(settings, index),
                     stdin=asyncio.subprocess.DEVNULL,
                     preexec_fn=die_with_parent,
                 )
@@ -113,14 +127,22 @@ async def run_workers(
 
 
 async def run_stack(
-    settings: Settings, stop: asyncio.Event, announce: Callable[[str], None], workers: int = 1
+    settings: Settings,
+    stop: asyncio.Event,
+    announce: Callable[[str], None],
+    workers: int = 1,
+    *,
+    limits: Limits | None = None,
+    worker_command: WorkerCommand = serve_command,
 ) -> None:
+    """`limits` (the server in this process) and `worker_command` (the server processes of
+    --workers N) replace the enforced limits only to measure what they cost (bench/)."""
     if workers > 1:
-        await run_workers(settings, stop, announce, workers)
+        await run_workers(settings, stop, announce, workers, worker_command)
         return
     started = asyncio.Event()
     server_stop = asyncio.Event()
-    server_task = asyncio.create_task(serve(settings, started, server_stop))
+    server_task = asyncio.create_task(serve(settings, started, server_stop, limits))
     envoy = EnvoyProcess(envoy_options(settings), settings.data_dir / "envoy")
     try:
         waiter = asyncio.create_task(started.wait())

@@ -27,7 +27,7 @@ from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
 from server.db.models import ApiKey
 from server.errors import GatewayError
-from server.observability.logs import LOG_FORMATS, configure_logging
+from server.observability.logs import configure_logging_from_environment
 
 log = logging.getLogger("gateway")
 
@@ -116,7 +116,7 @@ def _server_settings(args: argparse.Namespace, **overrides: object) -> Settings:
     return settings
 
 
-def _stop_on_signals() -> asyncio.Event:
+def stop_on_signals() -> asyncio.Event:
     """An event set by Ctrl-C or SIGTERM: the server then drains and stops cleanly."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -134,7 +134,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
     settings = _server_settings(
         args, grpc_port=args.grpc_port, http_port=args.http_port, http_host=args.host
     )
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
 
     def announce(base_url: str) -> None:
         print(f"Gateway ready: REST {base_url}  gRPC {settings.grpc_target}", flush=True)
@@ -150,7 +150,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     from server.app import serve
 
     settings = _server_settings(args, grpc_port=args.grpc_port, grpc_host=args.grpc_host)
-    await serve(settings, stop=_stop_on_signals())
+    await serve(settings, stop=stop_on_signals())
     return 0
 
 
@@ -533,8 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    log_format = os.environ.get("GATEWAY_LOG_FORMAT", "json")
-    configure_logging(log_format if log_format in LOG_FORMATS else "json")
+    configure_logging_from_environment()
     try:
         return asyncio.run(args.run(args))
     except GatewayError as error:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import traceback
+from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
@@ -61,3 +63,9 @@ def configure_logging(log_format: str = "json", level: int = logging.INFO) -> No
     root.setLevel(level)
     for noisy in ("alembic", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def configure_logging_from_environment(env: Mapping[str, str] = os.environ) -> None:
+    """GATEWAY_LOG_FORMAT (json, the default, or text)."""
+    log_format = env.get("GATEWAY_LOG_FORMAT", "json")
+    configure_logging(log_format if log_format in LOG_FORMATS else "json")

@@ -32,6 +32,9 @@ class GatewayProcess:
     metrics_port: int = field(default_factory=free_port)
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
+    # What runs `up` (Python arguments): another entry point taking the same options and
+    # printing READY_LINE, e.g. the benchmark's gateway without limits.
+    command: tuple[str, ...] = ("-m", "server.cli", "up")
     process: subprocess.Popen[str] | None = None
     output: list[str] = field(default_factory=list)
 
@@ -52,9 +55,7 @@ class GatewayProcess:
         self.process = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "server.cli",
-                "up",
+                *self.command,
                 "--data-dir",
                 str(self.data_dir),
                 "--http-port",

@@ -1,0 +1,515 @@
+"""Benchmark the cost of the limit checks: requests/s with and without them (issue 6).
+
+The same multipart POST /api/v1/audio/transcriptions as bench.transcription (hello.wav, the
+fast fake provider in a process of its own, the lean keep-alive client), through Envoy, at
+one concurrency (16), for two models of one catalog on that provider: `bench/fast`
+(paid, 0.0001 USD/s) and its variant `bench/fast:free` (price 0), against two gateways
+running side by side, each on a fresh database of its own, measured one right after the
+other for each model (without limits first):
+
+- limits enforced: `gateway up`, the server as shipped (server/limits/admission.py,
+  EnforcedLimits): the free-model gate (per-minute and daily counters) for `:free`, then a
+  credit hold against the account balance and the key's cap for both;
+- limits off: `python -m bench.unlimited up`, the same stack whose servers admit with
+  NoLimits (no gate, no hold, no database access at admission; settlement still records the
+  charge). It lives in bench/: no operator switch of the gateway turns limits off.
+
+The free-model limits are per account (20 requests per UTC minute, 1000 per UTC day with 9
+purchased credits). So that the `:free` case measures admitted requests, not cheap 429s,
+each database gets enough accounts that none sees more than 20 `:free` requests in the whole
+case, whatever minutes they fall in: ceil((warm-up + requests) / 20) of them, and at least
+one per concurrent request. They are written in one transaction with the domain functions
+the operator CLI uses (`gateway workspaces create` + `credits add --amount 10` + `keys create
+--limit 5` per account would take a process start each): each workspace has its own account,
+10 purchased credits and one key capped at 5 USD, far above what the run spends, so every
+hold checks both the balance and the cap and passes. Requests go round-robin over the keys;
+one more account serves the preflight checks. Both models use the same keys.
+
+Every response must be HTTP 200; anything else is counted as an error (and req/s counts only
+the 200s). Latency percentiles are over the successful requests. After each gateway, the
+free requests the per-minute windows counted are read back: the served `:free` requests
+with limits, none without (so the seam really was replaced). The issue's target is
+reported, met or not, without failing the run: the limit checks cost < 15% of the
+throughput (1 - req/s with limits / req/s without), for `:free` and for paid requests.
+Only 127.0.0.1 is contacted.
+
+Run from the repository root:
+
+    python -m bench.limits                          # SQLite in temp data dirs
+    python -m bench.limits --database-url postgresql --requests 300 --json out.json
+    python -m bench.limits --workers 2              # both gateways with 2 server processes
+
+With --database-url the URL names a PostgreSQL server and a database to connect to for
+administration (`postgresql` alone means postgresql://postgres@127.0.0.1:5432/test); a fresh
+database is created there for each gateway and dropped at the end. The peak RSS (VmHWM) of
+each gateway's processes is read before it is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from bench.common import (
+    REQUEST_TIMEOUT,
+    CaseResult,
+    GatewayRun,
+    PeakRss,
+    PgServer,
+    RunDatabase,
+    add_gateway_arguments,
+    exit_on_sigterm,
+    fmt,
+    machine_info,
+    measure,
+    positive_int,
+    run_database,
+    running,
+)
+from bench.transcription import (
+    AUDIO_NAME,
+    BENCH_MODEL,
+    PRICE_PER_SECOND,
+    ROUTE,
+    TRANSCRIPT,
+    LeanHttpClient,
+    TargetCheck,
+    lean_call,
+    multipart_upload,
+    running_fake_provider,
+    write_catalog,
+)
+from server.accounts import keys as key_store
+from server.accounts import workspaces
+from server.billing.ledger import add_credits
+from server.billing.money import usd_to_micros
+from server.clock import SystemClock
+from server.db.engine import create_engine, session_factory
+from server.db.migrate import upgrade
+from server.db.models import RateWindow
+from server.limits.free_models import FREE_SUFFIX, REQUESTS_PER_MINUTE
+from tests.support.audio import fixture
+from tests.support.catalog import FAKE_KEY_ENV
+from tests.support.processes import GatewayProcess
+
+PAID_MODEL = BENCH_MODEL
+FREE_MODEL = BENCH_MODEL + FREE_SUFFIX
+MODELS = {FREE_MODEL: "`:free`", PAID_MODEL: "paid"}  # model id -> label in the report
+CREDITS_USD = "10"  # per account: >= 9 purchased credits, the 1000-a-day free tier
+KEY_CAP_USD = "5"  # per key: a cap every hold checks, far above what the run spends
+
+# The issue's target: reported, never a failure.
+TARGET_COST = 0.15  # of the throughput without limit checks
+TARGET_CONCURRENCY = 16
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # "enforced" | "none", in the report and the JSON
+    title: str
+    command: tuple[str, ...]  # what GatewayProcess runs instead of `gateway up`
+
+
+ENFORCED = Variant("enforced", "limits enforced (`gateway up`)", ("-m", "server.cli", "up"))
+NO_LIMITS = Variant(
+    "none", "limits off (`python -m bench.unlimited up`)", ("-m", "bench.unlimited", "up")
+)
+# Measured in this order for each model: a drift in the machine's state then falls on the
+# enforced side, which errs towards a higher measured cost.
+VARIANTS = (NO_LIMITS, ENFORCED)
+
+
+# --- accounts -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchKeys:
+    preflight: str  # the preflight checks' own account
+    load: list[str]  # the measured requests go round-robin over these
+
+
+def accounts_needed(requests: int, warmup: int, concurrency: int) -> int:
+    """Load accounts: none gets more `:free` requests in a whole case (warm-up included)
+    than the per-minute limit allows, and concurrent requests rarely share one."""
+    return max(concurrency, math.ceil((warmup + requests) / REQUESTS_PER_MINUTE))
+
+
+async def create_accounts(database_url: str, count: int) -> BenchKeys:
+    """`count` + 1 workspaces, each with its own account, CREDITS_USD purchased and one key
+    capped at KEY_CAP_USD, in one transaction."""
+    await upgrade(database_url)
+    engine = create_engine(database_url)
+    keys: list[str] = []
+    try:
+        async with session_factory(engine)() as session:
+            now = SystemClock().now()
+            for index in range(count + 1):
+                workspace = await workspaces.create_workspace(session, f"bench-{index:04d}", now)
+                await add_credits(
+                    session,
+                    workspace.account_id,
+                    usd_to_micros(CREDITS_USD),
+                    now,
+                    reference="bench.limits",
+                )
+                _, plaintext = await key_store.create_key(
+                    session,
+                    workspace=workspace,
+                    name="bench",
+                    now=now,
+                    limit=key_store.KeyLimit(usd_to_micros(KEY_CAP_USD), None),
+                )
+                keys.append(plaintext)
+            await session.commit()
+    finally:
+        await engine.dispose()
+    return BenchKeys(preflight=keys[0], load=keys[1:])
+
+
+async def counted_free_requests(database_url: str) -> int:
+    """What the per-minute windows of the free-model limit counted, over all accounts."""
+    windows = RateWindow.__table__  # type: ignore[attr-defined]
+    engine = create_engine(database_url)
+    try:
+        async with engine.connect() as connection:
+            total = await connection.scalar(
+                sa.select(sa.func.coalesce(sa.func.sum(windows.c.count), 0))
+            )
+    finally:
+        await engine.dispose()
+    return int(total or 0)
+
+
+# --- one gateway ----------------------------------------------------------------------------
+
+
+@dataclass
+class LimitsCase:
+    model: str
+    limits: str  # Variant.name
+    result: CaseResult
+
+    @property
+    def served_per_second(self) -> float:
+        """200s per second: errors do not count as served."""
+        r = self.result
+        return round((r.requests - r.errors) / r.seconds, 1) if r.seconds > 0 else 0.0
+
+
+async def preflight(base_url: str, key: str, model: str) -> None:
+    """One request through httpx, checked, so a broken setup fails loudly instead of as 100%
+    errors; a paid request must have been billed."""
+    upload = multipart_upload(model, fixture(AUDIO_NAME))
+    async with httpx.AsyncClient(trust_env=False, timeout=REQUEST_TIMEOUT) as client:
+        response = await client.post(
+            base_url + ROUTE,
+            content=upload.content,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": upload.content_type},
+        )
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.status_code != 200 or not isinstance(body, dict):
+        raise RuntimeError(f"{model} preflight failed: {response.status_code} {response.text}")
+    usage = body.get("usage")
+    billed = isinstance(usage, dict) and bool(usage.get("cost"))
+    if body.get("text") != TRANSCRIPT or (model == PAID_MODEL and not billed):
+        raise RuntimeError(f"{model} preflight: unexpected answer {response.text}")
+
+
+@dataclass
+class GatewayUnderTest:
+    """One gateway of the comparison, running on a fresh database of its own."""
+
+    variant: Variant
+    gateway: GatewayProcess
+    database: RunDatabase
+    keys: BenchKeys
+    run: GatewayRun  # its peak RSS once stopped
+
+
+@contextlib.contextmanager
+def gateway_under_test(
+    variant: Variant,
+    pg: PgServer | None,
+    data_dir: Path,
+    catalog: Path,
+    fake_key: str,
+    args: argparse.Namespace,
+) -> Iterator[GatewayUnderTest]:
+    data_dir.mkdir()
+    with run_database(pg, data_dir) as database:
+        count = accounts_needed(args.requests, args.warmup, args.concurrency)
+        keys = asyncio.run(create_accounts(database.url, count))
+        gateway = GatewayProcess(
+            data_dir=data_dir,
+            database_url=database.url,
+            extra_env={"GATEWAY_CATALOG": str(catalog), FAKE_KEY_ENV: fake_key},
+            extra_args=("--workers", str(args.workers)),
+            command=variant.command,
+        )
+        with running(gateway, f"the gateway, {variant.title}") as run:
+            yield GatewayUnderTest(variant, gateway, database, keys, run)
+
+
+async def run_cases(
+    gateways: Sequence[GatewayUnderTest], args: argparse.Namespace
+) -> list[LimitsCase]:
+    for under_test in gateways:
+        for model in MODELS:
+            await preflight(under_test.gateway.base_url, under_test.keys.preflight, model)
+    audio = fixture(AUDIO_NAME)
+    cases: list[LimitsCase] = []
+    for model, label in MODELS.items():
+        upload = multipart_upload(model, audio)
+        # The gateways right after one another, so a change in the machine's other load
+        # falls on both sides of one comparison as little as it can.
+        for under_test in gateways:
+            async with LeanHttpClient(
+                under_test.gateway.base_url + ROUTE,
+                under_test.keys.load,
+                upload.content_type,
+                upload.content,
+            ) as client:
+                result = await measure(
+                    f"{label} model, limits {under_test.variant.name}",
+                    lean_call(client),
+                    args.concurrency,
+                    args.requests,
+                    args.warmup,
+                    args.time_cap,
+                )
+            cases.append(LimitsCase(model, under_test.variant.name, result))
+            print(
+                f"  done: {result.path}: {result.requests_per_second} req/s, "
+                f"p50 {result.p50_ms} ms",
+                file=sys.stderr,
+                flush=True,
+            )
+    return cases
+
+
+@dataclass
+class VariantRun:
+    variant: Variant
+    cases: list[LimitsCase]
+    counted_free: int  # free requests the per-minute windows counted
+    peak_rss: PeakRss | None
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def _case(runs: Sequence[VariantRun], model: str, limits: str) -> LimitsCase | None:
+    return next(
+        (c for run in runs for c in run.cases if c.model == model and c.limits == limits), None
+    )
+
+
+def throughput_cost(runs: Sequence[VariantRun], model: str) -> float | None:
+    """1 - served req/s with limits / served req/s without, for one model."""
+    enforced = _case(runs, model, ENFORCED.name)
+    none = _case(runs, model, NO_LIMITS.name)
+    if enforced is None or none is None or none.served_per_second <= 0:
+        return None
+    return round(1 - enforced.served_per_second / none.served_per_second, 4)
+
+
+def target_checks(runs: Sequence[VariantRun], concurrency: int) -> list[TargetCheck]:
+    checks = []
+    for model, label in MODELS.items():
+        cost = throughput_cost(runs, model)
+        errors = any(c.result.errors for run in runs for c in run.cases if c.model == model)
+        measured = cost is not None and concurrency == TARGET_CONCURRENCY
+        checks.append(
+            TargetCheck(
+                f"limit checks cost < {TARGET_COST:.0%} of the throughput, {label} requests, "
+                f"concurrency {TARGET_CONCURRENCY}",
+                None if cost is None or not measured else round(cost * 100, 2),
+                None if cost is None or not measured else cost < TARGET_COST and not errors,
+            )
+        )
+    return checks
+
+
+def markdown_table(runs: Sequence[VariantRun]) -> str:
+    rows = [
+        "| model | limits | concurrency | requests | req/s | p50 ms | p99 ms | errors |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for model, label in MODELS.items():
+        for variant in (ENFORCED, NO_LIMITS):
+            case = _case(runs, model, variant.name)
+            if case is None:
+                continue
+            r = case.result
+            requests = f"{r.requests}" + (" (time cap)" if r.hit_time_cap else "")
+            rows.append(
+                f"| {label} | {variant.name} | {r.concurrency} | {requests} "
+                f"| {case.served_per_second:.1f} | {fmt(r.p50_ms)} | {fmt(r.p99_ms)} "
+                f"| {r.errors} |"
+            )
+    return "\n".join(rows)
+
+
+def report(
+    runs: Sequence[VariantRun], machine: dict[str, Any], args: argparse.Namespace, accounts: int
+) -> str:
+    lines = [markdown_table(runs), "", "Cost of the limit checks (1 - req/s with / without):"]
+    for model, label in MODELS.items():
+        cost = throughput_cost(runs, model)
+        enforced = _case(runs, model, ENFORCED.name)
+        none = _case(runs, model, NO_LIMITS.name)
+        p50 = "-"
+        if enforced and none and enforced.result.p50_ms is not None and none.result.p50_ms:
+            p50 = f"{enforced.result.p50_ms - none.result.p50_ms:+.2f} ms"
+        lines.append(
+            f"- {label}: {'-' if cost is None else f'{cost:.1%}'} of the throughput, p50 {p50}"
+        )
+    lines += ["", "Target of the issue (reported, not enforced):"]
+    lines += [check.line("%") for check in target_checks(runs, args.concurrency)]
+    lines += [
+        "",
+        f"Machine: nproc={machine['nproc']}, CPU: {machine['cpu']}, "
+        f"Python {machine['python']}, database: {machine['database']} (one per gateway), "
+        "load generator: lean",
+        f"Gateways: {args.workers} server process(es) behind one Envoy each; {accounts} load "
+        f"accounts (+1 for the preflight), {CREDITS_USD} credits and a {KEY_CAP_USD} USD key "
+        "cap each, requests round-robin over their keys",
+    ]
+    for run in runs:
+        lines.append(
+            f"{run.variant.title}: the free-model windows counted {run.counted_free} requests"
+            + (" - LIMITS WERE CHECKED" if run.variant is NO_LIMITS and run.counted_free else "")
+        )
+        if run.peak_rss is not None:
+            lines.append(f"  {run.peak_rss.line()}")
+    for run in runs:
+        for case in run.cases:
+            if case.result.error_kinds:
+                kinds = ", ".join(f"{k} x{n}" for k, n in sorted(case.result.error_kinds.items()))
+                lines.append(f"Errors in {case.result.path}: {kinds}")
+    return "\n".join(lines)
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.limits",
+        description="Benchmark the cost of the limit checks: a `:free` and a paid "
+        "transcription request through Envoy, against a gateway with limits and one without.",
+    )
+    add_gateway_arguments(parser)
+    parser.add_argument(
+        "--requests", type=positive_int, default=1000, help="measured requests per case (1000)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=100, help="warm-up requests per case, not measured (100)"
+    )
+    parser.add_argument(
+        "--time-cap", type=float, default=60.0, help="hard time cap per case in seconds (60)"
+    )
+    parser.add_argument(
+        "--concurrency", type=positive_int, default=TARGET_CONCURRENCY, help="concurrency (16)"
+    )
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write results as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        pg = PgServer.parse(args.database_url) if args.database_url else None
+    except ValueError as error:
+        print(f"limits: error: {error}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp,
+        running_fake_provider() as fake,
+        contextlib.ExitStack() as started,
+    ):
+        catalog = write_catalog(
+            Path(tmp) / "catalog.toml",
+            fake.base_url,
+            {PAID_MODEL: PRICE_PER_SECOND, FREE_MODEL: "0"},
+        )
+        gateways = [
+            started.enter_context(
+                gateway_under_test(
+                    variant, pg, Path(tmp) / variant.name, catalog, fake.api_key, args
+                )
+            )
+            for variant in VARIANTS
+        ]
+        cases = asyncio.run(run_cases(gateways, args))
+        counted = [asyncio.run(counted_free_requests(g.database.url)) for g in gateways]
+    runs = [
+        VariantRun(
+            g.variant, [c for c in cases if c.limits == g.variant.name], free, g.run.peak_rss
+        )
+        for g, free in zip(gateways, counted, strict=True)
+    ]
+    database = gateways[0].database.label
+
+    accounts = accounts_needed(args.requests, args.warmup, args.concurrency)
+    machine = machine_info(database)
+    print(report(runs, machine, args, accounts))
+    if args.json is not None:
+        payload = {
+            "benchmark": "limits",
+            "settings": {
+                "requests": args.requests,
+                "warmup": args.warmup,
+                "time_cap_seconds": args.time_cap,
+                "concurrency": args.concurrency,
+                "workers": args.workers,
+                "client": "lean",
+                "models": {model: label for model, label in MODELS.items()},
+                "audio": f"tests/fixtures/{AUDIO_NAME}.wav",
+                "load_accounts": accounts,
+                "credits_usd_per_account": CREDITS_USD,
+                "key_cap_usd": KEY_CAP_USD,
+            },
+            "machine": machine,
+            "peak_rss": {
+                run.variant.name: None if run.peak_rss is None else asdict(run.peak_rss)
+                for run in runs
+            },
+            "counted_free_requests": {run.variant.name: run.counted_free for run in runs},
+            "results": [
+                {
+                    "model": case.model,
+                    "limits": case.limits,
+                    "served_per_second": case.served_per_second,
+                    **asdict(case.result),
+                }
+                for run in runs
+                for case in run.cases
+            ],
+            "throughput_cost": {model: throughput_cost(runs, model) for model in MODELS},
+            "targets": [asdict(check) for check in target_checks(runs, args.concurrency)],
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return 1 if any(case.result.errors for run in runs for case in run.cases) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
