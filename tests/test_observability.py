@@ -408,9 +408,7 @@ class Stopping:
         return await asyncio.to_thread(self.gateway.process.wait, within)
 
     async def count(self, table: type[SQLModel], *where: Any) -> int:
-        async with self.admin.sessions() as session:
-            statement = sa.select(sa.func.count()).select_from(table).where(*where)
-            return int((await session.exec(statement)).scalar_one())
+        return await self.admin.count(table, *where)
 
     async def charges(self) -> int:
         account = self.issued.workspace.account_id

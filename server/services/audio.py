@@ -12,7 +12,7 @@ from google.protobuf import json_format
 from server.auth import Authenticator
 from server.contract import audio_pb2, audio_pb2_grpc
 from server.db.engine import SessionFactory
-from server.services.rpc import header_value, metadata_of
+from server.services.rpc import header_value, metadata_of, time_remaining
 from server.transcription.request import from_http, from_message
 from server.transcription.service import Transcriber
 
@@ -34,7 +34,7 @@ class AudioService(audio_pb2_grpc.AudioServicer):
                 request.data, request.content_type, header_value(context, "x-session-id")
             )
             result = await self._transcriber.transcribe(
-                session, principal, parsed, context.time_remaining()
+                session, principal, parsed, time_remaining(context)
             )
         return httpbody_pb2.HttpBody(
             content_type="application/json",
@@ -48,7 +48,7 @@ class AudioService(audio_pb2_grpc.AudioServicer):
             principal = await self._auth.authenticate(session, metadata_of(context))
             parsed = from_message(request, header_value(context, "x-session-id"))
             result = await self._transcriber.transcribe(
-                session, principal, parsed, context.time_remaining()
+                session, principal, parsed, time_remaining(context)
             )
         return json_format.ParseDict(
             result.body(), audio_pb2.TranscriptionResponse(), ignore_unknown_fields=True

@@ -249,6 +249,17 @@ def metadata_of(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str | byt
     return tuple(context.invocation_metadata() or ())
 
 
+def time_remaining(context: grpc.aio.ServicerContext) -> float | None:
+    """Seconds left to answer: the caller's gRPC deadline, or the one Envoy set from its
+    route timeout (x-envoy-expected-rq-timeout-ms, measured from when it sent the call)."""
+    remaining = context.time_remaining()
+    expected = header_value(context, "x-envoy-expected-rq-timeout-ms")
+    if expected is not None and expected.isdigit():
+        from_envoy = int(expected) / 1000
+        remaining = from_envoy if remaining is None else min(remaining, from_envoy)
+    return remaining
+
+
 def header_value(context: grpc.aio.ServicerContext, name: str) -> str | None:
     """A request header (gRPC metadata; Envoy forwards the HTTP headers as metadata)."""
     for key, value in metadata_of(context):

@@ -132,8 +132,8 @@ class Transcriber:
         request: TranscriptionInput,
         time_remaining: float | None = None,
     ) -> TranscriptionResult:
-        """Run the transcription; `time_remaining` is the caller's deadline (the gRPC deadline,
-        which Envoy sets from its route timeout): the providers get what is left of it."""
+        """Run the transcription; `time_remaining` is the caller's deadline (its gRPC deadline,
+        or Envoy's route timeout): the providers get what is left of it."""
         model = self._model(request)
         audio = probe(request.audio, request.claimed_format, request.audio_param)
         if request.claimed_format is None or request.claimed_format != audio.format:
@@ -148,24 +148,33 @@ class Transcriber:
         generation_id = f"gen_{secrets.token_hex(12)}"
         budget = None if time_remaining is None else time_remaining - DEADLINE_MARGIN_SECONDS
         try:
-            async with asyncio.timeout(budget) as deadline:
-                try:
-                    routed = await route(
-                        model.id,
-                        model.endpoints,
-                        lambda endpoint: self._adapters[endpoint.adapter].transcribe(
-                            endpoint, self._call(request, model, endpoint)
-                        ),
-                        self._metrics,
-                        "transcription",
-                    )
-                except TimeoutError:
-                    if not deadline.expired():
-                        raise
-            if deadline.expired():
-                raise GatewayError(
-                    504, "Operation aborted due to timeout: the request's deadline passed"
+            async with asyncio.timeout(budget):
+                routed = await route(
+                    model.id,
+                    model.endpoints,
+                    lambda endpoint: self._adapters[endpoint.adapter].transcribe(
+                        endpoint, self._call(request, model, endpoint)
+                    ),
+                    self._metrics,
+                    "transcription",
                 )
+        except TimeoutError as exc:
+            # Providers' own timeouts are ProviderFailures: this is the caller's deadline.
+            expired = GatewayError(
+                504, "Operation aborted due to timeout: the request's deadline passed"
+            )
+            await self._fail(
+                session,
+                hold,
+                principal,
+                request,
+                model,
+                generation_id,
+                expired,
+                started,
+                started_at,
+            )
+            raise expired from exc
         except BaseException as exc:
             await self._fail(
                 session, hold, principal, request, model, generation_id, exc, started, started_at

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
+
+import sqlalchemy as sa
+from sqlmodel import SQLModel
 
 from server.accounts import keys as key_store
 from server.accounts import workspaces
@@ -103,6 +107,12 @@ class Admin:
                 now=at or self.clock.now(),
             )
             await session.commit()
+
+    async def count(self, table: type[SQLModel], *where: Any) -> int:
+        """Rows of `table` matching `where`."""
+        async with self.sessions() as session:
+            statement = sa.select(sa.func.count()).select_from(table).where(*where)
+            return int((await session.exec(statement)).scalar_one())
 
     async def update_key(self, issued: IssuedKey, **values: object) -> None:
         async with self.sessions() as session:
