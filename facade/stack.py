@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from facade.envoy_config import EnvoyOptions, Upstream
-from facade.launcher import EnvoyProcess, die_with_parent
+from facade.launcher import EnvoyProcess, dying_with_this_process
 from server.app import serve
 from server.config import Settings
 from server.contract import DESCRIPTOR_SET, SERVICES
@@ -94,9 +94,8 @@ async def run_workers(
         for index in range(workers):
             children.append(
                 await asyncio.create_subprocess_exec(
-                    *worker_command(settings, index),
+                    *dying_with_this_process(*worker_command(settings, index)),
                     stdin=asyncio.subprocess.DEVNULL,
-                    preexec_fn=die_with_parent,
                 )
             )
         await asyncio.gather(
