@@ -22,6 +22,7 @@ from server.config import Settings
 from server.contract import (
     SERVICES,
     audio_pb2_grpc,
+    guardrails_pb2_grpc,
     keys_pb2_grpc,
     management_pb2_grpc,
     vault_pb2_grpc,
@@ -41,6 +42,7 @@ from server.providers.pocketsphinx_stt import PocketsphinxAdapter
 from server.providers.queue_video import QueueVideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
+from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
 from server.services.rpc import RequestInterceptor
@@ -175,6 +177,9 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     )
     audio_pb2_grpc.add_AudioServicer_to_server(
         AudioService(core.auth, core.sessions, core.transcriber), server
+    )
+    guardrails_pb2_grpc.add_GuardrailsServicer_to_server(
+        GuardrailsService(core.auth, core.sessions, core.clock, core.catalog), server
     )
     vault_pb2_grpc.add_VaultServicer_to_server(
         VaultService(

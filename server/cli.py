@@ -19,7 +19,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.accounts import keys as key_store
 from server.accounts import workspaces
 from server.billing.ledger import add_credits
-from server.billing.money import usd_to_micros
+from server.billing.money import micros_to_usd, usd_to_micros
 from server.billing.periods import LIMIT_RESETS
 from server.clock import SystemClock
 from server.config import Settings, edge_policy_from_environment, load_settings
@@ -63,6 +63,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from exc
     if not 1 <= value <= 64:
         raise argparse.ArgumentTypeError(f"must be 1 to 64: {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
     return value
 
 
@@ -358,6 +368,83 @@ async def cmd_keys_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _names(text: str | None) -> list[str] | None:
+    return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
+
+
+async def cmd_guardrails_create(args: argparse.Namespace) -> int:
+    from server.guardrails import store
+    from server.routing.catalog import load_catalog
+
+    catalog = load_catalog(load_settings(args.data_dir, args.database_url).catalog_file)
+    changes: dict[str, Any] = {
+        "name": store.check_name(args.name),
+        "description": store.check_description(args.description),
+        "allowed_models": store.check_models(
+            catalog, _names(args.allowed_models), "allowed_models"
+        ),
+        "ignored_models": store.check_models(
+            catalog, _names(args.ignored_models), "ignored_models"
+        ),
+        "allowed_providers": store.check_providers(
+            catalog, _names(args.allowed_providers), "allowed_providers"
+        ),
+        "ignored_providers": store.check_providers(
+            catalog, _names(args.ignored_providers), "ignored_providers"
+        ),
+        "max_cost_per_request_micros": None
+        if args.max_cost_per_request is None
+        else usd_to_micros(args.max_cost_per_request),
+        "max_video_duration_seconds": store.check_max_video_duration(args.max_video_duration),
+    }
+
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        workspace = await _workspace(session, args.workspace, now)
+        return await store.create_guardrail(session, workspace.id, changes, now)
+
+    guardrail = await _with_session(args, work)
+    print(f"Created guardrail {guardrail.name} in workspace {args.workspace or 'default'}")
+    print(guardrail.id)
+    return 0
+
+
+async def cmd_guardrails_list(args: argparse.Namespace) -> int:
+    from server.guardrails import store
+
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        workspace = await _workspace(session, args.workspace, now)
+        return await store.list_guardrails(session, workspace.id, limit=100)
+
+    for guardrail in await _with_session(args, work):
+        rules = {
+            "allowed_models": guardrail.allowed_models,
+            "ignored_models": guardrail.ignored_models,
+            "allowed_providers": guardrail.allowed_providers,
+            "ignored_providers": guardrail.ignored_providers,
+            "max_cost_per_request_usd": None
+            if guardrail.max_cost_per_request_micros is None
+            else str(micros_to_usd(guardrail.max_cost_per_request_micros)),
+            "max_video_duration_seconds": guardrail.max_video_duration_seconds,
+        }
+        shown = " ".join(f"{k}={v}" for k, v in rules.items() if v is not None)
+        print(f"{guardrail.id}  {guardrail.name}  {shown}".rstrip())
+    return 0
+
+
+async def cmd_guardrails_delete(args: argparse.Namespace) -> int:
+    from server.guardrails import store
+
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        workspace = await _workspace(session, args.workspace, now)
+        guardrail = await store.find_guardrail(session, args.id, [workspace.id])
+        await session.delete(guardrail)
+        return guardrail
+
+    guardrail = await _with_session(args, work)
+    print(f"Deleted guardrail {guardrail.name} ({guardrail.id})")
+    return 0
+
+
 async def cmd_credits_add(args: argparse.Namespace) -> int:
     micros = usd_to_micros(args.amount)
     if micros <= 0:
@@ -520,6 +607,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="environment variable holding the new base64 key (default: generate one)",
     )
     rotate.set_defaults(run=cmd_vault_rotate)
+
+    guardrails = commands.add_parser(
+        "guardrails", help="manage a workspace's guardrails"
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    guardrail_create = guardrails.add_parser(
+        "create", parents=[common], help="add a guardrail (the id is the last line)"
+    )
+    guardrail_create.add_argument("--name", required=True)
+    guardrail_create.add_argument("--workspace", help="workspace name (default: 'default')")
+    guardrail_create.add_argument("--description")
+    for option, what in (
+        ("--allowed-models", "only these model ids (comma-separated)"),
+        ("--ignored-models", "never these model ids"),
+        ("--allowed-providers", "only these provider slugs"),
+        ("--ignored-providers", "never these provider slugs"),
+    ):
+        guardrail_create.add_argument(option, metavar="A,B", help=what)
+    guardrail_create.add_argument(
+        "--max-cost-per-request", type=_usd, metavar="USD", help="refuse dearer requests"
+    )
+    guardrail_create.add_argument(
+        "--max-video-duration", type=_positive_seconds, metavar="S", help="refuse longer videos"
+    )
+    guardrail_create.set_defaults(run=cmd_guardrails_create)
+    guardrail_list = guardrails.add_parser("list", parents=[common], help="list them")
+    guardrail_list.add_argument("--workspace")
+    guardrail_list.set_defaults(run=cmd_guardrails_list)
+    guardrail_delete = guardrails.add_parser("delete", parents=[common], help="remove one")
+    guardrail_delete.add_argument("id")
+    guardrail_delete.add_argument("--workspace")
+    guardrail_delete.set_defaults(run=cmd_guardrails_delete)
 
     credits = commands.add_parser("credits", help="manage credits").add_subparsers(
         dest="action", required=True, metavar="ACTION"

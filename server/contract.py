@@ -25,6 +25,7 @@ SERVICES = (
     "gateway.v1.Videos",
     "gateway.v1.Audio",
     "gateway.v1.Vault",
+    "gateway.v1.Guardrails",
 )
 
 
@@ -99,6 +100,8 @@ from gateway.v1 import (  # noqa: E402
     audio_pb2,
     audio_pb2_grpc,
     common_pb2,
+    guardrails_pb2,
+    guardrails_pb2_grpc,
     keys_pb2,
     keys_pb2_grpc,
     management_pb2,
@@ -115,7 +118,7 @@ def http_routes() -> dict[str, str]:
     from google.api import annotations_pb2
 
     routes: dict[str, str] = {}
-    for module in (audio_pb2, keys_pb2, management_pb2, vault_pb2, videos_pb2):
+    for module in (audio_pb2, guardrails_pb2, keys_pb2, management_pb2, vault_pb2, videos_pb2):
         for service in module.DESCRIPTOR.services_by_name.values():
             for method in service.methods:
                 rule = method.GetOptions().Extensions[annotations_pb2.http]
@@ -132,6 +135,8 @@ __all__ = [
     "audio_pb2",
     "audio_pb2_grpc",
     "common_pb2",
+    "guardrails_pb2",
+    "guardrails_pb2_grpc",
     "http_routes",
     "keys_pb2",
     "keys_pb2_grpc",

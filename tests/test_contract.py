@@ -32,6 +32,11 @@ PUBLIC_ROUTES = {
     ("DELETE", "/api/v1/vault/interns/{intern_id}/secrets/{name}"),
     ("POST", "/api/v1/vault/interns/{intern_id}/secrets/copy"),
     ("GET", "/api/v1/vault/interns/{intern_id}/effective-secrets"),
+    ("GET", "/api/v1/guardrails"),
+    ("POST", "/api/v1/guardrails"),
+    ("GET", "/api/v1/guardrails/{id}"),
+    ("PATCH", "/api/v1/guardrails/{id}"),
+    ("DELETE", "/api/v1/guardrails/{id}"),
 }
 
 

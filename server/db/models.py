@@ -261,3 +261,23 @@ class RateWindow(SQLModel, table=True):
     subject_id: str = Field(primary_key=True, max_length=64)
     window_start: datetime = Field(primary_key=True, sa_type=UtcDateTime)
     count: int = 0
+
+
+class Guardrail(SQLModel, table=True):
+    """A workspace's policy: every guardrail of a workspace applies to its requests."""
+
+    __tablename__ = "guardrails"
+
+    id: str = Field(primary_key=True, max_length=40)
+    workspace_id: str = Field(foreign_key="workspaces.id", index=True, max_length=40)
+    name: str = Field(max_length=255)
+    description: str | None = Field(default=None, max_length=1000)
+    allowed_models: list[str] | None = Field(default=None, sa_type=sa.JSON)  # None: any
+    ignored_models: list[str] | None = Field(default=None, sa_type=sa.JSON)
+    allowed_providers: list[str] | None = Field(default=None, sa_type=sa.JSON)  # None: any
+    ignored_providers: list[str] | None = Field(default=None, sa_type=sa.JSON)
+    max_cost_per_request_micros: int | None = Field(default=None, sa_type=sa.BigInteger)
+    max_video_duration_seconds: int | None = None
+    include_byok_in_budgets: bool = False
+    created_at: datetime = Field(sa_type=UtcDateTime)
+    updated_at: datetime | None = Field(default=None, sa_type=UtcDateTime)

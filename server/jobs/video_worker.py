@@ -161,8 +161,11 @@ class VideoWorker:
         """Submit to the endpoints in order; a submission failure falls back to the next."""
         last_error = "No available provider meets the routing requirements"
         failed: str | None = None  # the provider that failed last
+        allowed = job.params.get("allowed_providers")  # set when guardrails restrict them
         for index, endpoint in enumerate(model.endpoints):
             if index < job.endpoint_index or not endpoint.available:
+                continue
+            if allowed is not None and endpoint.provider not in allowed:
                 continue
             if failed is not None:
                 self._metrics.fallbacks.labels(model.id, failed).inc()
@@ -185,6 +188,7 @@ class VideoWorker:
     def _call(self, job: VideoJob, model: Model, endpoint: Endpoint) -> VideoCall:
         params = dict(job.params)
         provider_options = params.pop("provider_options", {}) or {}
+        params.pop("allowed_providers", None)  # the gateway's, not the provider's
         return VideoCall(
             model=endpoint.model or model.upstream_name,
             params=params,

@@ -56,8 +56,7 @@ class EnforcedLimits:
                     session,
                     account_id=principal.account.id,
                     credits_purchased_micros=principal.account.credits_purchased_micros,
-                    exempt=principal.account.exempt_free_limits
-                    or principal.key.exempt_free_limits,
+                    exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
                     now=now,
                     is_byok=is_byok,
                 )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from decimal import Decimal
 
 import grpc
 from google.protobuf import struct_pb2
@@ -27,33 +26,20 @@ from server.services.rpc import (
     metadata_of,
     nullable_string,
     nullable_timestamp,
+    number_or_null,
+    string_or_null,
 )
 
 _SECONDS_PRECISION = re.compile(r"T\d{2}:\d{2}:\d{2}")
 
 
 def _usd_or_null(value: struct_pb2.Value, param: str) -> int | None:
-    kind = value.WhichOneof("kind")
-    if kind == "null_value":
-        return None
-    if kind != "number_value":
-        raise bad_request(f"{param} must be a number or null", param=param)
-    # repr() gives the shortest decimal that round-trips: the number the client wrote.
-    micros = usd_to_micros(Decimal(repr(value.number_value)))
-    return key_store.check_limit(micros)
-
-
-def _string_or_null(value: struct_pb2.Value, param: str) -> str | None:
-    kind = value.WhichOneof("kind")
-    if kind == "null_value":
-        return None
-    if kind != "string_value":
-        raise bad_request(f"{param} must be a string or null", param=param)
-    return value.string_value
+    usd = number_or_null(value, param)
+    return None if usd is None else key_store.check_limit(usd_to_micros(usd))
 
 
 def _expiry(value: struct_pb2.Value) -> datetime | None:
-    text = _string_or_null(value, "expires_at")
+    text = string_or_null(value, "expires_at")
     if text is None:
         return None
     try:
@@ -144,13 +130,13 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
             principal = await self._principal(session, context)
             limit = _usd_or_null(request.limit, "limit") if request.HasField("limit") else None
             reset = (
-                key_store.check_limit_reset(_string_or_null(request.limit_reset, "limit_reset"))
+                key_store.check_limit_reset(string_or_null(request.limit_reset, "limit_reset"))
                 if request.HasField("limit_reset")
                 else None
             )
             expires_at = _expiry(request.expires_at) if request.HasField("expires_at") else None
             creator = (
-                _string_or_null(request.creator_user_id, "creator_user_id")
+                string_or_null(request.creator_user_id, "creator_user_id")
                 if request.HasField("creator_user_id")
                 else None
             )
@@ -211,7 +197,7 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
                 changes["limit_micros"] = _usd_or_null(request.limit, "limit")
             if request.HasField("limit_reset"):
                 changes["limit_reset"] = key_store.check_limit_reset(
-                    _string_or_null(request.limit_reset, "limit_reset")
+                    string_or_null(request.limit_reset, "limit_reset")
                 )
             if request.HasField("include_byok_in_limit"):
                 changes["include_byok_in_limit"] = request.include_byok_in_limit

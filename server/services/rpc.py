@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import re
 import time
 import uuid
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import grpc
@@ -27,7 +29,7 @@ from server.billing.money import micros_to_json_number
 from server.clock import rfc3339
 from server.contract import http_routes
 from server.db.engine import is_database_unavailable
-from server.errors import INTERNAL_ERROR, SERVICE_UNAVAILABLE, GatewayError
+from server.errors import INTERNAL_ERROR, SERVICE_UNAVAILABLE, GatewayError, bad_request
 from server.observability.logs import REQUEST_ID
 from server.observability.metrics import Metrics
 
@@ -225,6 +227,56 @@ async def answer_with_status(context: grpc.aio.ServicerContext, http_status: int
     if call is not None:
         call.status = http_status
     await context.send_initial_metadata((("x-http-status", str(http_status)),))
+
+
+def string_or_null(value: struct_pb2.Value, param: str) -> str | None:
+    """A JSON member that may be a string or null (proto Value)."""
+    kind = value.WhichOneof("kind")
+    if kind == "null_value":
+        return None
+    if kind != "string_value":
+        raise bad_request(f"{param} must be a string or null", param=param)
+    return value.string_value
+
+
+def number_or_null(value: struct_pb2.Value, param: str) -> Decimal | None:
+    """A JSON number or null, as the decimal the client wrote."""
+    kind = value.WhichOneof("kind")
+    if kind == "null_value":
+        return None
+    if kind != "number_value" or not math.isfinite(value.number_value):
+        raise bad_request(f"{param} must be a number or null", param=param)
+    # repr() gives the shortest decimal that round-trips: the number the client wrote.
+    return Decimal(repr(value.number_value))
+
+
+def integer_or_null(value: struct_pb2.Value, param: str) -> int | None:
+    number = number_or_null(value, param)
+    if number is None:
+        return None
+    if number != number.to_integral_value():
+        raise bad_request(f"{param} must be a whole number or null", param=param)
+    return int(number)
+
+
+def strings_or_null(value: struct_pb2.Value, param: str) -> list[str] | None:
+    """A JSON array of strings, or null."""
+    kind = value.WhichOneof("kind")
+    if kind == "null_value":
+        return None
+    if kind != "list_value" or not all(
+        item.WhichOneof("kind") == "string_value" for item in value.list_value.values
+    ):
+        raise bad_request(f"{param} must be an array of strings or null", param=param)
+    return [item.string_value for item in value.list_value.values]
+
+
+def list_or_null(values: Sequence[Any] | None) -> struct_pb2.Value:
+    if values is None:
+        return null()
+    value = struct_pb2.Value()
+    value.list_value.extend(list(values))
+    return value
 
 
 def null() -> struct_pb2.Value:

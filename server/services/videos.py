@@ -14,9 +14,16 @@ from server.auth import Authenticator
 from server.clock import Clock
 from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.engine import SessionFactory
+from server.guardrails.policy import guardrails_of
 from server.limits.admission import Limits
 from server.routing.catalog import Catalog, Model
-from server.services.rpc import answer_with_status, header_value, metadata_of, null
+from server.services.rpc import (
+    answer_with_status,
+    header_value,
+    list_or_null,
+    metadata_of,
+    null,
+)
 from server.videos import jobs
 from server.videos.content import ContentStore
 from server.videos.request import parse_video_request
@@ -24,14 +31,6 @@ from server.videos.request import parse_video_request
 
 def _job_message(job: Any) -> videos_pb2.VideoJob:
     return json_format.ParseDict(jobs.job_document(job), videos_pb2.VideoJob())
-
-
-def _list_or_null(values: tuple[Any, ...] | None) -> struct_pb2.Value:
-    if values is None:
-        return null()
-    value = struct_pb2.Value()
-    value.list_value.extend(list(values))
-    return value
 
 
 def _bool_or_null(flag: bool | None) -> struct_pb2.Value:
@@ -52,11 +51,11 @@ def model_message(model: Model) -> videos_pb2.VideoModel:
         canonical_slug=model.id,
         name=model.name,
         created=caps.created,
-        supported_resolutions=_list_or_null(caps.resolutions),
-        supported_aspect_ratios=_list_or_null(caps.aspect_ratios),
-        supported_sizes=_list_or_null(caps.sizes),
-        supported_durations=_list_or_null(caps.durations),
-        supported_frame_images=_list_or_null(caps.frame_images),
+        supported_resolutions=list_or_null(caps.resolutions),
+        supported_aspect_ratios=list_or_null(caps.aspect_ratios),
+        supported_sizes=list_or_null(caps.sizes),
+        supported_durations=list_or_null(caps.durations),
+        supported_frame_images=list_or_null(caps.frame_images),
         upscale_factor=upscale,
         creativity=null(),
         generate_audio=_bool_or_null(caps.generate_audio),
@@ -94,6 +93,10 @@ class VideosService(videos_pb2_grpc.VideosServicer):
             video = parse_video_request(
                 request, self._catalog, header_value(context, "x-session-id")
             )
+            guardrails = await guardrails_of(session, principal.workspace.id)
+            endpoints = guardrails.endpoints(video.model)
+            guardrails.check_video_duration(video.duration)
+            guardrails.check_cost(jobs.estimate_micros(video))
             job = await jobs.submit_job(
                 session,
                 principal,
@@ -101,6 +104,8 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 self._clock.now(),
                 principal.workspace.default_callback_url,
                 self._limits,
+                # The worker uses only these endpoints when guardrails restrict them.
+                [e.provider for e in endpoints] if guardrails.rules else None,
             )
         if self._wake is not None:
             self._wake.set()
@@ -133,6 +138,10 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         self, request: videos_pb2.ListVideoModelsRequest, context: grpc.aio.ServicerContext
     ) -> videos_pb2.VideoModelsResponse:
         async with self._sessions() as session:
-            await self._auth.authenticate(session, metadata_of(context))
-        models = sorted(self._catalog.of_kind("video"), key=lambda m: m.id)
+            principal = await self._auth.authenticate(session, metadata_of(context))
+            guardrails = await guardrails_of(session, principal.workspace.id)
+        models = sorted(
+            (m for m in self._catalog.of_kind("video") if guardrails.allows(m)),
+            key=lambda m: m.id,
+        )
         return videos_pb2.VideoModelsResponse(data=[model_message(m) for m in models])

@@ -23,6 +23,7 @@ from server.billing.money import micros_to_json_number, usd_to_micros
 from server.clock import Clock
 from server.db.models import Generation
 from server.errors import GatewayError, bad_request
+from server.guardrails.policy import guardrails_of
 from server.limits.admission import Limits
 from server.observability.logs import REQUEST_ID
 from server.observability.metrics import Metrics
@@ -135,10 +136,13 @@ class Transcriber:
         """Run the transcription; `time_remaining` is the caller's deadline (its gRPC deadline,
         or Envoy's route timeout): the providers get what is left of it."""
         model = self._model(request)
+        guardrails = await guardrails_of(session, principal.workspace.id)
+        endpoints = guardrails.endpoints(model)
         audio = probe(request.audio, request.claimed_format, request.audio_param)
         if request.claimed_format is None or request.claimed_format != audio.format:
             request.claimed_format = audio.format
         cost = price(model, audio.seconds)
+        guardrails.check_cost(cost)
         started = time.monotonic()
         started_at = self._clock.now()
         hold = await self._limits.admit(
@@ -151,7 +155,7 @@ class Transcriber:
             async with asyncio.timeout(budget):
                 routed = await route(
                     model.id,
-                    model.endpoints,
+                    endpoints,
                     lambda endpoint: self._adapters[endpoint.adapter].transcribe(
                         endpoint, self._call(request, model, endpoint)
                     ),

@@ -44,6 +44,7 @@ async def submit_job(
     now: datetime,
     default_callback_url: str | None,
     limits: Limits,
+    allowed_providers: list[str] | None = None,
 ) -> VideoJob:
     """Hold the estimated cost and store the job; it is durable when this returns."""
     estimate = estimate_micros(video)
@@ -62,7 +63,11 @@ async def submit_job(
         key_hash=principal.key.hash,
         model=video.model.id,
         status=PENDING,
-        params={**video.params, "provider_options": video.provider_options},
+        params={
+            **video.params,
+            "provider_options": video.provider_options,
+            **({"allowed_providers": allowed_providers} if allowed_providers is not None else {}),
+        },
         session_id=video.session_id,
         user=video.user,
         trace=video.trace,

@@ -1,0 +1,129 @@
+"""Enforcing a workspace's guardrails on a request, before anything is held or charged.
+
+Every guardrail of the workspace applies: a model must pass every allow list and no block
+list, the endpoints used are those whose provider passes every provider rule, and the cost
+and video-duration ceilings are the lowest any guardrail sets. A refusal is 403 with
+`metadata.guardrail` naming the rule."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from server.billing.money import micros_to_json_number
+from server.db.models import Guardrail
+from server.errors import GatewayError
+from server.routing.catalog import Endpoint, Model
+
+ALLOWED_MODELS = "allowed_models"
+IGNORED_MODELS = "ignored_models"
+ALLOWED_PROVIDERS = "allowed_providers"
+IGNORED_PROVIDERS = "ignored_providers"
+MAX_COST_PER_REQUEST = "max_cost_per_request"
+MAX_VIDEO_DURATION = "max_video_duration"
+
+_GUARDRAILS = Guardrail.__table__  # type: ignore[attr-defined]
+_OF_WORKSPACE = (
+    sa.select(Guardrail)
+    .where(_GUARDRAILS.c.workspace_id == sa.bindparam("workspace_id"))
+    .order_by(_GUARDRAILS.c.created_at, _GUARDRAILS.c.id)
+)
+
+
+def blocked(guardrail: Guardrail, rule: str, message: str) -> GatewayError:
+    return GatewayError(
+        403,
+        f"Blocked by guardrail {guardrail.name!r}: {message}",
+        {"guardrail": rule, "guardrail_id": guardrail.id, "guardrail_name": guardrail.name},
+    )
+
+
+def _model_refusal(guardrail: Guardrail, model_id: str) -> GatewayError | None:
+    if guardrail.allowed_models is not None and model_id not in guardrail.allowed_models:
+        return blocked(guardrail, ALLOWED_MODELS, f"model {model_id} is not allowed")
+    if guardrail.ignored_models and model_id in guardrail.ignored_models:
+        return blocked(guardrail, IGNORED_MODELS, f"model {model_id} is excluded")
+    return None
+
+
+def _provider_refusal(guardrail: Guardrail, provider: str) -> str | None:
+    """The rule that refuses `provider`, if one does."""
+    if guardrail.allowed_providers is not None and provider not in guardrail.allowed_providers:
+        return ALLOWED_PROVIDERS
+    if guardrail.ignored_providers and provider in guardrail.ignored_providers:
+        return IGNORED_PROVIDERS
+    return None
+
+
+@dataclass(frozen=True)
+class Guardrails:
+    """The guardrails in force for one workspace."""
+
+    rules: tuple[Guardrail, ...] = ()
+
+    def endpoints(self, model: Model) -> tuple[Endpoint, ...]:
+        """The model's endpoints every guardrail allows, in fallback order; 403 when the
+        model itself, or every one of its providers, is refused."""
+        for guardrail in self.rules:
+            refusal = _model_refusal(guardrail, model.id)
+            if refusal is not None:
+                raise refusal
+        usable = tuple(
+            e
+            for e in model.endpoints
+            if all(_provider_refusal(g, e.provider) is None for g in self.rules)
+        )
+        if usable or not model.endpoints:
+            return usable
+        # Name the first guardrail that refuses the model's first provider.
+        for guardrail in self.rules:
+            rule = _provider_refusal(guardrail, model.endpoints[0].provider)
+            if rule is not None:
+                providers = ", ".join(sorted({e.provider for e in model.endpoints}))
+                raise blocked(
+                    guardrail, rule, f"no allowed provider serves {model.id} ({providers})"
+                )
+        raise AssertionError("a refused endpoint without a refusing guardrail")
+
+    def allows(self, model: Model) -> bool:
+        """Whether the model may be used at all (listings show only these)."""
+        try:
+            self.endpoints(model)
+        except GatewayError:
+            return False
+        return True
+
+    def check_cost(self, estimate_micros: int) -> None:
+        for guardrail in self.rules:
+            ceiling = guardrail.max_cost_per_request_micros
+            if ceiling is not None and estimate_micros > ceiling:
+                raise blocked(
+                    guardrail,
+                    MAX_COST_PER_REQUEST,
+                    f"the request would cost {micros_to_json_number(estimate_micros)} USD, "
+                    f"over the {micros_to_json_number(ceiling)} USD per request allowed",
+                )
+
+    def check_video_duration(self, seconds: int) -> None:
+        for guardrail in self.rules:
+            ceiling = guardrail.max_video_duration_seconds
+            if ceiling is not None and seconds > ceiling:
+                raise blocked(
+                    guardrail,
+                    MAX_VIDEO_DURATION,
+                    f"a {seconds} s video is longer than the {ceiling} s allowed",
+                )
+
+
+async def guardrails_of(session: AsyncSession, workspace_id: str) -> Guardrails:
+    rows: Sequence[Guardrail] = (
+        (
+            await session.exec(_OF_WORKSPACE, params={"workspace_id": workspace_id})  # type: ignore[call-overload]
+        )
+        .scalars()
+        .all()
+    )
+    return Guardrails(tuple(rows))

@@ -1,0 +1,193 @@
+"""Guardrails service: /api/v1/guardrails, for management keys only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf import struct_pb2
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from server.accounts.workspaces import workspace_ids_of_account
+from server.auth import Authenticator, Principal
+from server.billing.money import micros_to_json_number, usd_to_micros
+from server.clock import Clock, rfc3339
+from server.contract import guardrails_pb2, guardrails_pb2_grpc
+from server.db.engine import SessionFactory
+from server.db.models import Guardrail
+from server.errors import not_found
+from server.guardrails import store
+from server.routing.catalog import Catalog
+from server.services.rpc import (
+    answer_with_status,
+    integer_or_null,
+    list_or_null,
+    metadata_of,
+    null,
+    nullable_string,
+    nullable_timestamp,
+    number_or_null,
+    string_or_null,
+    strings_or_null,
+)
+
+Changes = guardrails_pb2.CreateGuardrailRequest | guardrails_pb2.UpdateGuardrailRequest
+
+
+def guardrail_message(guardrail: Guardrail) -> guardrails_pb2.Guardrail:
+    ceiling = guardrail.max_cost_per_request_micros
+    duration = guardrail.max_video_duration_seconds
+    return guardrails_pb2.Guardrail(
+        id=guardrail.id,
+        name=guardrail.name,
+        description=nullable_string(guardrail.description),
+        workspace_id=guardrail.workspace_id,
+        allowed_models=list_or_null(guardrail.allowed_models),
+        ignored_models=list_or_null(guardrail.ignored_models),
+        allowed_providers=list_or_null(guardrail.allowed_providers),
+        ignored_providers=list_or_null(guardrail.ignored_providers),
+        max_cost_per_request_usd=null()
+        if ceiling is None
+        else struct_pb2.Value(number_value=micros_to_json_number(ceiling)),
+        max_video_duration_seconds=null()
+        if duration is None
+        else struct_pb2.Value(number_value=duration),
+        include_byok_in_budgets=guardrail.include_byok_in_budgets,
+        limit_usd=null(),
+        reset_interval=null(),
+        created_at=rfc3339(guardrail.created_at),
+        updated_at=nullable_timestamp(guardrail.updated_at),
+    )
+
+
+class GuardrailsService(guardrails_pb2_grpc.GuardrailsServicer):
+    def __init__(
+        self, auth: Authenticator, sessions: SessionFactory, clock: Clock, catalog: Catalog
+    ) -> None:
+        self._auth = auth
+        self._sessions = sessions
+        self._clock = clock
+        self._catalog = catalog
+
+    async def _principal(
+        self, session: AsyncSession, context: grpc.aio.ServicerContext
+    ) -> Principal:
+        return await self._auth.authenticate_management(session, metadata_of(context))
+
+    async def _workspace_id(
+        self, session: AsyncSession, principal: Principal, wanted: str | None
+    ) -> str:
+        """A workspace of the caller's account; by default the caller's own."""
+        if not wanted:
+            return principal.workspace.id
+        if wanted not in await workspace_ids_of_account(session, principal.account.id):
+            raise not_found(f"workspace {wanted!r} not found")
+        return wanted
+
+    def _changes(self, request: Changes) -> dict[str, Any]:
+        """The members the request sets, validated; nothing is written before all pass."""
+        for name in store.UNSUPPORTED:
+            value = getattr(request, name)
+            if request.HasField(name) and value.WhichOneof("kind") != "null_value":
+                raise store.refuse_unsupported(name)
+        changes: dict[str, Any] = {}
+        if request.HasField("description"):
+            changes["description"] = store.check_description(
+                string_or_null(request.description, "description")
+            )
+        for name in ("allowed_models", "ignored_models"):
+            if request.HasField(name):
+                values = strings_or_null(getattr(request, name), name)
+                changes[name] = store.check_models(self._catalog, values, name)
+        for name in ("allowed_providers", "ignored_providers"):
+            if request.HasField(name):
+                values = strings_or_null(getattr(request, name), name)
+                changes[name] = store.check_providers(self._catalog, values, name)
+        if request.HasField("max_cost_per_request_usd"):
+            usd = number_or_null(request.max_cost_per_request_usd, "max_cost_per_request_usd")
+            changes["max_cost_per_request_micros"] = store.check_max_cost(
+                None if usd is None else usd_to_micros(usd)
+            )
+        if request.HasField("max_video_duration_seconds"):
+            changes["max_video_duration_seconds"] = store.check_max_video_duration(
+                integer_or_null(request.max_video_duration_seconds, "max_video_duration_seconds")
+            )
+        if request.HasField("include_byok_in_budgets"):
+            changes["include_byok_in_budgets"] = request.include_byok_in_budgets
+        return changes
+
+    async def ListGuardrails(
+        self, request: guardrails_pb2.ListGuardrailsRequest, context: grpc.aio.ServicerContext
+    ) -> guardrails_pb2.ListGuardrailsResponse:
+        async with self._sessions() as session:
+            principal = await self._principal(session, context)
+            workspace_id = await self._workspace_id(
+                session,
+                principal,
+                request.workspace_id if request.HasField("workspace_id") else None,
+            )
+            rows = await store.list_guardrails(
+                session,
+                workspace_id,
+                offset=request.offset if request.HasField("offset") else 0,
+                limit=request.limit if request.HasField("limit") else 50,
+            )
+        return guardrails_pb2.ListGuardrailsResponse(
+            data=[guardrail_message(g) for g in rows], total_count=len(rows)
+        )
+
+    async def CreateGuardrail(
+        self, request: guardrails_pb2.CreateGuardrailRequest, context: grpc.aio.ServicerContext
+    ) -> guardrails_pb2.GuardrailResponse:
+        async with self._sessions() as session:
+            principal = await self._principal(session, context)
+            changes = self._changes(request)
+            changes["name"] = store.check_name(request.name)
+            workspace_id = await self._workspace_id(
+                session,
+                principal,
+                request.workspace_id if request.HasField("workspace_id") else None,
+            )
+            guardrail = await store.create_guardrail(
+                session, workspace_id, changes, self._clock.now()
+            )
+            await session.commit()
+        await answer_with_status(context, 201)
+        return guardrails_pb2.GuardrailResponse(data=guardrail_message(guardrail))
+
+    async def _account_guardrail(
+        self, session: AsyncSession, principal: Principal, guardrail_id: str
+    ) -> Guardrail:
+        workspace_ids = await workspace_ids_of_account(session, principal.account.id)
+        return await store.find_guardrail(session, guardrail_id, workspace_ids)
+
+    async def GetGuardrail(
+        self, request: guardrails_pb2.GetGuardrailRequest, context: grpc.aio.ServicerContext
+    ) -> guardrails_pb2.GuardrailResponse:
+        async with self._sessions() as session:
+            principal = await self._principal(session, context)
+            guardrail = await self._account_guardrail(session, principal, request.id)
+        return guardrails_pb2.GuardrailResponse(data=guardrail_message(guardrail))
+
+    async def UpdateGuardrail(
+        self, request: guardrails_pb2.UpdateGuardrailRequest, context: grpc.aio.ServicerContext
+    ) -> guardrails_pb2.GuardrailResponse:
+        async with self._sessions() as session:
+            principal = await self._principal(session, context)
+            changes = self._changes(request)
+            if request.HasField("name"):
+                changes["name"] = store.check_name(request.name)
+            guardrail = await self._account_guardrail(session, principal, request.id)
+            await store.update_guardrail(session, guardrail, changes, self._clock.now())
+            await session.commit()
+        return guardrails_pb2.GuardrailResponse(data=guardrail_message(guardrail))
+
+    async def DeleteGuardrail(
+        self, request: guardrails_pb2.DeleteGuardrailRequest, context: grpc.aio.ServicerContext
+    ) -> guardrails_pb2.DeleteGuardrailResponse:
+        async with self._sessions() as session:
+            principal = await self._principal(session, context)
+            guardrail = await self._account_guardrail(session, principal, request.id)
+            await session.delete(guardrail)
+            await session.commit()
+        return guardrails_pb2.DeleteGuardrailResponse(deleted=True)
