@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -78,7 +79,7 @@ def _key_period(limit_reset: sa.ColumnElement[str], starts: bool) -> sa.ColumnEl
 # Compiled once.
 _BUDGET = (
     sa.select(
-        _ACCOUNTS.c.credits_purchased_micros,
+        _ACCOUNTS.c.credits_purchased_micros.label("purchased"),
         sa.func.coalesce(
             sa.select(_COUNTERS.c.spend_micros)
             .where(
@@ -89,17 +90,17 @@ _BUDGET = (
             )
             .scalar_subquery(),
             0,
-        ),
+        ).label("spent"),
         _held_sum(
             _HOLDS.c.account_id == sa.bindparam("account_id"),
             _HOLDS.c.counts_against_balance.is_(True),
-        ),
+        ).label("held"),
         _held_sum(
             _HOLDS.c.key_hash == sa.bindparam("key_hash"),
             _HOLDS.c.counts_against_key_limit.is_(True),
-        ),
-        _KEYS.c.limit_micros,
-        _KEYS.c.include_byok_in_limit,
+        ).label("held_on_key"),
+        _KEYS.c.limit_micros.label("limit"),
+        _KEYS.c.include_byok_in_limit.label("byok_in_limit"),
         sa.func.coalesce(
             sa.select(
                 _COUNTERS.c.spend_micros
@@ -113,7 +114,7 @@ _BUDGET = (
             )
             .scalar_subquery(),
             0,
-        ),
+        ).label("key_used"),
     )
     .select_from(
         # One account row and one key row: the join condition is the WHERE clause.
@@ -126,6 +127,45 @@ _BUDGET = (
 )
 
 _INSERT_HOLD = sa.insert(_HOLDS)
+
+
+def _reserve_statement() -> sa.Insert:
+    """INSERT a (non-BYOK) hold only if the budget allows it, in one statement that reads the
+    budget (after the account lock, so with every settled charge and running hold) and
+    writes: the rules of `refusal`, which explains a refusal. RETURNING the id if reserved."""
+    b = _BUDGET.subquery("budget")
+    amount = sa.bindparam("amount_micros", type_=sa.BigInteger)
+    balance = b.c.purchased - b.c.spent
+    key_left = sa.case((b.c.limit - b.c.key_used < 0, 0), else_=b.c.limit - b.c.key_used)
+    allowed = sa.and_(
+        balance > 0,  # a balance at or below zero refuses every request
+        amount <= balance - b.c.held,
+        sa.or_(b.c.limit.is_(None), amount <= key_left - b.c.held_on_key),
+    )
+    values = sa.select(
+        sa.bindparam("id"),
+        sa.bindparam("account_id"),
+        sa.bindparam("key_hash"),
+        amount,
+        sa.true(),  # counts against the balance...
+        sa.true(),  # ...and the key's cap: not BYOK
+        sa.bindparam("created_at", type_=UtcDateTime),
+        sa.bindparam("expires_at", type_=UtcDateTime),
+    ).where(allowed)
+    columns = [
+        "id",
+        "account_id",
+        "key_hash",
+        "amount_micros",
+        "counts_against_balance",
+        "counts_against_key_limit",
+        "created_at",
+        "expires_at",
+    ]
+    return sa.insert(_HOLDS).from_select(columns, values).returning(_HOLDS.c.id)
+
+
+_RESERVE = _reserve_statement()
 _DELETE_HOLD = sa.delete(_HOLDS).where(_HOLDS.c.id == sa.bindparam("hold_id"))
 _DELETE_EXPIRED = sa.delete(_HOLDS).where(_HOLDS.c.expires_at <= sa.bindparam("now"))
 
@@ -148,6 +188,20 @@ async def place_hold(
     await _lock_account(session, account_id)
     starts = period_starts(now)
     params = {f"{period}_start": starts.of(period) for period in PERIODS}
+    hold = Hold(f"hold_{secrets.token_hex(12)}", account_id, key_hash, amount_micros, is_byok)
+    values = {
+        "id": hold.id,
+        "account_id": account_id,
+        "key_hash": key_hash,
+        "amount_micros": amount_micros,
+        "created_at": now,
+        "expires_at": now + ttl,
+    }
+    if not is_byok:  # the common case: check and reserve in one statement
+        reserved = (await session.exec(_RESERVE, params={**params, **values, "now": now})).first()
+        if reserved is not None:
+            return hold
+    # Refused (read the budget to say why), or BYOK (whose key decides whether it counts).
     row = (
         await session.exec(
             _BUDGET,
@@ -156,16 +210,32 @@ async def place_hold(
     ).one_or_none()
     if row is None:
         raise GatewayError(401, "Invalid API key")
+    refused = refusal(row, amount_micros, is_byok)
+    if refused is not None:
+        raise refused
+    await session.exec(
+        _INSERT_HOLD,
+        params={
+            **values,
+            "counts_against_balance": not is_byok,
+            "counts_against_key_limit": not is_byok or bool(row.byok_in_limit),
+        },
+    )
+    return hold
+
+
+def refusal(row: sa.Row[Any], amount_micros: int, is_byok: bool) -> GatewayError | None:
+    """Why the budget `row` cannot take `amount_micros`, or None when it can."""
     purchased, spent, held, held_on_key, limit, byok_in_limit, key_used = row
     balance = purchased - spent
     # A balance at or below zero refuses every request, free models included.
     if balance <= 0:
-        raise insufficient("credits", "Insufficient credits: add credits to continue")
+        return insufficient("credits", "Insufficient credits: add credits to continue")
     if not is_byok:
         if amount_micros > balance:
-            raise insufficient("credits", "Insufficient credits for this request")
+            return insufficient("credits", "Insufficient credits for this request")
         if amount_micros > balance - held:
-            raise insufficient(
+            return insufficient(
                 "in_flight_budget",
                 "Credits are held by requests still running; retry shortly",
                 IN_FLIGHT_RETRY_SECONDS,
@@ -174,28 +244,14 @@ async def place_hold(
     if counts_against_key and limit is not None:
         remaining = max(0, limit - key_used)
         if amount_micros > remaining:
-            raise insufficient("key_limit", "This request exceeds the API key's credit limit")
+            return insufficient("key_limit", "This request exceeds the API key's credit limit")
         if amount_micros > remaining - held_on_key:
-            raise insufficient(
+            return insufficient(
                 "in_flight_budget",
                 "The key's limit is held by requests still running; retry shortly",
                 IN_FLIGHT_RETRY_SECONDS,
             )
-    hold = Hold(f"hold_{secrets.token_hex(12)}", account_id, key_hash, amount_micros, is_byok)
-    await session.exec(
-        _INSERT_HOLD,
-        params={
-            "id": hold.id,
-            "account_id": account_id,
-            "key_hash": key_hash,
-            "amount_micros": amount_micros,
-            "counts_against_balance": not is_byok,
-            "counts_against_key_limit": counts_against_key,
-            "created_at": now,
-            "expires_at": now + ttl,
-        },
-    )
-    return hold
+    return None
 
 
 async def sweep_expired_holds(session: AsyncSession, now: datetime) -> int:
