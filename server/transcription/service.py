@@ -137,6 +137,9 @@ class Transcriber:
         or Envoy's route timeout): the providers get what is left of it."""
         model = self._model(request)
         guardrails = await guardrails_of(session, principal.workspace.id)
+        # End the read transaction: the connection serves other requests while the audio is
+        # probed (SQLite has one).
+        await session.commit()
         endpoints = guardrails.endpoints(model)
         audio = probe(request.audio, request.claimed_format, request.audio_param)
         if request.claimed_format is None or request.claimed_format != audio.format:
