@@ -375,6 +375,25 @@ def positive_int(text: str) -> int:
     return value
 
 
+def add_load_arguments(parser: argparse.ArgumentParser, requests: int, warmup: int) -> None:
+    """--requests, --warmup and --time-cap: how much load a case sends, and its bound."""
+    parser.add_argument(
+        "--requests",
+        type=positive_int,
+        default=requests,
+        help=f"measured requests per case ({requests})",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=warmup,
+        help=f"warm-up requests per case, not measured ({warmup})",
+    )
+    parser.add_argument(
+        "--time-cap", type=float, default=60.0, help="hard time cap per case in seconds (60)"
+    )
+
+
 def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     """--database-url and --workers, the same in every benchmark."""
     parser.add_argument(

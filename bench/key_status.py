@@ -46,6 +46,7 @@ from bench.common import (
     PeakRss,
     PgServer,
     add_gateway_arguments,
+    add_load_arguments,
     exit_on_sigterm,
     fmt,
     gateway_cli,
@@ -239,15 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         "via gRPC against a gateway started for the run.",
     )
     add_gateway_arguments(parser)
-    parser.add_argument(
-        "--requests", type=positive_int, default=2000, help="measured requests per case (2000)"
-    )
-    parser.add_argument(
-        "--warmup", type=int, default=200, help="warm-up requests per case, not measured (200)"
-    )
-    parser.add_argument(
-        "--time-cap", type=float, default=60.0, help="hard time cap per case in seconds (60)"
-    )
+    add_load_arguments(parser, requests=2000, warmup=200)
     parser.add_argument(
         "--concurrency",
         type=positive_int,

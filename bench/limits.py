@@ -71,6 +71,7 @@ from bench.common import (
     PgServer,
     RunDatabase,
     add_gateway_arguments,
+    add_load_arguments,
     exit_on_sigterm,
     fmt,
     machine_info,
@@ -416,15 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
         "transcription request through Envoy, against a gateway with limits and one without.",
     )
     add_gateway_arguments(parser)
-    parser.add_argument(
-        "--requests", type=positive_int, default=1000, help="measured requests per case (1000)"
-    )
-    parser.add_argument(
-        "--warmup", type=int, default=100, help="warm-up requests per case, not measured (100)"
-    )
-    parser.add_argument(
-        "--time-cap", type=float, default=60.0, help="hard time cap per case in seconds (60)"
-    )
+    add_load_arguments(parser, requests=1000, warmup=100)
     parser.add_argument(
         "--concurrency", type=positive_int, default=TARGET_CONCURRENCY, help="concurrency (16)"
     )

@@ -71,6 +71,7 @@ from bench.common import (
     PeakRss,
     PgServer,
     add_gateway_arguments,
+    add_load_arguments,
     exit_on_sigterm,
     fmt,
     gateway_cli,
@@ -793,15 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
         "started for the run.",
     )
     add_gateway_arguments(parser)
-    parser.add_argument(
-        "--requests", type=positive_int, default=1000, help="measured requests per case (1000)"
-    )
-    parser.add_argument(
-        "--warmup", type=int, default=100, help="warm-up requests per case, not measured (100)"
-    )
-    parser.add_argument(
-        "--time-cap", type=float, default=60.0, help="hard time cap per case in seconds (60)"
-    )
+    add_load_arguments(parser, requests=1000, warmup=100)
     parser.add_argument(
         "--concurrency",
         type=positive_int,
