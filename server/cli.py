@@ -22,7 +22,7 @@ from server.billing.ledger import add_credits
 from server.billing.money import micros_to_usd, usd_to_micros
 from server.billing.periods import LIMIT_RESETS
 from server.clock import SystemClock
-from server.config import Settings, edge_policy_from_environment, load_settings
+from server.config import Settings, SettingsError, edge_policy_from_environment, load_settings
 from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
 from server.db.models import ApiKey
@@ -656,6 +656,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(args.run(args))
     except GatewayError as error:
         print(f"gateway: error: {error.message}", file=sys.stderr)
+        return 2
+    except SettingsError as error:
+        print(f"gateway: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_DATA_DIR = "gateway-data"
 ANY_ORIGIN = "*"
+ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+
+
+class SettingsError(ValueError):
+    """An operator setting is wrong; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -53,15 +59,21 @@ def edge_policy_from_environment(env: Mapping[str, str]) -> EdgePolicy:
     values: dict[str, object] = {}
     origins = env.get("GATEWAY_CORS_ORIGINS")
     if origins:
-        values["cors_origins"] = tuple(o.strip() for o in origins.split(",") if o.strip())
+        listed = tuple(o.strip() for o in origins.split(",") if o.strip())
+        for origin in listed:
+            if origin != ANY_ORIGIN and not ORIGIN.match(origin):
+                raise SettingsError(
+                    f"GATEWAY_CORS_ORIGINS: {origin!r} is not an origin like https://app.example.com"
+                )
+        values["cors_origins"] = listed
     for name, (variable, kind) in _EDGE_VARIABLES.items():
         if env.get(variable):
             try:
                 value = kind(env[variable])
             except ValueError as exc:
-                raise ValueError(f"{variable} must be a number, not {env[variable]!r}") from exc
+                raise SettingsError(f"{variable} must be a number, not {env[variable]!r}") from exc
             if value <= 0:
-                raise ValueError(f"{variable} must be greater than 0")
+                raise SettingsError(f"{variable} must be greater than 0")
             values[name] = value
     return EdgePolicy(**values)  # type: ignore[arg-type]
 

@@ -118,6 +118,22 @@ def test_bad_arguments_get_clear_messages(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("GATEWAY_CORS_ORIGINS", "https://app.example.com, evil\"", "is not an origin"),
+        ("GATEWAY_EDGE_CLIENT_RPS", "lots", "GATEWAY_EDGE_CLIENT_RPS must be a number"),
+        ("GATEWAY_EDGE_HEADERS_TIMEOUT_SECONDS", "0", "must be greater than 0"),
+    ],
+)
+def test_bad_edge_settings_are_refused(
+    tmp_path: Path, variable: str, value: str, message: str
+) -> None:
+    result = run(tmp_path / "data", "up", env={variable: value})
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
 def test_duplicate_workspace_is_refused(tmp_path: Path) -> None:
     data = tmp_path / "data"
     assert run(data, "workspaces", "create", "twice").returncode == 0
