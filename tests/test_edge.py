@@ -322,3 +322,39 @@ async def test_a_client_that_goes_away_is_not_charged(stack: Stack, funded: Issu
             await session.exec(sa.select(Generation).where(Generation.account_id == account))
         ).scalar_one()
     assert record.status == "failed" and record.cost_micros == 0
+
+
+# --- bounds the server checks --------------------------------------------------------------------
+
+
+async def test_counts_and_base64_audio_are_bounded(stack: Stack, funded: IssuedKey) -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://images.example.com/a.png"}}
+    video = {"model": "fakevideo/frames", "prompt": "a tree", "duration": 1}
+    async with httpx.AsyncClient(timeout=120) as client:
+        frames = await client.post(
+            f"{stack.base_url}/videos",
+            json={**video, "frame_images": [{**image, "frame_type": "first_frame"}] * 3},
+            headers=funded.headers,
+        )
+        references = await client.post(
+            f"{stack.base_url}/videos",
+            json={**video, "input_references": [image] * 9},
+            headers=funded.headers,
+        )
+        audio = await client.post(
+            f"{stack.base_url}/audio/transcriptions",
+            json=audio_body("fake/ok", b"\x00" * 25_000_001),
+            headers=funded.headers,
+        )
+    for response, param in ((frames, "frame_images"), (references, "input_references")):
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["metadata"] == {"param": param}
+    assert audio.status_code == 413
+    assert audio.json()["error"] == {
+        "code": 413,
+        "message": "The audio is larger than 25 MB",
+        "metadata": {"param": "input_audio.data"},
+    }
+    assert (
+        await stack.admin.count(VideoJob, VideoJob.account_id == funded.workspace.account_id) == 0
+    )
