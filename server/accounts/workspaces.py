@@ -119,3 +119,16 @@ async def workspace_ids_of_account(session: AsyncSession, account_id: str) -> li
         sa.select(Workspace.id).where(Workspace.account_id == account_id)  # type: ignore[arg-type]
     )
     return [row[0] for row in rows]
+
+
+async def workspace_of_account(
+    session: AsyncSession, account_id: str, wanted: str | None, default: str
+) -> str:
+    """A workspace a management request may act on: `wanted` if it belongs to the account
+    (404 otherwise: another account's workspace is indistinguishable from none), else
+    `default` (the caller's own)."""
+    if not wanted:
+        return default
+    if wanted not in await workspace_ids_of_account(session, account_id):
+        raise not_found(f"workspace {wanted!r} not found")
+    return wanted

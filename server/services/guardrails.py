@@ -8,14 +8,13 @@ import grpc
 from google.protobuf import struct_pb2
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from server.accounts.workspaces import workspace_ids_of_account
+from server.accounts.workspaces import workspace_ids_of_account, workspace_of_account
 from server.auth import Authenticator, Principal
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.clock import Clock, rfc3339
 from server.contract import guardrails_pb2, guardrails_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import Guardrail
-from server.errors import not_found
 from server.guardrails import store
 from server.routing.catalog import Catalog
 from server.services.rpc import (
@@ -78,11 +77,9 @@ class GuardrailsService(guardrails_pb2_grpc.GuardrailsServicer):
         self, session: AsyncSession, principal: Principal, wanted: str | None
     ) -> str:
         """A workspace of the caller's account; by default the caller's own."""
-        if not wanted:
-            return principal.workspace.id
-        if wanted not in await workspace_ids_of_account(session, principal.account.id):
-            raise not_found(f"workspace {wanted!r} not found")
-        return wanted
+        return await workspace_of_account(
+            session, principal.account.id, wanted, principal.workspace.id
+        )
 
     def _changes(self, request: Changes) -> dict[str, Any]:
         """The members the request sets, validated; nothing is written before all pass."""

@@ -10,7 +10,11 @@ from google.protobuf import struct_pb2
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts import keys as key_store
-from server.accounts.workspaces import workspace_by_id, workspace_ids_of_account
+from server.accounts.workspaces import (
+    workspace_by_id,
+    workspace_ids_of_account,
+    workspace_of_account,
+)
 from server.auth import Authenticator, Principal
 from server.billing.key_status import key_status
 from server.billing.money import micros_to_json_number, usd_to_micros
@@ -19,7 +23,7 @@ from server.clock import Clock, rfc3339
 from server.contract import management_pb2, management_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import ApiKey
-from server.errors import bad_request, not_found
+from server.errors import bad_request
 from server.services.keys import limit_and_usage_fields
 from server.services.rpc import (
     answer_with_status,
@@ -96,11 +100,11 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
     ) -> list[str]:
         """The workspaces a request may act on: one named workspace of the caller's account,
         or by default the caller's own."""
-        if not wanted:
-            return [principal.workspace.id]
-        if wanted not in await workspace_ids_of_account(session, principal.account.id):
-            raise not_found(f"workspace {wanted!r} not found")
-        return [wanted]
+        return [
+            await workspace_of_account(
+                session, principal.account.id, wanted, principal.workspace.id
+            )
+        ]
 
     async def ListKeys(
         self, request: management_pb2.ListKeysRequest, context: grpc.aio.ServicerContext
