@@ -4,18 +4,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 import pytest_asyncio
+from sqlmodel import SQLModel
 
 from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
+from server.db.models import LedgerEntry
 from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
 from tests.fakes.openai_stt import FakeSttProvider
 from tests.fakes.video_providers import FakeVideoProviders
@@ -151,6 +157,65 @@ class Stack:
     @property
     def grpc_target(self) -> str:
         return self.gateway.grpc_target
+
+
+@dataclass
+class OwnGateway:
+    """A gateway of one test's own (it may stop or signal it), with a funded key."""
+
+    gateway: GatewayProcess
+    admin: Admin
+    issued: IssuedKey  # a key of a workspace whose account holds 10 USD
+
+    @property
+    def port(self) -> int:
+        return self.gateway.http_port
+
+    def terminate(self) -> None:
+        assert self.gateway.process is not None
+        self.gateway.process.send_signal(signal.SIGTERM)
+
+    async def exit_code(self, within: float) -> int:
+        assert self.gateway.process is not None
+        return await asyncio.to_thread(self.gateway.process.wait, within)
+
+    async def count(self, table: type[SQLModel], *where: Any) -> int:
+        return await self.admin.count(table, *where)
+
+    async def charges(self) -> int:
+        account = self.issued.workspace.account_id
+        return await self.count(
+            LedgerEntry, LedgerEntry.account_id == account, LedgerEntry.kind == "charge"
+        )
+
+
+@contextlib.asynccontextmanager
+async def own_gateway(
+    databases: Databases,
+    backend: str,
+    folder: Path,
+    fake_stt: FakeSttProvider,
+    receiver: WebhookReceiver,
+    env: dict[str, str] | None = None,
+) -> AsyncIterator[OwnGateway]:
+    """`gateway up` on a fresh database of `backend` with the test catalog, plus `env`."""
+    url = await databases.new(backend)
+    catalog = write_test_catalog(folder / "catalog.toml", fake_stt.base_url)
+    gateway = GatewayProcess(
+        data_dir=folder / "gw",
+        database_url=url,
+        extra_env={**gateway_env(catalog, receiver), **(env or {})},
+    )
+    await asyncio.to_thread(gateway.start)
+    engine = create_engine(url)
+    try:
+        admin = Admin(session_factory(engine))
+        workspace = await admin.workspace("own")
+        await admin.credits(workspace, "10")
+        yield OwnGateway(gateway, admin, await admin.key(workspace))
+    finally:
+        await engine.dispose()
+        await asyncio.to_thread(gateway.stop)
 
 
 @pytest_asyncio.fixture(scope="session", params=BACKENDS)

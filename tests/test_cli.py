@@ -121,7 +121,7 @@ def test_bad_arguments_get_clear_messages(
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [
-        ("GATEWAY_CORS_ORIGINS", "https://app.example.com, evil\"", "is not an origin"),
+        ("GATEWAY_CORS_ORIGINS", 'https://app.example.com, evil"', "is not an origin"),
         ("GATEWAY_EDGE_CLIENT_RPS", "lots", "GATEWAY_EDGE_CLIENT_RPS must be a number"),
         ("GATEWAY_EDGE_HEADERS_TIMEOUT_SECONDS", "0", "must be greater than 0"),
     ],

@@ -6,23 +6,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
 import sqlalchemy as sa
-from sqlmodel import SQLModel
 
-from server.db.engine import create_engine, session_factory
 from server.db.models import CreditHold, Generation, LedgerEntry, VideoJob
-from tests.conftest import Databases, Stack, gateway_env
+from tests.conftest import Databases, OwnGateway, Stack, own_gateway
 from tests.fakes.openai_stt import FakeSttProvider
 from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.admin import Admin, IssuedKey
-from tests.support.catalog import write_test_catalog
+from tests.support.admin import IssuedKey
 from tests.support.processes import GatewayProcess
 from tests.support.raw_http import exchange
 from tests.test_transcription import audio_body
@@ -39,34 +34,16 @@ def client_from(address: str, timeout: float = 30) -> httpx.AsyncClient:
     )
 
 
-@dataclass
-class Edge:
-    gateway: GatewayProcess
-    admin: Admin
-    issued: IssuedKey
-
-    @property
-    def port(self) -> int:
-        return self.gateway.http_port
-
-    async def count(self, table: type[SQLModel], *where: Any) -> int:
-        return await self.admin.count(table, *where)
-
-
 @pytest_asyncio.fixture(scope="module")
 async def edge(
     databases: Databases,
     tmp_path_factory: pytest.TempPathFactory,
     fake_stt: FakeSttProvider,
     webhook_receiver: WebhookReceiver,
-) -> AsyncIterator[Edge]:
+) -> AsyncIterator[OwnGateway]:
     """A gateway whose operator restricted origins and set tight edge limits. Each test
     speaks from its own loopback address, so the per-client buckets do not mix."""
-    url = await databases.new("sqlite")
-    data_dir = tmp_path_factory.mktemp("edge")
-    catalog = write_test_catalog(data_dir / "catalog.toml", fake_stt.base_url)
     env = {
-        **gateway_env(catalog, webhook_receiver),
         "GATEWAY_CORS_ORIGINS": f"{ALLOWED}, https://admin.example.com",
         "GATEWAY_EDGE_CLIENT_RPS": str(CLIENT_RPS),
         "GATEWAY_EDGE_CLIENT_BURST": str(CLIENT_BURST),
@@ -74,17 +51,10 @@ async def edge(
         "GATEWAY_EDGE_REQUEST_TIMEOUT_SECONDS": "2",
         "GATEWAY_EDGE_UPSTREAM_TIMEOUT_SECONDS": "1",
     }
-    gateway = GatewayProcess(data_dir=data_dir, database_url=url, extra_env=env)
-    await asyncio.to_thread(gateway.start)
-    engine = create_engine(url)
-    try:
-        admin = Admin(session_factory(engine))
-        workspace = await admin.workspace("edge")
-        await admin.credits(workspace, "10")
-        yield Edge(gateway, admin, await admin.key(workspace))
-    finally:
-        await engine.dispose()
-        await asyncio.to_thread(gateway.stop)
+    async with own_gateway(
+        databases, "sqlite", tmp_path_factory.mktemp("edge"), fake_stt, webhook_receiver, env
+    ) as edge:
+        yield edge
 
 
 def preflight(origin: str) -> dict[str, str]:
@@ -115,7 +85,7 @@ async def test_any_origin_by_default(stack: Stack, funded: IssuedKey) -> None:
     assert "x-request-id" in actual.headers["access-control-expose-headers"]
 
 
-async def test_restricted_origins(edge: Edge) -> None:
+async def test_restricted_origins(edge: OwnGateway) -> None:
     base = edge.gateway.base_url
     async with client_from("127.0.0.2") as client:
         allowed = await client.options(f"{base}/videos", headers=preflight(ALLOWED))
@@ -150,7 +120,7 @@ async def test_restricted_origins(edge: Edge) -> None:
 # --- flood protection ----------------------------------------------------------------------------
 
 
-async def test_a_flood_is_cut_off_while_other_clients_are_served(edge: Edge) -> None:
+async def test_a_flood_is_cut_off_while_other_clients_are_served(edge: OwnGateway) -> None:
     url = f"{edge.gateway.base_url}/key"
     headers = edge.issued.headers
     polite_statuses: list[int] = []
@@ -230,7 +200,7 @@ async def test_the_global_ceiling(
 # --- slow clients --------------------------------------------------------------------------------
 
 
-async def test_slow_headers_and_a_stalled_body_are_408(edge: Edge) -> None:
+async def test_slow_headers_and_a_stalled_body_are_408(edge: OwnGateway) -> None:
     port = edge.port
     slow_headers = await asyncio.to_thread(
         exchange, port, b"GET /api/v1/key HTTP/1.1\r\nHost: gateway\r\n", source="127.0.0.5"
@@ -256,7 +226,7 @@ async def test_slow_headers_and_a_stalled_body_are_408(edge: Edge) -> None:
 
 
 async def test_the_deadline_reaches_the_provider_call_and_nothing_is_charged(
-    edge: Edge,
+    edge: OwnGateway,
 ) -> None:
     """Envoy's route timeout (1 s here) becomes the server's gRPC deadline: the server stops
     waiting for a provider that takes 2 s and answers 504 itself, before the edge's 524."""

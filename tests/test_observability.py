@@ -4,14 +4,11 @@ health that follows the database, and a SIGTERM that drains."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +19,11 @@ import pytest_asyncio
 import sqlalchemy as sa
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from sqlmodel import SQLModel
 
 from server.contract import keys_pb2, keys_pb2_grpc
 from server.db.engine import create_engine, session_factory
-from server.db.models import CreditHold, LedgerEntry, VideoJob
-from tests.conftest import Databases, Stack, gateway_env
+from server.db.models import CreditHold, VideoJob
+from tests.conftest import Databases, Stack, gateway_env, own_gateway
 from tests.fakes.openai_stt import FakeSttProvider
 from tests.fakes.otlp_collector import OtlpCollector
 from tests.fakes.webhook_receiver import WebhookReceiver
@@ -391,66 +387,13 @@ async def test_health_follows_database_reachability(databases: Databases, tmp_pa
 # --- shutdown ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Stopping:
-    """A gateway of the test's own (it gets SIGTERM) with a funded key."""
-
-    gateway: GatewayProcess
-    admin: Admin
-    issued: IssuedKey
-
-    def terminate(self) -> None:
-        assert self.gateway.process is not None
-        self.gateway.process.send_signal(signal.SIGTERM)
-
-    async def exit_code(self, within: float) -> int:
-        assert self.gateway.process is not None
-        return await asyncio.to_thread(self.gateway.process.wait, within)
-
-    async def count(self, table: type[SQLModel], *where: Any) -> int:
-        return await self.admin.count(table, *where)
-
-    async def charges(self) -> int:
-        account = self.issued.workspace.account_id
-        return await self.count(
-            LedgerEntry, LedgerEntry.account_id == account, LedgerEntry.kind == "charge"
-        )
-
-
-@contextlib.asynccontextmanager
-async def stopping_gateway(
-    databases: Databases,
-    backend: str,
-    folder: Path,
-    fake_stt: FakeSttProvider,
-    receiver: WebhookReceiver,
-) -> AsyncIterator[Stopping]:
-    url = await databases.new(backend)
-    catalog = write_test_catalog(folder / "catalog.toml", fake_stt.base_url)
-    gateway = GatewayProcess(
-        data_dir=folder / "gw", database_url=url, extra_env=gateway_env(catalog, receiver)
-    )
-    await asyncio.to_thread(gateway.start)
-    engine = create_engine(url)
-    try:
-        admin = Admin(session_factory(engine))
-        workspace = await admin.workspace("stopping")
-        await admin.credits(workspace, "10")
-        yield Stopping(gateway, admin, await admin.key(workspace))
-    finally:
-        await engine.dispose()
-        await asyncio.to_thread(gateway.stop)
-
-
 async def test_sigterm_lets_requests_in_flight_finish_and_charges_them(
     databases: Databases,
     tmp_path: Path,
     fake_stt: FakeSttProvider,
     webhook_receiver: WebhookReceiver,
 ) -> None:
-    async with stopping_gateway(
-        databases, "sqlite", tmp_path, fake_stt, webhook_receiver
-    ) as stopping:
+    async with own_gateway(databases, "sqlite", tmp_path, fake_stt, webhook_receiver) as stopping:
         base_url, headers = stopping.gateway.base_url, stopping.issued.headers
         calls_before = len(fake_stt.calls_for("slow-2"))
         async with httpx.AsyncClient(timeout=60) as client:
@@ -488,9 +431,7 @@ async def test_sigterm_finishes_the_video_step_in_hand(
     fake_stt: FakeSttProvider,
     webhook_receiver: WebhookReceiver,
 ) -> None:
-    async with stopping_gateway(
-        databases, "postgres", tmp_path, fake_stt, webhook_receiver
-    ) as stopping:
+    async with own_gateway(databases, "postgres", tmp_path, fake_stt, webhook_receiver) as stopping:
         async with httpx.AsyncClient(timeout=30) as client:
             submitted = await client.post(
                 f"{stopping.gateway.base_url}/videos",
