@@ -5,7 +5,8 @@ fast fake provider in a process of its own, the lean keep-alive client), through
 one concurrency (16), for two models of one catalog on that provider: `bench/fast`
 (paid, 0.0001 USD/s) and its variant `bench/fast:free` (price 0), against two gateways
 running side by side, each on a fresh database of its own, measured one right after the
-other for each model (without limits first):
+other for each model, in rounds (3 by default) whose order alternates (without limits first,
+then with limits first, ...); the median req/s of the rounds are compared:
 
 - limits enforced: `gateway up`, the server as shipped (server/limits/admission.py,
   EnforcedLimits): the free-model gate (per-minute and daily counters) for `:free`, then a
@@ -16,11 +17,12 @@ other for each model (without limits first):
 
 The free-model limits are per account (20 requests per UTC minute, 1000 per UTC day with 9
 purchased credits). So that the `:free` case measures admitted requests, not cheap 429s,
-each database gets enough accounts that none sees more than 20 `:free` requests in the whole
-case, whatever minutes they fall in: ceil((warm-up + requests) / 20) of them, and at least
-one per concurrent request. They are written in one transaction with the domain functions
-the operator CLI uses (`gateway workspaces create` + `credits add --amount 10` + `keys create
---limit 5` per account would take a process start each): each workspace has its own account,
+each database gets enough accounts that none sees more than 20 `:free` requests in all the
+rounds, whatever minutes they fall in: ceil((warm-up + requests) / floor(20 / rounds)) of
+them, and at least one per concurrent request. They are written in one transaction with the
+domain functions the operator CLI uses (`gateway workspaces create` + `credits add --amount
+10` + `keys create --limit 5` per account would take a process start each): each workspace
+has its own account,
 10 purchased credits and one key capped at 5 USD, far above what the run spends, so every
 hold checks both the balance and the cap and passes. Requests go round-robin over the keys;
 one more account serves the preflight checks. Both models use the same keys.
@@ -53,6 +55,7 @@ import contextlib
 import json
 import math
 import signal
+import statistics
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -142,10 +145,12 @@ class BenchKeys:
     load: list[str]  # the measured requests go round-robin over these
 
 
-def accounts_needed(requests: int, warmup: int, concurrency: int) -> int:
-    """Load accounts: none gets more `:free` requests in a whole case (warm-up included)
-    than the per-minute limit allows, and concurrent requests rarely share one."""
-    return max(concurrency, math.ceil((warmup + requests) / REQUESTS_PER_MINUTE))
+def accounts_needed(requests: int, warmup: int, concurrency: int, rounds: int) -> int:
+    """Load accounts: none gets more `:free` requests in all the rounds (warm-ups included)
+    than the per-minute limit allows, and concurrent requests rarely share one. Each round
+    starts again at the first key, so each may give a key its share rounded up."""
+    per_round = REQUESTS_PER_MINUTE // rounds
+    return max(concurrency, math.ceil((warmup + requests) / per_round))
 
 
 async def create_accounts(database_url: str, count: int) -> BenchKeys:
@@ -201,6 +206,7 @@ async def counted_free_requests(database_url: str) -> int:
 class LimitsCase:
     model: str
     limits: str  # Variant.name
+    round: int
     result: CaseResult
 
     @property
@@ -208,6 +214,57 @@ class LimitsCase:
         """200s per second: errors do not count as served."""
         r = self.result
         return round((r.requests - r.errors) / r.seconds, 1) if r.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LimitsSummary:
+    """One model and variant over all rounds: medians of the rounds, errors summed."""
+
+    model: str
+    limits: str
+    rounds: list[LimitsCase]
+
+    @property
+    def served_per_second(self) -> float:
+        return statistics.median(c.served_per_second for c in self.rounds)
+
+    @property
+    def concurrency(self) -> int:
+        return self.rounds[0].result.concurrency
+
+    @property
+    def requests(self) -> int:
+        return sum(c.result.requests for c in self.rounds)
+
+    @property
+    def errors(self) -> int:
+        return sum(c.result.errors for c in self.rounds)
+
+    @property
+    def hit_time_cap(self) -> bool:
+        return any(c.result.hit_time_cap for c in self.rounds)
+
+    def median_ms(self, name: str) -> float | None:
+        values = [getattr(c.result, name) for c in self.rounds]
+        present = [v for v in values if v is not None]
+        return round(statistics.median(present), 2) if present else None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "limits": self.limits,
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "errors": self.errors,
+            "served_per_second": self.served_per_second,
+            "p50_ms": self.median_ms("p50_ms"),
+            "p99_ms": self.median_ms("p99_ms"),
+            "hit_time_cap": self.hit_time_cap,
+            "rounds": [
+                {"round": c.round, "served_per_second": c.served_per_second, **asdict(c.result)}
+                for c in self.rounds
+            ],
+        }
 
 
 async def preflight(base_url: str, key: str, model: str) -> None:
@@ -254,7 +311,7 @@ def gateway_under_test(
 ) -> Iterator[GatewayUnderTest]:
     data_dir.mkdir()
     with run_database(pg, data_dir) as database:
-        count = accounts_needed(args.requests, args.warmup, args.concurrency)
+        count = accounts_needed(args.requests, args.warmup, args.concurrency, args.rounds)
         keys = asyncio.run(create_accounts(database.url, count))
         gateway = GatewayProcess(
             data_dir=data_dir,
@@ -277,30 +334,32 @@ async def run_cases(
     cases: list[LimitsCase] = []
     for model, label in MODELS.items():
         upload = multipart_upload(model, audio)
-        # The gateways right after one another, so a change in the machine's other load
-        # falls on both sides of one comparison as little as it can.
-        for under_test in gateways:
-            async with LeanHttpClient(
-                under_test.gateway.base_url + ROUTE,
-                under_test.keys.load,
-                upload.content_type,
-                upload.content,
-            ) as client:
-                result = await measure(
-                    f"{label} model, limits {under_test.variant.name}",
-                    lean_call(client),
-                    args.concurrency,
-                    args.requests,
-                    args.warmup,
-                    args.time_cap,
+        for round_index in range(args.rounds):
+            # The gateways right after one another, in turn first (A B B A ...): a drift in
+            # the machine's other load falls on both sides of the comparison alike.
+            order = gateways if round_index % 2 == 0 else list(reversed(gateways))
+            for under_test in order:
+                async with LeanHttpClient(
+                    under_test.gateway.base_url + ROUTE,
+                    under_test.keys.load,
+                    upload.content_type,
+                    upload.content,
+                ) as client:
+                    result = await measure(
+                        f"{label} model, limits {under_test.variant.name}",
+                        lean_call(client),
+                        args.concurrency,
+                        args.requests,
+                        args.warmup,
+                        args.time_cap,
+                    )
+                cases.append(LimitsCase(model, under_test.variant.name, round_index, result))
+                print(
+                    f"  done: {result.path} (round {round_index + 1}/{args.rounds}): "
+                    f"{result.requests_per_second} req/s, p50 {result.p50_ms} ms",
+                    file=sys.stderr,
+                    flush=True,
                 )
-            cases.append(LimitsCase(model, under_test.variant.name, result))
-            print(
-                f"  done: {result.path}: {result.requests_per_second} req/s, "
-                f"p50 {result.p50_ms} ms",
-                file=sys.stderr,
-                flush=True,
-            )
     return cases
 
 
@@ -315,14 +374,14 @@ class VariantRun:
 # --- report ---------------------------------------------------------------------------------
 
 
-def _case(runs: Sequence[VariantRun], model: str, limits: str) -> LimitsCase | None:
-    return next(
-        (c for run in runs for c in run.cases if c.model == model and c.limits == limits), None
-    )
+def _case(runs: Sequence[VariantRun], model: str, limits: str) -> LimitsSummary | None:
+    rounds = [c for run in runs for c in run.cases if c.model == model and c.limits == limits]
+    return LimitsSummary(model, limits, rounds) if rounds else None
 
 
 def throughput_cost(runs: Sequence[VariantRun], model: str) -> float | None:
-    """1 - served req/s with limits / served req/s without, for one model."""
+    """1 - served req/s with limits / served req/s without, for one model (medians of the
+    rounds)."""
     enforced = _case(runs, model, ENFORCED.name)
     none = _case(runs, model, NO_LIMITS.name)
     if enforced is None or none is None or none.served_per_second <= 0:
@@ -349,20 +408,21 @@ def target_checks(runs: Sequence[VariantRun], concurrency: int) -> list[TargetCh
 
 def markdown_table(runs: Sequence[VariantRun]) -> str:
     rows = [
-        "| model | limits | concurrency | requests | req/s | p50 ms | p99 ms | errors |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| model | limits | concurrency | requests | req/s (median) | req/s by round "
+        "| p50 ms | p99 ms | errors |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|",
     ]
     for model, label in MODELS.items():
         for variant in (ENFORCED, NO_LIMITS):
             case = _case(runs, model, variant.name)
             if case is None:
                 continue
-            r = case.result
-            requests = f"{r.requests}" + (" (time cap)" if r.hit_time_cap else "")
+            requests = f"{case.requests}" + (" (time cap)" if case.hit_time_cap else "")
+            each = " / ".join(f"{c.served_per_second:.1f}" for c in case.rounds)
             rows.append(
-                f"| {label} | {variant.name} | {r.concurrency} | {requests} "
-                f"| {case.served_per_second:.1f} | {fmt(r.p50_ms)} | {fmt(r.p99_ms)} "
-                f"| {r.errors} |"
+                f"| {label} | {variant.name} | {case.concurrency} | {requests} "
+                f"| {case.served_per_second:.1f} | {each} | {fmt(case.median_ms('p50_ms'))} "
+                f"| {fmt(case.median_ms('p99_ms'))} | {case.errors} |"
             )
     return "\n".join(rows)
 
@@ -370,14 +430,20 @@ def markdown_table(runs: Sequence[VariantRun]) -> str:
 def report(
     runs: Sequence[VariantRun], machine: dict[str, Any], args: argparse.Namespace, accounts: int
 ) -> str:
-    lines = [markdown_table(runs), "", "Cost of the limit checks (1 - req/s with / without):"]
+    lines = [
+        markdown_table(runs),
+        "",
+        f"Cost of the limit checks (1 - median req/s with / without, {args.rounds} rounds):",
+    ]
     for model, label in MODELS.items():
         cost = throughput_cost(runs, model)
         enforced = _case(runs, model, ENFORCED.name)
         none = _case(runs, model, NO_LIMITS.name)
         p50 = "-"
-        if enforced and none and enforced.result.p50_ms is not None and none.result.p50_ms:
-            p50 = f"{enforced.result.p50_ms - none.result.p50_ms:+.2f} ms"
+        with_p50 = enforced.median_ms("p50_ms") if enforced else None
+        without_p50 = none.median_ms("p50_ms") if none else None
+        if with_p50 is not None and without_p50 is not None:
+            p50 = f"{with_p50 - without_p50:+.2f} ms"
         lines.append(
             f"- {label}: {'-' if cost is None else f'{cost:.1%}'} of the throughput, p50 {p50}"
         )
@@ -410,6 +476,14 @@ def report(
 # --- main -----------------------------------------------------------------------------------
 
 
+def rounds_count(text: str) -> int:
+    """1..20: every account must keep room for a request in each round's minute."""
+    value = positive_int(text)
+    if value > REQUESTS_PER_MINUTE:
+        raise argparse.ArgumentTypeError(f"at most {REQUESTS_PER_MINUTE} rounds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.limits",
@@ -420,6 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_load_arguments(parser, requests=1000, warmup=100)
     parser.add_argument(
         "--concurrency", type=positive_int, default=TARGET_CONCURRENCY, help="concurrency (16)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=rounds_count,
+        default=3,
+        help="measurements of each gateway per model, taken in turn; medians are compared (3)",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write results as JSON")
     return parser
@@ -462,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     database = gateways[0].database.label
 
-    accounts = accounts_needed(args.requests, args.warmup, args.concurrency)
+    accounts = accounts_needed(args.requests, args.warmup, args.concurrency, args.rounds)
     machine = machine_info(database)
     print(report(runs, machine, args, accounts))
     if args.json is not None:
@@ -473,6 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "warmup": args.warmup,
                 "time_cap_seconds": args.time_cap,
                 "concurrency": args.concurrency,
+                "rounds": args.rounds,
                 "workers": args.workers,
                 "client": "lean",
                 "models": {model: label for model, label in MODELS.items()},
@@ -488,14 +569,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             },
             "counted_free_requests": {run.variant.name: run.counted_free for run in runs},
             "results": [
-                {
-                    "model": case.model,
-                    "limits": case.limits,
-                    "served_per_second": case.served_per_second,
-                    **asdict(case.result),
-                }
-                for run in runs
-                for case in run.cases
+                summary.as_json()
+                for model in MODELS
+                for variant in VARIANTS
+                if (summary := _case(runs, model, variant.name)) is not None
             ],
             "throughput_cost": {model: throughput_cost(runs, model) for model in MODELS},
             "targets": [asdict(check) for check in target_checks(runs, args.concurrency)],

@@ -1,5 +1,5 @@
-"""Limits that hold under concurrency: real parallel requests through Envoy, on SQLite, on
-PostgreSQL, and with two server processes sharing one PostgreSQL."""
+"""Limits that hold under concurrency: real parallel requests through Envoy to two server
+processes sharing one database, SQLite or PostgreSQL."""
 
 from __future__ import annotations
 
@@ -23,11 +23,9 @@ COST = 1_075_125  # micro-dollars: 1.075125 s at 1 USD/s
 
 
 @pytest.fixture
-async def second_process(stack: Stack) -> AsyncIterator[GatewayProcess | None]:
-    """Another `gateway up` on the same database (PostgreSQL only: the multi-process case)."""
-    if not stack.gateway.database_url.startswith("postgresql"):
-        yield None
-        return
+async def second_process(stack: Stack) -> AsyncIterator[GatewayProcess]:
+    """Another `gateway up` on the same database: two processes share one SQLite file (whose
+    write lock orders their holds) or one PostgreSQL (row locks)."""
     other = GatewayProcess(
         data_dir=stack.gateway.data_dir / "second",
         database_url=stack.gateway.database_url,
@@ -38,8 +36,8 @@ async def second_process(stack: Stack) -> AsyncIterator[GatewayProcess | None]:
     await asyncio.to_thread(other.stop)
 
 
-def _urls(stack: Stack, other: GatewayProcess | None) -> list[str]:
-    return [stack.base_url] + ([other.base_url] if other is not None else [])
+def _urls(stack: Stack, other: GatewayProcess) -> list[str]:
+    return [stack.base_url, other.base_url]
 
 
 async def _parallel(
@@ -57,7 +55,7 @@ async def _parallel(
 
 
 async def test_a_key_cap_admits_exactly_k_and_reconciles(
-    stack: Stack, second_process: GatewayProcess | None, unique: str
+    stack: Stack, second_process: GatewayProcess, unique: str
 ) -> None:
     workspace = await stack.admin.workspace(f"cap-{unique}")
     await stack.admin.credits(workspace, "100")
@@ -92,7 +90,7 @@ async def test_a_key_cap_admits_exactly_k_and_reconciles(
 
 
 async def test_an_account_balance_admits_exactly_k(
-    stack: Stack, second_process: GatewayProcess | None, unique: str
+    stack: Stack, second_process: GatewayProcess, unique: str
 ) -> None:
     workspace = await stack.admin.workspace(f"bal-{unique}")
     await stack.admin.credits(workspace, "3.3")  # exactly 3 requests
@@ -113,7 +111,7 @@ async def test_an_account_balance_admits_exactly_k(
 
 
 async def test_free_minute_limit_across_processes(
-    stack: Stack, second_process: GatewayProcess | None, unique: str
+    stack: Stack, second_process: GatewayProcess, unique: str
 ) -> None:
     workspace = await stack.admin.workspace(f"fm-{unique}")
     await stack.admin.credits(workspace, "1")
@@ -127,7 +125,7 @@ async def test_free_minute_limit_across_processes(
 
 
 async def test_two_processes_never_run_one_video_job_twice(
-    stack: Stack, second_process: GatewayProcess | None, unique: str
+    stack: Stack, second_process: GatewayProcess, unique: str
 ) -> None:
     """Both processes' workers poll one queue, and both dispatchers one webhook outbox: every
     job is submitted to the provider once, completes once, is charged once, and its webhook

@@ -1,8 +1,8 @@
 """Credit holds: reserve a request's estimated cost up front, settle it to the real cost when
-the request finishes, release it on failure. Holds and settlements of one account are
-serialized by an UPDATE of the account row, and each reads the whole budget in one
-statement, so parallel requests — on one process or many — never spend beyond the balance or
-a key's cap."""
+the request finishes, release it on failure. Holds of one account are serialized (an UPDATE
+of the account row on PostgreSQL, the database's write lock on SQLite), and each reads the
+whole budget in the statement that reserves, so parallel requests — on one process or many —
+never spend beyond the balance or a key's cap."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.billing.ledger import record_charge
 from server.billing.periods import PERIODS, period_starts
 from server.billing.usage import ACCOUNT, KEY
+from server.db.driver import fetch_rows
 from server.db.models import Account, ApiKey, CreditHold, UsageCounter, UtcDateTime
 from server.errors import GatewayError
 
@@ -38,12 +39,15 @@ def insufficient(source: str, message: str, retry_after: int | None = None) -> G
     return GatewayError(402, message, {"limit_source": source}, retry_after_seconds=retry_after)
 
 
+_LOCK_ACCOUNT = (
+    sa.update(Account)
+    .where(Account.id == sa.bindparam("account_id"))  # type: ignore[arg-type]
+    .values(lock_version=Account.lock_version + 1)
+)
+
+
 async def _lock_account(session: AsyncSession, account_id: str) -> None:
-    await session.exec(
-        sa.update(Account)
-        .where(Account.id == account_id)  # type: ignore[arg-type]
-        .values(lock_version=Account.lock_version + 1)
-    )
+    await fetch_rows(session, _LOCK_ACCOUNT, {"account_id": account_id})
 
 
 _HOLDS = CreditHold.__table__  # type: ignore[attr-defined]
@@ -185,7 +189,12 @@ async def place_hold(
     lock taken here: commit promptly."""
     if amount_micros < 0:
         raise ValueError("a hold cannot be negative")
-    await _lock_account(session, account_id)
+    # PostgreSQL: the account row lock orders holds, and the reserve below then reads with a
+    # snapshot taken after it. SQLite's reserve needs no lock: a writing statement takes the
+    # database's write lock before it reads, and keeps it to the commit.
+    on_sqlite = session.get_bind().dialect.name == "sqlite"
+    if not on_sqlite:
+        await _lock_account(session, account_id)
     starts = period_starts(now)
     params = {f"{period}_start": starts.of(period) for period in PERIODS}
     hold = Hold(f"hold_{secrets.token_hex(12)}", account_id, key_hash, amount_micros, is_byok)
@@ -198,10 +207,13 @@ async def place_hold(
         "expires_at": now + ttl,
     }
     if not is_byok:  # the common case: check and reserve in one statement
-        reserved = (await session.exec(_RESERVE, params={**params, **values, "now": now})).first()
-        if reserved is not None:
+        reserved = await fetch_rows(session, _RESERVE, {**params, **values, "now": now})
+        if reserved:
             return hold
-    # Refused (read the budget to say why), or BYOK (whose key decides whether it counts).
+    # Refused (read the budget to say why), or BYOK (whose key decides whether it counts):
+    # a read, then a write, so SQLite too takes the write lock first.
+    if on_sqlite:
+        await _lock_account(session, account_id)
     row = (
         await session.exec(
             _BUDGET,

@@ -31,6 +31,9 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         kwargs.setdefault("pool_size", 1)
         kwargs.setdefault("max_overflow", 0)
         kwargs.setdefault("pool_timeout", 120)
+        # Sessions always end their transactions (commit, or rollback on close), so the
+        # pool's extra ROLLBACK on every check-in would only add a hop to aiosqlite's thread.
+        kwargs.setdefault("pool_reset_on_return", None)
         engine = create_async_engine(url, **kwargs)
         sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine

@@ -37,8 +37,8 @@ class Account(SQLModel, table=True):
     name: str = Field(max_length=255)
     credits_purchased_micros: int = Field(default=0, sa_type=sa.BigInteger)
     exempt_free_limits: bool = False
-    # Bumped by every credit hold/settlement: the UPDATE serializes them per account on
-    # PostgreSQL (row lock) and SQLite (write lock), so concurrent requests never overspend.
+    # Bumped to serialize credit holds per account (row lock on PostgreSQL; on SQLite it takes
+    # the write lock before a hold that reads first), so concurrent requests never overspend.
     lock_version: int = Field(default=0, sa_type=sa.BigInteger)
     created_at: datetime = Field(sa_type=UtcDateTime)
 

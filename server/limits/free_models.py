@@ -11,6 +11,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.money import usd_to_micros
+from server.db.driver import fetch_rows
 from server.db.models import RateWindow, UsageCounter
 from server.errors import GatewayError
 
@@ -58,13 +59,22 @@ def _insert(dialect: str) -> Any:
     return postgresql.insert if dialect == "postgresql" else sqlite.insert
 
 
+# The other columns a counting upsert's INSERT sets (one request counted).
+_INSERTED = {
+    _WINDOWS.name: ["count"],
+    _COUNTERS.name: ["spend_micros", "byok_micros", "free_requests"],
+}
+
+
 def _counting_upsert(
     dialect: str, table: sa.Table, keys: list[str], column: str, *, capped: bool
 ) -> Any:
     """INSERT one, or add one — only while below :cap when capped — RETURNING the count.
     One statement: the row lock (PostgreSQL) or the write lock (SQLite) makes it exact under
     any concurrency, across processes."""
-    statement = _insert(dialect)(table)
+    statement = _insert(dialect)(table).values(
+        {name: sa.bindparam(name) for name in [*keys, *_INSERTED[table.name]]}
+    )
     update = statement.on_conflict_do_update(
         index_elements=keys,
         set_={column: table.c[column] + 1},
@@ -138,15 +148,12 @@ async def admit_free_request(
     caller's rollback takes the count back."""
     dialect = "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
     minute = now.astimezone(UTC).replace(second=0, microsecond=0)
-    counted = (
-        await session.exec(
-            _STATEMENTS[(dialect, "minute")].values(
-                subject_id=account_id, window_start=minute, count=1
-            ),
-            params={"cap": REQUESTS_PER_MINUTE},
-        )
-    ).first()
-    if counted is None:
+    counted = await fetch_rows(
+        session,
+        _STATEMENTS[(dialect, "minute")],
+        {"subject_id": account_id, "window_start": minute, "count": 1, "cap": REQUESTS_PER_MINUTE},
+    )
+    if not counted:
         raise rate_limited(REQUESTS_PER_MINUTE, minute + timedelta(minutes=1), "minute")
     today = now.astimezone(UTC).date()
     gated = not (exempt or is_byok)  # exempt and BYOK requests are counted, never refused
@@ -160,12 +167,9 @@ async def admit_free_request(
         byok_micros=0,
         free_requests=1,
     )
-    counted = (
-        await session.exec(
-            _STATEMENTS[(dialect, "day_capped" if gated else "day")].values(**row),
-            params={"cap": limit},
-        )
-    ).first()
-    if counted is None:
+    counted = await fetch_rows(
+        session, _STATEMENTS[(dialect, "day_capped" if gated else "day")], {**row, "cap": limit}
+    )
+    if not counted:
         tomorrow = datetime.combine(today + timedelta(days=1), time(0), tzinfo=UTC)
         raise rate_limited(limit, tomorrow, "day")

@@ -137,10 +137,9 @@ class Transcriber:
         or Envoy's route timeout): the providers get what is left of it."""
         model = self._model(request)
         guardrails = await guardrails_of(session, principal.workspace.id)
-        # End the read transaction: the connection serves other requests while the audio is
-        # probed (SQLite has one).
-        await session.commit()
         endpoints = guardrails.endpoints(model)
+        # Probing runs on the event loop: no other request could use the connection meanwhile,
+        # so the transaction stays open through it and one commit ends reads and admission.
         audio = probe(request.audio, request.claimed_format, request.audio_param)
         if request.claimed_format is None or request.claimed_format != audio.format:
             request.claimed_format = audio.format
@@ -151,7 +150,9 @@ class Transcriber:
         hold = await self._limits.admit(
             session, principal, model_id=model.id, estimate_micros=cost, now=self._clock.now()
         )
-        await session.commit()  # the hold (and the free-request count) before the provider call
+        # The hold (and the free-request count) before the provider call; this also ends the
+        # caller's reads, so admission adds no commit of its own.
+        await session.commit()
         generation_id = f"gen_{secrets.token_hex(12)}"
         budget = None if time_remaining is None else time_remaining - DEADLINE_MARGIN_SECONDS
         try:

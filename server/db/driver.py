@@ -1,0 +1,91 @@
+"""Run the few statements of admission (the checks every billable request passes) on the
+session's driver connection, skipping SQLAlchemy's per-statement machinery.
+
+Through SQLAlchemy, one statement on aiosqlite costs three or four hand-offs to the
+connection's thread (open a cursor, execute, fetch, close), and with SQLite's single pooled
+connection every other request waits through each of them; aiosqlite's `execute_fetchall`
+does it in one. On asyncpg the statement is one round trip either way, but SQLAlchemy's
+Python around it costs about as much as the database's work. The statements are still
+SQLAlchemy Core, compiled once per dialect with their parameters converted by their column
+types, and they run inside the session's transaction, on its connection, so they commit or
+roll back with everything else the caller does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import sqlalchemy as sa
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+# Raised by asyncpg when the connection or the server went away.
+_CONNECTION_LOST = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError)
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    sql: str
+    names: tuple[str, ...]  # parameter names in positional order
+    processors: Mapping[str, Callable[[Any], Any] | None]
+    literals: Mapping[str, Any]  # values bound in the statement itself (sa.literal, x + 1)
+
+    def arguments(self, params: Mapping[str, Any]) -> list[Any]:
+        values = []
+        for name in self.names:
+            value = params[name] if name in params else self.literals[name]
+            processor = self.processors[name]
+            values.append(value if processor is None else processor(value))
+        return values
+
+
+# Memo of compiled statements: they are module-level constants, so this stays small.
+_compiled: dict[tuple[int, str], tuple[sa.Executable, _Compiled]] = {}
+
+
+def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
+    key = (id(statement), dialect.name)
+    known = _compiled.get(key)
+    if known is not None and known[0] is statement:
+        return known[1]
+    result = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+    names = tuple(result.positiontup or ())
+    binds = {name: result.binds[name] for name in names}
+    compiled = _Compiled(
+        sql=result.string,
+        names=names,
+        processors={name: bind.type.bind_processor(dialect) for name, bind in binds.items()},
+        literals={name: bind.value for name, bind in binds.items() if bind.value is not None},
+    )
+    _compiled[key] = (statement, compiled)
+    return compiled
+
+
+async def fetch_rows(
+    session: AsyncSession, statement: sa.Executable, params: Mapping[str, Any]
+) -> Sequence[Sequence[Any]]:
+    """Execute `statement` (a module-level constant) with `params` in the session's
+    transaction; return its rows (RETURNING's, for a write; none for a plain write)."""
+    connection = await session.connection()
+    dialect = connection.dialect
+    raw = await connection.get_raw_connection()
+    driver: Any = raw.driver_connection
+    if dialect.name == "sqlite":
+        compiled = _compile(statement, dialect)
+        return list(await driver.execute_fetchall(compiled.sql, compiled.arguments(params)))
+    if dialect.name == "postgresql" and driver.is_in_transaction():
+        compiled = _compile(statement, dialect)
+        try:
+            return list(await driver.fetch(compiled.sql, *compiled.arguments(params)))
+        except Exception as error:
+            if isinstance(error, _CONNECTION_LOST):
+                # What SQLAlchemy does for its own statements: drop the connection, and
+                # report the database as unreachable (a 503), not as a bug.
+                await connection.invalidate()
+                raise ConnectionError("the database connection was lost") from error
+            raise
+    # No transaction begun yet on asyncpg: SQLAlchemy's path begins it.
+    result = await session.exec(statement, params=params)  # type: ignore[call-overload]
+    return list(result.all()) if result.returns_rows else []

@@ -1,0 +1,65 @@
+"""Admission statements on the driver connection (server/db/driver.py), on a real SQLite file
+and PostgreSQL: they run in the caller's transaction, convert parameters by column type, and
+keep the values bound in the statement itself."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+
+from server.db.driver import fetch_rows
+from server.db.models import RateWindow
+from tests.support.admin import Admin
+
+_WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
+_INSERT = sa.insert(_WINDOWS).returning(_WINDOWS.c.window_start, _WINDOWS.c.count)
+_BUMP = (
+    sa.update(_WINDOWS)
+    .where(_WINDOWS.c.subject_id == sa.bindparam("who"))
+    .values(count=_WINDOWS.c.count + 5)  # a value bound in the statement
+    .returning(_WINDOWS.c.count)
+)
+_PLAIN_BUMP = (
+    sa.update(_WINDOWS).where(_WINDOWS.c.subject_id == sa.bindparam("who")).values(count=0)
+)
+WHEN = datetime(2026, 7, 1, 12, 30, tzinfo=UTC)
+
+
+async def _count(admin: Admin, who: str) -> int | None:
+    async with admin.sessions() as session:
+        row = (
+            await session.exec(sa.select(_WINDOWS.c.count).where(_WINDOWS.c.subject_id == who))
+        ).first()
+    return None if row is None else row[0]
+
+
+async def test_rows_typed_values_and_the_callers_transaction(admin_db: Admin) -> None:
+    async with admin_db.sessions() as session:
+        # First in its transaction (asyncpg has not begun one yet), then after.
+        rows = await fetch_rows(
+            session, _INSERT, {"subject_id": "acct-1", "window_start": WHEN, "count": 1}
+        )
+        assert len(rows) == 1 and rows[0][1] == 1
+        stored = rows[0][0]  # the UTC datetime was stored as such
+        assert (stored if isinstance(stored, str) else stored.isoformat()).startswith("2026-07-01")
+        assert [tuple(r) for r in await fetch_rows(session, _BUMP, {"who": "acct-1"})] == [(6,)]
+        assert await fetch_rows(session, _PLAIN_BUMP, {"who": "nobody"}) == []
+        await session.rollback()
+    assert await _count(admin_db, "acct-1") is None  # rolled back with the caller
+
+    async with admin_db.sessions() as session:
+        await session.exec(sa.select(1))  # the session's transaction has begun
+        await fetch_rows(
+            session, _INSERT, {"subject_id": "acct-2", "window_start": WHEN, "count": 2}
+        )
+        await fetch_rows(session, _BUMP, {"who": "acct-2"})
+        await session.commit()
+    assert await _count(admin_db, "acct-2") == 7
+    async with admin_db.sessions() as session:
+        window = (
+            await session.exec(
+                sa.select(RateWindow).where(RateWindow.subject_id == "acct-2")  # type: ignore[arg-type]
+            )
+        ).one()[0]
+    assert window.window_start == WHEN
