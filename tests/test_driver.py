@@ -57,9 +57,13 @@ async def test_rows_typed_values_and_the_callers_transaction(admin_db: Admin) ->
         await session.commit()
     assert await _count(admin_db, "acct-2") == 7
     async with admin_db.sessions() as session:
+        # Found by SQLAlchemy's own comparison: stored in the dialect's format.
         window = (
             await session.exec(
-                sa.select(RateWindow).where(RateWindow.subject_id == "acct-2")  # type: ignore[arg-type]
+                sa.select(RateWindow).where(
+                    RateWindow.subject_id == "acct-2",  # type: ignore[arg-type]
+                    RateWindow.window_start == WHEN,  # type: ignore[arg-type]
+                )
             )
         ).one()[0]
     assert window.window_start == WHEN

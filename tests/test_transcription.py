@@ -289,6 +289,15 @@ async def test_402_when_credits_or_key_limit_cannot_cover(stack: Stack, unique: 
     assert response.json()["error"]["metadata"] == {"limit_source": "key_limit"}
     assert (await key_usage(stack, capped))["usage"] == 0
     assert (await key_usage(stack, broke))["usage"] == 0
+    # Refused free requests were not counted; spent down to zero, free models refuse again.
+    assert (await key_usage(stack, broke))["free_model_daily_requests"]["used"] == 0
+    free = await transcribe_json(stack, broke, audio_body("fake/free:free"))
+    assert free.status_code == 200
+    await stack.admin.charge(broke, "6")
+    response = await transcribe_json(stack, broke, audio_body("fake/free:free"))
+    assert response.status_code == 402
+    assert response.json()["error"]["metadata"] == {"limit_source": "credits"}
+    assert (await key_usage(stack, broke))["free_model_daily_requests"]["used"] == 1
 
 
 async def test_free_models_count_daily_requests(stack: Stack, funded: IssuedKey) -> None:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.ledger import record_charge
-from server.billing.periods import PERIODS, period_starts
+from server.billing.periods import EPOCH, PERIODS, period_starts
 from server.billing.usage import ACCOUNT, KEY
 from server.db.driver import fetch_rows
 from server.db.models import Account, ApiKey, CreditHold, UsageCounter, UtcDateTime
@@ -33,6 +33,12 @@ class Hold:
     key_hash: str
     amount_micros: int
     is_byok: bool
+
+    @classmethod
+    def unreserved(cls, account_id: str, key_hash: str) -> Hold:
+        """A zero-cost request's: nothing stored, so settling it only records the charge and
+        releasing it changes nothing."""
+        return cls("", account_id, key_hash, 0, False)
 
 
 def insufficient(source: str, message: str, retry_after: int | None = None) -> GatewayError:
@@ -68,7 +74,9 @@ def _key_period(limit_reset: sa.ColumnElement[str], starts: bool) -> sa.ColumnEl
     """The usage period (or its start) a key's cap is measured over, from its limit_reset."""
     names = ("day", "week", "month", "all")
     values = (
-        [sa.bindparam(f"{n}_start") for n in names] if starts else [sa.literal(n) for n in names]
+        [sa.bindparam(f"{n}_start", type_=sa.Date) for n in names]
+        if starts
+        else [sa.literal(n) for n in names]
     )
     return sa.case(
         (limit_reset == "daily", values[0]),
@@ -76,6 +84,30 @@ def _key_period(limit_reset: sa.ColumnElement[str], starts: bool) -> sa.ColumnEl
         (limit_reset == "monthly", values[2]),
         else_=values[3],
     )
+
+
+def funded(account_id: str = "account_id") -> sa.Exists:
+    """Whether the account (bound as :`account_id`) has a positive balance: all that a request
+    reserving nothing (a zero estimate: a `:free` model) needs. A balance at or below zero
+    refuses every request. It takes no lock: such a request cannot spend what others hold."""
+    spent = (
+        sa.select(_COUNTERS.c.spend_micros)
+        .where(
+            _COUNTERS.c.subject == ACCOUNT,
+            _COUNTERS.c.subject_id == sa.bindparam(account_id),
+            _COUNTERS.c.period == "all",
+            _COUNTERS.c.period_start == EPOCH,
+        )
+        .scalar_subquery()
+    )
+    return sa.exists().where(
+        _ACCOUNTS.c.id == sa.bindparam(account_id),
+        _ACCOUNTS.c.credits_purchased_micros - sa.func.coalesce(spent, 0) > 0,
+    )
+
+
+def unfunded() -> GatewayError:
+    return insufficient("credits", "Insufficient credits: add credits to continue")
 
 
 # Everything a hold decision needs, read in ONE statement, so it sees one snapshot: a
@@ -90,7 +122,7 @@ _BUDGET = (
                 _COUNTERS.c.subject == ACCOUNT,
                 _COUNTERS.c.subject_id == sa.bindparam("account_id"),
                 _COUNTERS.c.period == "all",
-                _COUNTERS.c.period_start == sa.bindparam("all_start"),
+                _COUNTERS.c.period_start == sa.bindparam("all_start", type_=sa.Date),
             )
             .scalar_subquery(),
             0,
@@ -242,7 +274,7 @@ def refusal(row: sa.Row[Any], amount_micros: int, is_byok: bool) -> GatewayError
     balance = purchased - spent
     # A balance at or below zero refuses every request, free models included.
     if balance <= 0:
-        return insufficient("credits", "Insufficient credits: add credits to continue")
+        return unfunded()
     if not is_byok:
         if amount_micros > balance:
             return insufficient("credits", "Insufficient credits for this request")

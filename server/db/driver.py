@@ -56,7 +56,11 @@ def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
     compiled = _Compiled(
         sql=result.string,
         names=names,
-        processors={name: bind.type.bind_processor(dialect) for name, bind in binds.items()},
+        # The dialect's own conversion (SQLite stores datetimes as text in its format).
+        processors={
+            name: bind.type.dialect_impl(dialect).bind_processor(dialect)
+            for name, bind in binds.items()
+        },
         literals={name: bind.value for name, bind in binds.items() if bind.value is not None},
     )
     _compiled[key] = (statement, compiled)

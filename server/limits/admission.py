@@ -1,5 +1,6 @@
 """Admission: the limits a billable request passes before it runs — the free-model request
-limits, then a credit hold against the account balance and the key's cap."""
+limits, then a credit hold against the account balance and the key's cap (a `:free` request
+with a zero estimate holds nothing: its count checks the balance)."""
 
 from __future__ import annotations
 
@@ -51,29 +52,46 @@ class EnforcedLimits:
         is_byok: bool = False,
     ) -> Hold:
         try:
-            if is_free_model(model_id):
-                await admit_free_request(
-                    session,
-                    account_id=principal.account.id,
-                    credits_purchased_micros=principal.account.credits_purchased_micros,
-                    exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
-                    now=now,
-                    is_byok=is_byok,
-                )
-            hold = await place_hold(
-                session,
-                account_id=principal.account.id,
-                key_hash=principal.key.hash,
-                amount_micros=estimate_micros,
-                now=now,
-                is_byok=is_byok,
-                ttl=ttl,
+            hold = await self._admit(
+                session, principal, model_id, estimate_micros, now, ttl, is_byok
             )
         except GatewayError as refused:
             self._metrics.admissions.labels(_refusal(refused)).inc()
             raise
         self._metrics.admissions.labels("admitted").inc()
         return hold
+
+    async def _admit(
+        self,
+        session: AsyncSession,
+        principal: Principal,
+        model_id: str,
+        estimate_micros: int,
+        now: datetime,
+        ttl: timedelta,
+        is_byok: bool,
+    ) -> Hold:
+        if is_free_model(model_id):
+            await admit_free_request(
+                session,
+                account_id=principal.account.id,
+                credits_purchased_micros=principal.account.credits_purchased_micros,
+                exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
+                now=now,
+                is_byok=is_byok,
+            )
+            if estimate_micros == 0 and not is_byok:
+                # Counting it checked the balance, and it would reserve nothing.
+                return Hold.unreserved(principal.account.id, principal.key.hash)
+        return await place_hold(
+            session,
+            account_id=principal.account.id,
+            key_hash=principal.key.hash,
+            amount_micros=estimate_micros,
+            now=now,
+            is_byok=is_byok,
+            ttl=ttl,
+        )
 
 
 def _refusal(error: GatewayError) -> str:

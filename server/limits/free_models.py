@@ -10,9 +10,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from server.billing.holds import funded, unfunded
 from server.billing.money import usd_to_micros
 from server.db.driver import fetch_rows
-from server.db.models import RateWindow, UsageCounter
+from server.db.models import RateWindow, UsageCounter, UtcDateTime
 from server.errors import GatewayError
 
 FREE_SUFFIX = ":free"
@@ -67,14 +68,23 @@ _INSERTED = {
 
 
 def _counting_upsert(
-    dialect: str, table: sa.Table, keys: list[str], column: str, *, capped: bool
+    dialect: str,
+    table: sa.Table,
+    keys: list[str],
+    column: str,
+    *,
+    capped: bool,
+    only_if: sa.ColumnElement[bool] | None = None,
 ) -> Any:
-    """INSERT one, or add one — only while below :cap when capped — RETURNING the count.
-    One statement: the row lock (PostgreSQL) or the write lock (SQLite) makes it exact under
-    any concurrency, across processes."""
-    statement = _insert(dialect)(table).values(
-        {name: sa.bindparam(name) for name in [*keys, *_INSERTED[table.name]]}
-    )
+    """INSERT one, or add one — only while below :cap when capped, and only if `only_if`
+    holds — RETURNING the count. One statement: the row lock (PostgreSQL) or the write lock
+    (SQLite) makes it exact under any concurrency, across processes."""
+    names = [*keys, *_INSERTED[table.name]]
+    if only_if is None:
+        statement = _insert(dialect)(table).values({n: sa.bindparam(n) for n in names})
+    else:
+        row = sa.select(*(sa.bindparam(n, type_=table.c[n].type) for n in names))
+        statement = _insert(dialect)(table).from_select(names, row.where(only_if))
     update = statement.on_conflict_do_update(
         index_elements=keys,
         set_={column: table.c[column] + 1},
@@ -83,38 +93,35 @@ def _counting_upsert(
     return update.returning(table.c[column])
 
 
+_DAY_KEYS = ["subject", "subject_id", "period", "period_start"]
 _STATEMENTS = {
     (dialect, name): statement
     for dialect in ("postgresql", "sqlite")
     for name, statement in (
+        # The minute's count also checks the balance: a free request holds nothing, so this
+        # is its whole credit check, in the same statement.
         (
             "minute",
             _counting_upsert(
-                dialect, _WINDOWS, ["subject_id", "window_start"], "count", capped=True
+                dialect,
+                _WINDOWS,
+                ["subject_id", "window_start"],
+                "count",
+                capped=True,
+                only_if=funded("subject_id"),
             ),
         ),
         (
             "day_capped",
-            _counting_upsert(
-                dialect,
-                _COUNTERS,
-                ["subject", "subject_id", "period", "period_start"],
-                "free_requests",
-                capped=True,
-            ),
+            _counting_upsert(dialect, _COUNTERS, _DAY_KEYS, "free_requests", capped=True),
         ),
-        (
-            "day",
-            _counting_upsert(
-                dialect,
-                _COUNTERS,
-                ["subject", "subject_id", "period", "period_start"],
-                "free_requests",
-                capped=False,
-            ),
-        ),
+        ("day", _counting_upsert(dialect, _COUNTERS, _DAY_KEYS, "free_requests", capped=False)),
     )
 }
+_MINUTE_COUNT = sa.select(_WINDOWS.c.count).where(
+    _WINDOWS.c.subject_id == sa.bindparam("subject_id"),
+    _WINDOWS.c.window_start == sa.bindparam("window_start", type_=UtcDateTime),
+)
 
 
 def _epoch_ms(when: datetime) -> int:
@@ -144,8 +151,9 @@ async def admit_free_request(
     is_byok: bool = False,
 ) -> None:
     """Count one `:free` request against the account's per-minute and daily limits, or raise
-    429. Runs in the caller's transaction: if the request is refused later (402), the
-    caller's rollback takes the count back."""
+    429; raise 402 (credits) when the account's balance is not positive. Runs in the caller's
+    transaction: if the request is refused later, the caller's rollback takes the count back.
+    A request with a zero estimate needs no credit hold after this."""
     dialect = "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
     minute = now.astimezone(UTC).replace(second=0, microsecond=0)
     counted = await fetch_rows(
@@ -153,7 +161,14 @@ async def admit_free_request(
         _STATEMENTS[(dialect, "minute")],
         {"subject_id": account_id, "window_start": minute, "count": 1, "cap": REQUESTS_PER_MINUTE},
     )
-    if not counted:
+    if not counted:  # the minute is full, or the balance is not positive
+        full = (
+            await session.exec(
+                _MINUTE_COUNT, params={"subject_id": account_id, "window_start": minute}
+            )
+        ).first()
+        if full is None or full[0] < REQUESTS_PER_MINUTE:
+            raise unfunded()
         raise rate_limited(REQUESTS_PER_MINUTE, minute + timedelta(minutes=1), "minute")
     today = now.astimezone(UTC).date()
     gated = not (exempt or is_byok)  # exempt and BYOK requests are counted, never refused
