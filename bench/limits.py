@@ -58,6 +58,7 @@ import signal
 import statistics
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -250,11 +251,17 @@ class LimitsSummary:
         return round(statistics.median(present), 2) if present else None
 
     def as_json(self) -> dict[str, Any]:
+        error_kinds: Counter[str] = Counter()
+        for case in self.rounds:
+            error_kinds.update(case.result.error_kinds)
         return {
             "model": self.model,
             "limits": self.limits,
+            "path": self.rounds[0].result.path,
             "concurrency": self.concurrency,
+            "target_requests": sum(c.result.target_requests for c in self.rounds),
             "requests": self.requests,
+            "error_kinds": dict(error_kinds),
             "errors": self.errors,
             "served_per_second": self.served_per_second,
             "p50_ms": self.median_ms("p50_ms"),

@@ -55,6 +55,24 @@ async def _serving(target: str, within: float) -> None:
             await asyncio.sleep(0.1)
 
 
+async def _worker_ready(target: str, child: asyncio.subprocess.Process) -> None:
+    """Wait until the worker serves; fail at once if it exits first (a port in use, say)
+    rather than after the readiness timeout."""
+    serving = asyncio.create_task(_serving(target, 60))
+    exited = asyncio.create_task(child.wait())
+    try:
+        await asyncio.wait({serving, exited}, return_when=asyncio.FIRST_COMPLETED)
+        if serving.done():
+            serving.result()  # re-raises the timeout
+            return
+    finally:
+        for task in (serving, exited):
+            task.cancel()
+    raise RuntimeError(
+        f"the server process for {target} exited with {child.returncode} before it was ready"
+    )
+
+
 def serve_command(
     settings: Settings, index: int, entry_point: tuple[str, ...] = ("-m", "server.cli", "serve")
 ) -> list[str]:
@@ -100,8 +118,8 @@ async def run_workers(
             )
         await asyncio.gather(
             *(
-                _serving(f"{settings.grpc_host}:{settings.grpc_port + i}", 60)
-                for i in range(workers)
+                _worker_ready(f"{settings.grpc_host}:{settings.grpc_port + i}", child)
+                for i, child in enumerate(children)
             )
         )
         await envoy.start()

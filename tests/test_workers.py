@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from pathlib import Path
 
 import grpc
 import httpx
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.db.engine import create_engine, session_factory
 from tests.conftest import Databases
 from tests.support.admin import Admin
-from tests.support.processes import GatewayProcess, free_port
+from tests.support.processes import GatewayProcess, free_port_range
 
 
 def _worker_pids(pid: int) -> list[int]:
@@ -35,20 +37,9 @@ def _alive(pids: list[int]) -> bool:
     return any(os.path.exists(f"/proc/{p}") for p in pids)
 
 
-def _two_free_ports() -> int:
-    while True:
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-
-
 async def test_two_workers_serve_behind_one_envoy(databases: Databases, tmp_path: Path) -> None:
     url = await databases.new("postgres")
-    grpc_port = _two_free_ports()
+    grpc_port = free_port_range(2)
     gateway = GatewayProcess(
         data_dir=tmp_path / "gw",
         database_url=url,
@@ -79,3 +70,27 @@ async def test_two_workers_serve_behind_one_envoy(databases: Databases, tmp_path
         await engine.dispose()
         assert await asyncio.to_thread(gateway.stop) == 0
     assert not await asyncio.to_thread(_alive, workers)
+
+
+async def test_a_worker_that_cannot_listen_stops_gateway_up_at_once(
+    databases: Databases, tmp_path: Path
+) -> None:
+    """The second worker's port is taken: `gateway up` says so and exits, without waiting
+    out the readiness timeout and without leaving the first worker running."""
+    url = await databases.new("sqlite")
+    grpc_port = free_port_range(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", grpc_port + 1))
+        taken.listen()
+        gateway = GatewayProcess(
+            data_dir=tmp_path / "gw",
+            database_url=url,
+            grpc_port=grpc_port,
+            extra_args=("--workers", "2"),
+        )
+        started = time.monotonic()
+        with pytest.raises(RuntimeError) as failed:
+            await asyncio.to_thread(gateway.start)
+        assert time.monotonic() - started < 30
+    assert f"127.0.0.1:{grpc_port + 1} exited" in str(failed.value)
+    assert gateway.process is not None and gateway.process.returncode != 0

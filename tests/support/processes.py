@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,6 +23,39 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _ephemeral_floor() -> int:
+    try:
+        low = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]
+        return int(low)
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port_range(count: int) -> int:
+    """The first of `count` consecutive free ports (`gateway up --workers N` listens on
+    grpc_port .. grpc_port+N-1, and as many metrics ports). Taken below the ephemeral range:
+    there, no client connection can take one of them before the server binds it."""
+    if count == 1:
+        return free_port()
+    rng = random.Random()
+    while True:
+        base = rng.randrange(10_000, _ephemeral_floor() - count)
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+
+
+def _workers_of(arguments: tuple[str, ...]) -> int:
+    if "--workers" in arguments:
+        return int(arguments[arguments.index("--workers") + 1])
+    return 1
+
+
 @dataclass
 class GatewayProcess:
     """One `gateway up` (gRPC server + Envoy) with its own ports and data dir."""
@@ -28,8 +63,8 @@ class GatewayProcess:
     data_dir: Path
     database_url: str
     http_port: int = field(default_factory=free_port)
-    grpc_port: int = field(default_factory=free_port)
-    metrics_port: int = field(default_factory=free_port)
+    grpc_port: int = 0  # 0: free ports for each server process (see __post_init__)
+    metrics_port: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     # What runs `up` (Python arguments): another entry point taking the same options and
@@ -37,6 +72,11 @@ class GatewayProcess:
     command: tuple[str, ...] = ("-m", "server.cli", "up")
     process: subprocess.Popen[str] | None = None
     output: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        workers = _workers_of(self.extra_args)
+        self.grpc_port = self.grpc_port or free_port_range(workers)
+        self.metrics_port = self.metrics_port or free_port_range(workers)
 
     @property
     def base_url(self) -> str:
