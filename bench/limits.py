@@ -193,7 +193,9 @@ async def counted_free_requests(database_url: str) -> int:
     try:
         async with engine.connect() as connection:
             total = await connection.scalar(
-                sa.select(sa.func.coalesce(sa.func.sum(windows.c.count), 0))
+                sa.select(sa.func.coalesce(sa.func.sum(windows.c.count), 0)).where(
+                    windows.c.period == "minute"
+                )
             )
     finally:
         await engine.dispose()

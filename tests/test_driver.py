@@ -38,7 +38,9 @@ async def test_rows_typed_values_and_the_callers_transaction(admin_db: Admin) ->
     async with admin_db.sessions() as session:
         # First in its transaction (asyncpg has not begun one yet), then after.
         rows = await fetch_rows(
-            session, _INSERT, {"subject_id": "acct-1", "window_start": WHEN, "count": 1}
+            session,
+            _INSERT,
+            {"subject_id": "acct-1", "period": "minute", "window_start": WHEN, "count": 1},
         )
         assert len(rows) == 1 and rows[0][1] == 1
         stored = rows[0][0]  # the UTC datetime was stored as such
@@ -51,7 +53,9 @@ async def test_rows_typed_values_and_the_callers_transaction(admin_db: Admin) ->
     async with admin_db.sessions() as session:
         await session.exec(sa.select(1))  # the session's transaction has begun
         await fetch_rows(
-            session, _INSERT, {"subject_id": "acct-2", "window_start": WHEN, "count": 2}
+            session,
+            _INSERT,
+            {"subject_id": "acct-2", "period": "minute", "window_start": WHEN, "count": 2},
         )
         await fetch_rows(session, _BUMP, {"who": "acct-2"})
         await session.commit()

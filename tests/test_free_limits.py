@@ -11,7 +11,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from server.db.models import Account, UsageCounter
+from server.db.models import Account, RateWindow
 from tests.conftest import Stack
 from tests.support.admin import IssuedKey
 from tests.support.audio import b64, fixture
@@ -37,6 +37,15 @@ async def burst(stack: Stack, issued: IssuedKey, n: int) -> list[httpx.Response]
                 for _ in range(n)
             )
         )
+
+
+async def _made_earlier_today(stack: Stack, account_id: str, requests: int) -> None:
+    midnight = datetime.combine(datetime.now(UTC).date(), datetime.min.time(), tzinfo=UTC)
+    async with stack.admin.sessions() as session:
+        session.add(
+            RateWindow(subject_id=account_id, period="day", window_start=midnight, count=requests)
+        )
+        await session.commit()
 
 
 @pytest.fixture
@@ -72,17 +81,7 @@ async def test_exactly_20_of_200_parallel_requests_in_a_minute(
 
 async def test_the_daily_ceiling_is_exact(stack: Stack, free_user: IssuedKey) -> None:
     today = datetime.now(UTC).date()
-    async with stack.admin.sessions() as session:  # 45 requests were made earlier today
-        session.add(
-            UsageCounter(
-                subject="account",
-                subject_id=free_user.workspace.account_id,
-                period="day",
-                period_start=today,
-                free_requests=45,
-            )
-        )
-        await session.commit()
+    await _made_earlier_today(stack, free_user.workspace.account_id, 45)
     await _clear_of_minute_boundary()
     responses = await burst(stack, free_user, 12)
     statuses = sorted(r.status_code for r in responses)
@@ -91,24 +90,24 @@ async def test_the_daily_ceiling_is_exact(stack: Stack, free_user: IssuedKey) ->
     assert refused.headers["x-ratelimit-limit"] == "50"
     midnight = datetime.combine(today + timedelta(days=1), datetime.min.time(), tzinfo=UTC)
     assert int(refused.headers["x-ratelimit-reset"]) == int(midnight.timestamp() * 1000)
+    # The refused requests' minute counts were taken back with them.
+    async with stack.admin.sessions() as session:
+        minute_counts = (
+            await session.exec(
+                sa.select(sa.func.sum(RateWindow.count)).where(
+                    RateWindow.subject_id == free_user.workspace.account_id,  # type: ignore[arg-type]
+                    RateWindow.period == "minute",  # type: ignore[arg-type]
+                )
+            )
+        ).one()[0]
+    assert minute_counts == 5
 
 
 async def test_higher_tier_and_exempt_accounts(stack: Stack, unique: str) -> None:
     workspace = await stack.admin.workspace(f"exempt-{unique}")
     await stack.admin.credits(workspace, "9")
     issued = await stack.admin.key(workspace)
-    today = datetime.now(UTC).date()
-    async with stack.admin.sessions() as session:
-        session.add(
-            UsageCounter(
-                subject="account",
-                subject_id=workspace.account_id,
-                period="day",
-                period_start=today,
-                free_requests=999,
-            )
-        )
-        await session.commit()
+    await _made_earlier_today(stack, workspace.account_id, 999)
     await _clear_of_minute_boundary()
     statuses = sorted(r.status_code for r in await burst(stack, issued, 3))
     assert statuses == [200, 429, 429]  # 1000 per day from 9 purchased credits

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, date, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -12,6 +13,7 @@ from sqlmodel import SQLModel
 from server.db import models  # noqa: F401
 from server.db.engine import create_engine
 from server.db.migrate import upgrade, upgrade_sync
+from server.db.models import RateWindow, UtcDateTime
 
 
 async def test_migrated_schema_matches_the_models(db_url: str) -> None:
@@ -46,3 +48,74 @@ async def test_upgrade_is_idempotent_and_downgrade_works(db_url: str) -> None:
     finally:
         await engine.dispose()
     await asyncio.to_thread(upgrade_sync, db_url)
+
+
+async def test_0007_moves_daily_free_counts_into_rate_windows_and_back(db_url: str) -> None:
+    """The daily `:free` count (usage_counters.free_requests) becomes a 'day' window beside
+    the minute windows, and the downgrade puts it back."""
+    import asyncio
+
+    from alembic import command
+
+    from server.db.migrate import alembic_config
+
+    config = alembic_config(db_url)
+    await asyncio.to_thread(command.downgrade, config, "0006")
+    minute = datetime(2026, 7, 1, 12, 30, tzinfo=UTC)
+    engine = create_engine(db_url)
+    try:
+        async with engine.begin() as connection:
+            old_windows = sa.table(
+                "rate_windows",
+                sa.column("subject_id"),
+                sa.column("window_start", UtcDateTime()),
+                sa.column("count"),
+            )
+            counters = sa.table(
+                "usage_counters",
+                *(sa.column(c) for c in ("subject", "subject_id", "period", "spend_micros")),
+                sa.column("period_start", sa.Date()),
+                sa.column("byok_micros"),
+                sa.column("free_requests"),
+            )
+            await connection.execute(
+                sa.insert(old_windows).values(subject_id="acct", window_start=minute, count=7)
+            )
+            await connection.execute(
+                sa.insert(counters).values(
+                    subject="account",
+                    subject_id="acct",
+                    period="day",
+                    period_start=date(2026, 7, 1),
+                    spend_micros=5,
+                    byok_micros=0,
+                    free_requests=42,
+                )
+            )
+        await asyncio.to_thread(upgrade_sync, db_url)
+        async with engine.connect() as connection:
+            rows = (
+                await connection.execute(
+                    sa.select(RateWindow.period, RateWindow.window_start, RateWindow.count)  # type: ignore[call-overload]
+                    .where(RateWindow.subject_id == "acct")
+                    .order_by(RateWindow.period)
+                )
+            ).all()
+        assert [tuple(r) for r in rows] == [
+            ("day", datetime(2026, 7, 1, tzinfo=UTC), 42),
+            ("minute", minute, 7),
+        ]
+        await asyncio.to_thread(command.downgrade, config, "0006")
+        async with engine.connect() as connection:
+            back = (
+                await connection.execute(
+                    sa.select(counters.c.free_requests, counters.c.spend_micros).where(
+                        counters.c.subject_id == "acct"
+                    )
+                )
+            ).all()
+            windows = (await connection.execute(sa.select(old_windows.c.count))).all()
+        assert [tuple(r) for r in back] == [(42, 5)] and [tuple(r) for r in windows] == [(7,)]
+    finally:
+        await engine.dispose()
+        await asyncio.to_thread(upgrade_sync, db_url)

@@ -8,9 +8,14 @@ from datetime import datetime
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.periods import PERIOD_OF_RESET
-from server.billing.usage import ACCOUNT, KEY, PeriodUsage, read_usages
+from server.billing.usage import KEY, PeriodUsage, read_usage
 from server.db.models import Account, ApiKey
-from server.limits.free_models import FreeModelDailyRequests, daily_limit, is_free_tier
+from server.limits.free_models import (
+    FreeModelDailyRequests,
+    daily_limit,
+    free_requests_today,
+    is_free_tier,
+)
 
 
 @dataclass(frozen=True)
@@ -35,15 +40,14 @@ def limit_remaining(key: ApiKey, usage: PeriodUsage) -> int | None:
 async def key_status(
     session: AsyncSession, key: ApiKey, account: Account, now: datetime
 ) -> KeyStatus:
-    usages = await read_usages(session, [(KEY, key.hash), (ACCOUNT, account.id)], now)
-    usage, account_usage = usages[(KEY, key.hash)], usages[(ACCOUNT, account.id)]
+    usage = await read_usage(session, KEY, key.hash, now)
     return KeyStatus(
         key=key,
         usage=usage,
         limit_remaining_micros=limit_remaining(key, usage),
         is_free_tier=is_free_tier(account.credits_purchased_micros),
         free_model_daily_requests=FreeModelDailyRequests(
-            used=account_usage.free_requests_today,
+            used=await free_requests_today(session, account.id, now),
             limit=daily_limit(account.credits_purchased_micros),
         ),
     )

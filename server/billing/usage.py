@@ -22,12 +22,11 @@ class PeriodUsage:
 
     spend: dict[str, int]
     byok: dict[str, int]
-    free_requests_today: int
 
     @classmethod
     def empty(cls) -> PeriodUsage:
         zero = dict.fromkeys(PERIODS, 0)
-        return cls(spend=dict(zero), byok=dict(zero), free_requests_today=0)
+        return cls(spend=dict(zero), byok=dict(zero))
 
 
 _TABLE = UsageCounter.__table__  # type: ignore[attr-defined]
@@ -39,7 +38,6 @@ _CURRENT_COUNTERS = sa.select(
     _TABLE.c.period,
     _TABLE.c.spend_micros,
     _TABLE.c.byok_micros,
-    _TABLE.c.free_requests,
 ).where(
     _TABLE.c.subject_id.in_(sa.bindparam("subject_ids", expanding=True)),
     sa.or_(
@@ -65,21 +63,13 @@ async def read_usages(
         _CURRENT_COUNTERS, params={"subject_ids": [sid for _, sid in subjects], **params}
     )
     usages = {subject: PeriodUsage.empty() for subject in subjects}
-    free_today: dict[tuple[str, str], int] = {}
-    for subject, subject_id, period, spend, byok, free_requests in rows:
+    for subject, subject_id, period, spend, byok in rows:
         usage = usages.get((subject, subject_id))
         if usage is None:
             continue
         usage.spend[period] = spend
         usage.byok[period] = byok
-        if period == "day":
-            free_today[(subject, subject_id)] = free_requests
-    return {
-        subject: PeriodUsage(
-            spend=usage.spend, byok=usage.byok, free_requests_today=free_today.get(subject, 0)
-        )
-        for subject, usage in usages.items()
-    }
+    return usages
 
 
 async def read_usage(
@@ -96,7 +86,6 @@ def _upsert_statement(dialect: str) -> sa.Insert:
         set_={
             "spend_micros": _TABLE.c.spend_micros + statement.excluded.spend_micros,
             "byok_micros": _TABLE.c.byok_micros + statement.excluded.byok_micros,
-            "free_requests": _TABLE.c.free_requests + statement.excluded.free_requests,
         },
     )
 
@@ -112,7 +101,6 @@ async def add_usages(
     *,
     spend_micros: int = 0,
     byok_micros: int = 0,
-    free_requests: int = 0,
 ) -> None:
     """Add to each subject's four current counters (insert-or-increment, race-free)."""
     starts = period_starts(now)
@@ -124,7 +112,6 @@ async def add_usages(
             "period_start": starts.of(period),
             "spend_micros": spend_micros,
             "byok_micros": byok_micros,
-            "free_requests": free_requests,
         }
         for subject, subject_id in subjects
         for period in PERIODS

@@ -94,8 +94,7 @@ class ApiKey(SQLModel, table=True):
 class UsageCounter(SQLModel, table=True):
     """Spend of one key or one account in one period, so reading usage is O(1).
 
-    `period` is `all` (period_start 1970-01-01), `day`, `week` (Monday) or `month` (the 1st);
-    `free_requests` counts `:free` model requests (used on account/day rows).
+    `period` is `all` (period_start 1970-01-01), `day`, `week` (Monday) or `month` (the 1st).
     """
 
     __tablename__ = "usage_counters"
@@ -106,7 +105,6 @@ class UsageCounter(SQLModel, table=True):
     period_start: date = Field(primary_key=True)
     spend_micros: int = Field(default=0, sa_type=sa.BigInteger)
     byok_micros: int = Field(default=0, sa_type=sa.BigInteger)
-    free_requests: int = 0
 
 
 class LedgerEntry(SQLModel, table=True):
@@ -254,11 +252,13 @@ class VaultSecret(SQLModel, table=True):
 
 
 class RateWindow(SQLModel, table=True):
-    """Requests of one account in one fixed UTC minute (the free-model per-minute limit)."""
+    """`:free` requests of one account in one fixed UTC window: `period` "minute" (the
+    per-minute limit) or "day" (the daily limit; window_start is midnight UTC)."""
 
     __tablename__ = "rate_windows"
 
     subject_id: str = Field(primary_key=True, max_length=64)
+    period: str = Field(primary_key=True, max_length=8)
     window_start: datetime = Field(primary_key=True, sa_type=UtcDateTime)
     count: int = 0
 

@@ -13,7 +13,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.billing.holds import funded, unfunded
 from server.billing.money import usd_to_micros
 from server.db.driver import fetch_rows
-from server.db.models import RateWindow, UsageCounter, UtcDateTime
+from server.db.models import RateWindow, UtcDateTime
 from server.errors import GatewayError
 
 FREE_SUFFIX = ":free"
@@ -53,75 +53,63 @@ class FreeModelDailyRequests:
 # --- the gate ---------------------------------------------------------------------------------
 
 _WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
-_COUNTERS = UsageCounter.__table__  # type: ignore[attr-defined]
+MINUTE, DAY = "minute", "day"
+# The daily cap of requests that are counted but not gated (exempt, BYOK): never reached.
+_UNCAPPED = 2**31 - 1
 
 
-def _insert(dialect: str) -> Any:
-    return postgresql.insert if dialect == "postgresql" else sqlite.insert
+def _window_row(period: str) -> sa.Select[Any]:
+    """One request of :subject_id in its `period` window, if the account's balance is
+    positive (a free request holds nothing: this is its whole credit check)."""
+    return sa.select(
+        sa.bindparam("subject_id", type_=_WINDOWS.c.subject_id.type),
+        sa.literal(period, _WINDOWS.c.period.type),
+        sa.bindparam(f"{period}_start", type_=UtcDateTime),
+        sa.literal(1, sa.Integer),
+    ).where(funded("subject_id"))
 
 
-# The other columns a counting upsert's INSERT sets (one request counted).
-_INSERTED = {
-    _WINDOWS.name: ["count"],
-    _COUNTERS.name: ["spend_micros", "byok_micros", "free_requests"],
-}
-
-
-def _counting_upsert(
-    dialect: str,
-    table: sa.Table,
-    keys: list[str],
-    column: str,
-    *,
-    capped: bool,
-    only_if: sa.ColumnElement[bool] | None = None,
-) -> Any:
-    """INSERT one, or add one — only while below :cap when capped, and only if `only_if`
-    holds — RETURNING the count. One statement: the row lock (PostgreSQL) or the write lock
-    (SQLite) makes it exact under any concurrency, across processes."""
-    names = [*keys, *_INSERTED[table.name]]
-    if only_if is None:
-        statement = _insert(dialect)(table).values({n: sa.bindparam(n) for n in names})
-    else:
-        row = sa.select(*(sa.bindparam(n, type_=table.c[n].type) for n in names))
-        statement = _insert(dialect)(table).from_select(names, row.where(only_if))
-    update = statement.on_conflict_do_update(
-        index_elements=keys,
-        set_={column: table.c[column] + 1},
-        where=(table.c[column] < sa.bindparam("cap")) if capped else None,
+def _gate_statement(dialect: str) -> Any:
+    """Count the request in its minute and its day, each only while below its cap, in ONE
+    statement RETURNING the windows that counted it: the row locks (PostgreSQL) or the write
+    lock (SQLite) make it exact under any concurrency, across processes."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(_WINDOWS).from_select(
+        ["subject_id", "period", "window_start", "count"],
+        sa.union_all(_window_row(MINUTE), _window_row(DAY)),
     )
-    return update.returning(table.c[column])
-
-
-_DAY_KEYS = ["subject", "subject_id", "period", "period_start"]
-_STATEMENTS = {
-    (dialect, name): statement
-    for dialect in ("postgresql", "sqlite")
-    for name, statement in (
-        # The minute's count also checks the balance: a free request holds nothing, so this
-        # is its whole credit check, in the same statement.
-        (
-            "minute",
-            _counting_upsert(
-                dialect,
-                _WINDOWS,
-                ["subject_id", "window_start"],
-                "count",
-                capped=True,
-                only_if=funded("subject_id"),
-            ),
-        ),
-        (
-            "day_capped",
-            _counting_upsert(dialect, _COUNTERS, _DAY_KEYS, "free_requests", capped=True),
-        ),
-        ("day", _counting_upsert(dialect, _COUNTERS, _DAY_KEYS, "free_requests", capped=False)),
+    cap = sa.case(
+        (statement.excluded.period == MINUTE, sa.bindparam("minute_cap", type_=sa.Integer)),
+        else_=sa.bindparam("day_cap", type_=sa.Integer),
     )
-}
-_MINUTE_COUNT = sa.select(_WINDOWS.c.count).where(
+    return statement.on_conflict_do_update(
+        index_elements=["subject_id", "period", "window_start"],
+        set_={"count": _WINDOWS.c.count + 1},
+        where=_WINDOWS.c.count < cap,
+    ).returning(_WINDOWS.c.period)
+
+
+_GATES = {dialect: _gate_statement(dialect) for dialect in ("postgresql", "sqlite")}
+_COUNT = sa.select(_WINDOWS.c.count).where(
     _WINDOWS.c.subject_id == sa.bindparam("subject_id"),
+    _WINDOWS.c.period == sa.bindparam("period"),
     _WINDOWS.c.window_start == sa.bindparam("window_start", type_=UtcDateTime),
 )
+
+
+def _day_start(now: datetime) -> datetime:
+    return datetime.combine(now.astimezone(UTC).date(), time(0), tzinfo=UTC)
+
+
+async def free_requests_today(session: AsyncSession, account_id: str, now: datetime) -> int:
+    """The account's `:free` requests counted in the current UTC day."""
+    row = (
+        await session.exec(
+            _COUNT,
+            params={"subject_id": account_id, "period": DAY, "window_start": _day_start(now)},
+        )
+    ).first()
+    return 0 if row is None else int(row[0])
 
 
 def _epoch_ms(when: datetime) -> int:
@@ -156,35 +144,33 @@ async def admit_free_request(
     A request with a zero estimate needs no credit hold after this."""
     dialect = "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
     minute = now.astimezone(UTC).replace(second=0, microsecond=0)
-    counted = await fetch_rows(
-        session,
-        _STATEMENTS[(dialect, "minute")],
-        {"subject_id": account_id, "window_start": minute, "count": 1, "cap": REQUESTS_PER_MINUTE},
-    )
-    if not counted:  # the minute is full, or the balance is not positive
-        full = (
-            await session.exec(
-                _MINUTE_COUNT, params={"subject_id": account_id, "window_start": minute}
-            )
-        ).first()
-        if full is None or full[0] < REQUESTS_PER_MINUTE:
-            raise unfunded()
-        raise rate_limited(REQUESTS_PER_MINUTE, minute + timedelta(minutes=1), "minute")
-    today = now.astimezone(UTC).date()
-    gated = not (exempt or is_byok)  # exempt and BYOK requests are counted, never refused
+    day = _day_start(now)
     limit = daily_limit(credits_purchased_micros)
-    row = dict(
-        subject="account",
-        subject_id=account_id,
-        period="day",
-        period_start=today,
-        spend_micros=0,
-        byok_micros=0,
-        free_requests=1,
-    )
-    counted = await fetch_rows(
-        session, _STATEMENTS[(dialect, "day_capped" if gated else "day")], {**row, "cap": limit}
-    )
-    if not counted:
-        tomorrow = datetime.combine(today + timedelta(days=1), time(0), tzinfo=UTC)
-        raise rate_limited(limit, tomorrow, "day")
+    gated = not (exempt or is_byok)  # exempt and BYOK requests are counted, never refused
+    counted = {
+        row[0]
+        for row in await fetch_rows(
+            session,
+            _GATES[dialect],
+            {
+                "subject_id": account_id,
+                "minute_start": minute,
+                "day_start": day,
+                "minute_cap": REQUESTS_PER_MINUTE,
+                "day_cap": limit if gated else _UNCAPPED,
+            },
+        )
+    }
+    if MINUTE not in counted:
+        if not counted:  # nothing counted: the minute is full, or the balance is not positive
+            row = (
+                await session.exec(
+                    _COUNT,
+                    params={"subject_id": account_id, "period": MINUTE, "window_start": minute},
+                )
+            ).first()
+            if row is None or row[0] < REQUESTS_PER_MINUTE:
+                raise unfunded()
+        raise rate_limited(REQUESTS_PER_MINUTE, minute + timedelta(minutes=1), "minute")
+    if DAY not in counted:  # the caller's rollback takes the minute's count back
+        raise rate_limited(limit, day + timedelta(days=1), "day")
