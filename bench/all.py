@@ -70,7 +70,7 @@ def benchmark_arguments(benchmark: str, requests: int) -> list[str]:
     common = ["--requests", str(requests), "--warmup", str(max(1, requests // 10))]
     common += ["--time-cap", f"{TIME_CAP:g}"]
     if benchmark == "limits":
-        return [*common, "--concurrency", str(CONCURRENCY), "--rounds", "3"]
+        return [*common, "--concurrency", str(CONCURRENCY), "--rounds", "5"]
     both = ["--concurrency", "1", str(CONCURRENCY)]
     if benchmark == "videos":
         return [*common, *both, "--webhook-jobs", "0"]  # the table has submissions only

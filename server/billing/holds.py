@@ -45,21 +45,27 @@ def insufficient(source: str, message: str, retry_after: int | None = None) -> G
     return GatewayError(402, message, {"limit_source": source}, retry_after_seconds=retry_after)
 
 
-_LOCK_ACCOUNT = (
-    sa.update(Account)
-    .where(Account.id == sa.bindparam("account_id"))  # type: ignore[arg-type]
-    .values(lock_version=Account.lock_version + 1)
-)
-
-
-async def _lock_account(session: AsyncSession, account_id: str) -> None:
-    await fetch_rows(session, _LOCK_ACCOUNT, {"account_id": account_id})
-
-
 _HOLDS = CreditHold.__table__  # type: ignore[attr-defined]
 _COUNTERS = UsageCounter.__table__  # type: ignore[attr-defined]
 _ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
 _KEYS = ApiKey.__table__  # type: ignore[attr-defined]
+
+# Serializes the holds of one account. PostgreSQL: a row lock that conflicts only with itself
+# (not with the key-share locks of foreign keys) and writes no new row version. SQLite has no
+# row locks: a write takes the database's write lock, which a transaction keeps to its end.
+_LOCK_ACCOUNT = {
+    "postgresql": sa.select(_ACCOUNTS.c.id)
+    .where(_ACCOUNTS.c.id == sa.bindparam("account_id"))
+    .with_for_update(key_share=True),
+    "sqlite": sa.update(_ACCOUNTS)
+    .where(_ACCOUNTS.c.id == sa.bindparam("account_id"))
+    .values(lock_version=_ACCOUNTS.c.lock_version + 1),
+}
+
+
+async def _lock_account(session: AsyncSession, account_id: str) -> None:
+    dialect = "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
+    await fetch_rows(session, _LOCK_ACCOUNT[dialect], {"account_id": account_id})
 
 
 def _held_sum(*conditions: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:
