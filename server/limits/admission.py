@@ -52,46 +52,34 @@ class EnforcedLimits:
         is_byok: bool = False,
     ) -> Hold:
         try:
-            hold = await self._admit(
-                session, principal, model_id, estimate_micros, now, ttl, is_byok
-            )
+            hold: Hold | None = None
+            if is_free_model(model_id):
+                await admit_free_request(
+                    session,
+                    account_id=principal.account.id,
+                    credits_purchased_micros=principal.account.credits_purchased_micros,
+                    exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
+                    now=now,
+                    is_byok=is_byok,
+                )
+                if estimate_micros == 0 and not is_byok:
+                    # Counting it checked the balance, and it would reserve nothing.
+                    hold = Hold.unreserved(principal.account.id, principal.key.hash)
+            if hold is None:
+                hold = await place_hold(
+                    session,
+                    account_id=principal.account.id,
+                    key_hash=principal.key.hash,
+                    amount_micros=estimate_micros,
+                    now=now,
+                    is_byok=is_byok,
+                    ttl=ttl,
+                )
         except GatewayError as refused:
             self._metrics.admissions.labels(_refusal(refused)).inc()
             raise
         self._metrics.admissions.labels("admitted").inc()
         return hold
-
-    async def _admit(
-        self,
-        session: AsyncSession,
-        principal: Principal,
-        model_id: str,
-        estimate_micros: int,
-        now: datetime,
-        ttl: timedelta,
-        is_byok: bool,
-    ) -> Hold:
-        if is_free_model(model_id):
-            await admit_free_request(
-                session,
-                account_id=principal.account.id,
-                credits_purchased_micros=principal.account.credits_purchased_micros,
-                exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
-                now=now,
-                is_byok=is_byok,
-            )
-            if estimate_micros == 0 and not is_byok:
-                # Counting it checked the balance, and it would reserve nothing.
-                return Hold.unreserved(principal.account.id, principal.key.hash)
-        return await place_hold(
-            session,
-            account_id=principal.account.id,
-            key_hash=principal.key.hash,
-            amount_micros=estimate_micros,
-            now=now,
-            is_byok=is_byok,
-            ttl=ttl,
-        )
 
 
 def _refusal(error: GatewayError) -> str:
