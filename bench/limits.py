@@ -6,7 +6,7 @@ one concurrency (16), for two models of one catalog on that provider: `bench/fas
 (paid, 0.0001 USD/s) and its variant `bench/fast:free` (price 0), against two gateways
 running side by side, each on a fresh database of its own, measured one right after the
 other for each model, in rounds (3 by default) whose order alternates (without limits first,
-then with limits first, ...); the median req/s of the rounds are compared:
+then with limits first, ...); the cost is the median of the rounds' own costs:
 
 - limits enforced: `gateway up`, the server as shipped (server/limits/admission.py,
   EnforcedLimits): the free-model gate (per-minute and daily counters) for `:free`, then a
@@ -32,7 +32,8 @@ the 200s). Latency percentiles are over the successful requests. After each gate
 free requests the per-minute windows counted are read back: the served `:free` requests
 with limits, none without (so the seam really was replaced). The issue's target is
 reported, met or not, without failing the run: the limit checks cost < 15% of the
-throughput (1 - req/s with limits / req/s without), for `:free` and for paid requests.
+throughput (1 - req/s with limits / req/s without, the median over the rounds), for
+`:free` and for paid requests.
 Only 127.0.0.1 is contacted.
 
 Run from the repository root:
@@ -389,13 +390,20 @@ def _case(runs: Sequence[VariantRun], model: str, limits: str) -> LimitsSummary 
 
 
 def throughput_cost(runs: Sequence[VariantRun], model: str) -> float | None:
-    """1 - served req/s with limits / served req/s without, for one model (medians of the
-    rounds)."""
+    """The median over the rounds of 1 - served req/s with limits / served req/s without,
+    each round's two measurements taken right after one another (a paired comparison: a
+    drift in the machine's speed between rounds cancels out)."""
     enforced = _case(runs, model, ENFORCED.name)
     none = _case(runs, model, NO_LIMITS.name)
-    if enforced is None or none is None or none.served_per_second <= 0:
+    if enforced is None or none is None:
         return None
-    return round(1 - enforced.served_per_second / none.served_per_second, 4)
+    without = {c.round: c.served_per_second for c in none.rounds}
+    costs = [
+        1 - c.served_per_second / without[c.round]
+        for c in enforced.rounds
+        if without.get(c.round, 0) > 0
+    ]
+    return round(statistics.median(costs), 4) if costs else None
 
 
 def target_checks(runs: Sequence[VariantRun], concurrency: int) -> list[TargetCheck]:
@@ -442,7 +450,8 @@ def report(
     lines = [
         markdown_table(runs),
         "",
-        f"Cost of the limit checks (1 - median req/s with / without, {args.rounds} rounds):",
+        "Cost of the limit checks (median over the rounds of 1 - req/s with / without, "
+        f"{args.rounds} rounds):",
     ]
     for model, label in MODELS.items():
         cost = throughput_cost(runs, model)

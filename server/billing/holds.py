@@ -317,7 +317,7 @@ async def settle_hold(
     """Replace the hold by the real charge. The caller commits (with whatever else belongs
     to the request's record), so the hold and the charge change in one transaction; holds
     read that in one statement, so no lock is needed here."""
-    await session.exec(_DELETE_HOLD, params={"hold_id": hold.id})
+    await drop_hold(session, hold)
     await record_charge(
         session,
         account_id=hold.account_id,
@@ -331,7 +331,8 @@ async def settle_hold(
 
 async def drop_hold(session: AsyncSession, hold: Hold) -> None:
     """Give the reservation back as part of the caller's transaction."""
-    await session.exec(_DELETE_HOLD, params={"hold_id": hold.id})
+    if hold.id:  # an unreserved hold has no row
+        await fetch_rows(session, _DELETE_HOLD, {"hold_id": hold.id})
 
 
 async def release_hold(session: AsyncSession, hold: Hold) -> None:

@@ -8,9 +8,14 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.usage import ACCOUNT, KEY, add_usages
+from server.db.driver import fetch_rows
 from server.db.models import Account, LedgerEntry
 
-_INSERT_ENTRY = sa.insert(LedgerEntry.__table__)  # type: ignore[attr-defined]
+_ENTRIES = LedgerEntry.__table__  # type: ignore[attr-defined]
+# Every column but the generated id, as named parameters: compiled once (server/db/driver.py).
+_INSERT_ENTRY = sa.insert(_ENTRIES).values(
+    {c.name: sa.bindparam(c.name, type_=c.type) for c in _ENTRIES.c if c.name != "id"}
+)
 
 PURCHASE = "purchase"
 CHARGE = "charge"
@@ -71,8 +76,8 @@ async def record_charge(
         reference=reference,
         created_at=now,
     )
-    # Core statements (cached) rather than an ORM flush: this runs on every billable request.
-    await session.exec(_INSERT_ENTRY, params=entry.model_dump(exclude={"id"}))
+    # On the driver connection rather than an ORM flush: this runs on every billable request.
+    await fetch_rows(session, _INSERT_ENTRY, entry.model_dump(exclude={"id"}))
     spend, byok = (0, amount_micros) if is_byok else (amount_micros, 0)
     await add_usages(
         session,

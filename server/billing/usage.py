@@ -10,6 +10,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.periods import PERIODS, period_starts
+from server.db.driver import execute_many
 from server.db.models import UsageCounter
 
 KEY = "key"
@@ -117,4 +118,6 @@ async def add_usages(
         for period in PERIODS
     ]
     dialect = session.get_bind().dialect.name
-    await session.exec(_UPSERTS["postgresql" if dialect == "postgresql" else "sqlite"], params=rows)
+    await execute_many(
+        session, _UPSERTS["postgresql" if dialect == "postgresql" else "sqlite"], rows
+    )

@@ -1,5 +1,6 @@
-"""Run the few statements of admission (the checks every billable request passes) on the
-session's driver connection, skipping SQLAlchemy's per-statement machinery.
+"""Run the statements every billable request executes (admission before the provider call,
+settlement after it) on the session's driver connection, skipping SQLAlchemy's
+per-statement machinery.
 
 Through SQLAlchemy, one statement on aiosqlite costs three or four hand-offs to the
 connection's thread (open a cursor, execute, fetch, close), and with SQLite's single pooled
@@ -72,17 +73,41 @@ async def fetch_rows(
 ) -> Sequence[Sequence[Any]]:
     """Execute `statement` (a module-level constant) with `params` in the session's
     transaction; return its rows (RETURNING's, for a write; none for a plain write)."""
+    return await _run(session, statement, [params], many=False)
+
+
+async def execute_many(
+    session: AsyncSession, statement: sa.Executable, rows: Sequence[Mapping[str, Any]]
+) -> None:
+    """Execute `statement` (a module-level constant, no RETURNING) once per row of
+    parameters, in one hand-off or round trip, in the session's transaction."""
+    await _run(session, statement, rows, many=True)
+
+
+async def _run(
+    session: AsyncSession,
+    statement: sa.Executable,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    many: bool,
+) -> Sequence[Sequence[Any]]:
     connection = await session.connection()
     dialect = connection.dialect
     raw = await connection.get_raw_connection()
     driver: Any = raw.driver_connection
     if dialect.name == "sqlite":
         compiled = _compile(statement, dialect)
-        return list(await driver.execute_fetchall(compiled.sql, compiled.arguments(params)))
+        if many:
+            await driver.executemany(compiled.sql, [compiled.arguments(r) for r in rows])
+            return []
+        return list(await driver.execute_fetchall(compiled.sql, compiled.arguments(rows[0])))
     if dialect.name == "postgresql" and driver.is_in_transaction():
         compiled = _compile(statement, dialect)
         try:
-            return list(await driver.fetch(compiled.sql, *compiled.arguments(params)))
+            if many:
+                await driver.executemany(compiled.sql, [compiled.arguments(r) for r in rows])
+                return []
+            return list(await driver.fetch(compiled.sql, *compiled.arguments(rows[0])))
         except Exception as error:
             if isinstance(error, _CONNECTION_LOST):
                 # What SQLAlchemy does for its own statements: drop the connection, and
@@ -91,5 +116,6 @@ async def fetch_rows(
                 raise ConnectionError("the database connection was lost") from error
             raise
     # No transaction begun yet on asyncpg: SQLAlchemy's path begins it.
+    params = list(rows) if many else rows[0]
     result = await session.exec(statement, params=params)  # type: ignore[call-overload]
     return list(result.all()) if result.returns_rows else []
