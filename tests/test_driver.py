@@ -1,6 +1,6 @@
-"""Admission statements on the driver connection (server/db/driver.py), on a real SQLite file
-and PostgreSQL: they run in the caller's transaction, convert parameters by column type, and
-keep the values bound in the statement itself."""
+"""Admission and settlement statements on the driver connection (server/db/driver.py), on a
+real SQLite file and PostgreSQL: they run in the caller's transaction, convert parameters by
+column type, and keep the values bound in the statement itself."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from server.db.driver import fetch_rows
+from server.db.driver import execute_many, fetch_rows
 from server.db.models import RateWindow
 from tests.support.admin import Admin
 
 _WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
 _INSERT = sa.insert(_WINDOWS).returning(_WINDOWS.c.window_start, _WINDOWS.c.count)
+_PLAIN_INSERT = sa.insert(_WINDOWS)
 _BUMP = (
     sa.update(_WINDOWS)
     .where(_WINDOWS.c.subject_id == sa.bindparam("who"))
@@ -71,3 +72,19 @@ async def test_rows_typed_values_and_the_callers_transaction(admin_db: Admin) ->
             )
         ).one()[0]
     assert window.window_start == WHEN
+
+
+async def test_execute_many_writes_every_row_in_the_callers_transaction(admin_db: Admin) -> None:
+    rows = [
+        {"subject_id": f"many-{i}", "period": "minute", "window_start": WHEN, "count": i}
+        for i in range(1, 4)
+    ]
+    async with admin_db.sessions() as session:
+        await execute_many(session, _PLAIN_INSERT, rows)  # first in its transaction
+        await session.rollback()
+    assert await _count(admin_db, "many-1") is None
+    async with admin_db.sessions() as session:
+        await session.exec(sa.select(1))
+        await execute_many(session, _PLAIN_INSERT, rows)
+        await session.commit()
+    assert [await _count(admin_db, f"many-{i}") for i in range(1, 4)] == [1, 2, 3]
