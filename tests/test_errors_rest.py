@@ -137,7 +137,10 @@ async def test_an_unannounced_body_over_the_limit_is_413(
     )
     assert response.status == 413
     assert response.json()["error"] == {"code": 413, "message": "Request payload too large"}
-    assert sent < 60 * megabyte
+    # Cut at the 50 MiB limit, not after all 200: what the client wrote beyond the limit is
+    # what the loopback socket buffers took in before the answer was noticed (up to ~14 MiB
+    # seen on a loaded machine).
+    assert sent < 100 * megabyte
     assert await _key_count(stack) == before
 
 
