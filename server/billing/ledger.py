@@ -8,14 +8,10 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.usage import ACCOUNT, KEY, add_usages
-from server.db.driver import fetch_rows
+from server.db.driver import fetch_rows, insert_statement
 from server.db.models import Account, LedgerEntry
 
-_ENTRIES = LedgerEntry.__table__  # type: ignore[attr-defined]
-# Every column but the generated id, as named parameters: compiled once (server/db/driver.py).
-_INSERT_ENTRY = sa.insert(_ENTRIES).values(
-    {c.name: sa.bindparam(c.name, type_=c.type) for c in _ENTRIES.c if c.name != "id"}
-)
+_INSERT_ENTRY = insert_statement(LedgerEntry.__table__, generated=("id",))  # type: ignore[attr-defined]
 
 PURCHASE = "purchase"
 CHARGE = "charge"

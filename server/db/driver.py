@@ -68,6 +68,14 @@ def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
     return compiled
 
 
+def insert_statement(table: sa.Table, *, generated: tuple[str, ...] = ()) -> sa.Insert:
+    """An INSERT of every column of `table` but the `generated` ones (e.g. an autoincrement
+    id), as parameters named after the columns: a constant to run with fetch_rows."""
+    return sa.insert(table).values(
+        {c.name: sa.bindparam(c.name, type_=c.type) for c in table.c if c.name not in generated}
+    )
+
+
 async def fetch_rows(
     session: AsyncSession, statement: sa.Executable, params: Mapping[str, Any]
 ) -> Sequence[Sequence[Any]]:

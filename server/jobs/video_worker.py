@@ -21,11 +21,11 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.billing.holds import Hold, drop_hold, settle_hold, sweep_expired_holds
 from server.billing.money import usd_to_micros
 from server.clock import Clock
-from server.db.driver import fetch_rows
 from server.db.engine import SessionFactory
 from server.db.models import Generation, VideoJob, WebhookDelivery
 from server.jobs.leases import claim_one
 from server.jobs.loop import run_until_stopped
+from server.observability.generations import store_generation
 from server.observability.metrics import Metrics
 from server.observability.tracing import emit_generation_span
 from server.providers.stt import CLIENT_ERROR, REJECTED_CREDENTIALS, ProviderFailure
@@ -37,10 +37,6 @@ from server.videos.content import ContentStore
 log = logging.getLogger("gateway.jobs")
 
 _JOBS = VideoJob.__table__  # type: ignore[attr-defined]
-_GENERATIONS = Generation.__table__  # type: ignore[attr-defined]
-_INSERT_GENERATION = sa.insert(_GENERATIONS).values(
-    {c.name: sa.bindparam(c.name, type_=c.type) for c in _GENERATIONS.c}
-)
 _INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)  # type: ignore[attr-defined]
 
 
@@ -303,7 +299,7 @@ class VideoWorker:
                 error=error,
                 created_at=now,
             )
-            await fetch_rows(session, _INSERT_GENERATION, record.model_dump())
+            await store_generation(session, record)
             for name, value in values.items():
                 setattr(job, name, value)
             if job.callback_url:

@@ -13,7 +13,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-import sqlalchemy as sa
 from opentelemetry.trace import Tracer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -21,11 +20,11 @@ from server.auth import Principal
 from server.billing.holds import Hold, release_hold, settle_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.clock import Clock
-from server.db.driver import fetch_rows
 from server.db.models import Generation
 from server.errors import GatewayError, bad_request
 from server.guardrails.policy import guardrails_of
 from server.limits.admission import Limits
+from server.observability.generations import store_generation
 from server.observability.logs import REQUEST_ID
 from server.observability.metrics import Metrics
 from server.observability.tracing import emit_generation_span
@@ -39,10 +38,6 @@ log = logging.getLogger("gateway.transcription")
 # The gateway answers 504 itself this long before the caller's deadline, so its answer (and
 # the released hold) arrives before the caller, or Envoy, gives up.
 DEADLINE_MARGIN_SECONDS = 0.25
-_GENERATIONS = Generation.__table__  # type: ignore[attr-defined]
-_INSERT_GENERATION = sa.insert(_GENERATIONS).values(
-    {c.name: sa.bindparam(c.name, type_=c.type) for c in _GENERATIONS.c}
-)
 
 
 @dataclass(frozen=True)
@@ -284,6 +279,6 @@ class Transcriber:
             error=error,
             created_at=now,
         )
-        await fetch_rows(session, _INSERT_GENERATION, record.model_dump())
+        await store_generation(session, record)
         await session.commit()
         emit_generation_span(self._tracer, record, started_at, REQUEST_ID.get())
