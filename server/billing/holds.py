@@ -64,8 +64,7 @@ _LOCK_ACCOUNT = {
 
 
 async def _lock_account(session: AsyncSession, account_id: str) -> None:
-    dialect = "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
-    await fetch_rows(session, _LOCK_ACCOUNT[dialect], {"account_id": account_id})
+    await fetch_rows(session, _LOCK_ACCOUNT, {"account_id": account_id})
 
 
 def _held_sum(*conditions: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:

@@ -117,7 +117,4 @@ async def add_usages(
         for subject, subject_id in subjects
         for period in PERIODS
     ]
-    dialect = session.get_bind().dialect.name
-    await execute_many(
-        session, _UPSERTS["postgresql" if dialect == "postgresql" else "sqlite"], rows
-    )
+    await execute_many(session, _UPSERTS, rows)

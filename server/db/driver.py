@@ -42,6 +42,10 @@ class _Compiled:
         return values
 
 
+# A statement that differs by dialect (each dialect's INSERT … ON CONFLICT), by dialect name
+# ("postgresql", "sqlite"); the driver picks the one of the session's database.
+Statement = sa.Executable | Mapping[str, sa.Executable]
+
 # Memo of compiled statements: they are module-level constants, so this stays small.
 _compiled: dict[tuple[int, str], tuple[sa.Executable, _Compiled]] = {}
 
@@ -77,7 +81,7 @@ def insert_statement(table: sa.Table, *, generated: tuple[str, ...] = ()) -> sa.
 
 
 async def fetch_rows(
-    session: AsyncSession, statement: sa.Executable, params: Mapping[str, Any]
+    session: AsyncSession, statement: Statement, params: Mapping[str, Any]
 ) -> Sequence[Sequence[Any]]:
     """Execute `statement` (a module-level constant) with `params` in the session's
     transaction; return its rows (RETURNING's, for a write; none for a plain write)."""
@@ -85,7 +89,7 @@ async def fetch_rows(
 
 
 async def execute_many(
-    session: AsyncSession, statement: sa.Executable, rows: Sequence[Mapping[str, Any]]
+    session: AsyncSession, statement: Statement, rows: Sequence[Mapping[str, Any]]
 ) -> None:
     """Execute `statement` (a module-level constant, no RETURNING) once per row of
     parameters, in one hand-off or round trip, in the session's transaction."""
@@ -94,13 +98,15 @@ async def execute_many(
 
 async def _run(
     session: AsyncSession,
-    statement: sa.Executable,
+    statement: Statement,
     rows: Sequence[Mapping[str, Any]],
     *,
     many: bool,
 ) -> Sequence[Sequence[Any]]:
     connection = await session.connection()
     dialect = connection.dialect
+    if isinstance(statement, Mapping):
+        statement = statement["postgresql" if dialect.name == "postgresql" else "sqlite"]
     raw = await connection.get_raw_connection()
     driver: Any = raw.driver_connection
     if dialect.name == "sqlite":

@@ -142,7 +142,6 @@ async def admit_free_request(
     429; raise 402 (credits) when the account's balance is not positive. Runs in the caller's
     transaction: if the request is refused later, the caller's rollback takes the count back.
     A request with a zero estimate needs no credit hold after this."""
-    dialect = "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
     minute = now.astimezone(UTC).replace(second=0, microsecond=0)
     day = _day_start(now)
     limit = daily_limit(credits_purchased_micros)
@@ -151,7 +150,7 @@ async def admit_free_request(
         row[0]
         for row in await fetch_rows(
             session,
-            _GATES[dialect],
+            _GATES,
             {
                 "subject_id": account_id,
                 "minute_start": minute,
