@@ -62,7 +62,7 @@ class GatewayProcess:
 
     data_dir: Path
     database_url: str
-    http_port: int = field(default_factory=free_port)
+    http_port: int = 0  # 0: a free port (see __post_init__)
     grpc_port: int = 0  # 0: free ports for each server process (see __post_init__)
     metrics_port: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -74,9 +74,24 @@ class GatewayProcess:
     output: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        """Free ports for those not given: distinct from one another (a port is free again
+        once its probe closes, so two draws can return the same one)."""
         workers = _workers_of(self.extra_args)
-        self.grpc_port = self.grpc_port or free_port_range(workers)
-        self.metrics_port = self.metrics_port or free_port_range(workers)
+        wanted = {"http_port": 1, "grpc_port": workers, "metrics_port": workers}
+        taken = {
+            port
+            for name, count in wanted.items()
+            if (first := getattr(self, name))
+            for port in range(first, first + count)
+        }
+        for name, count in wanted.items():
+            if getattr(self, name):
+                continue
+            first = free_port_range(count)
+            while taken.intersection(range(first, first + count)):
+                first = free_port_range(count)
+            taken.update(range(first, first + count))
+            setattr(self, name, first)
 
     @property
     def base_url(self) -> str:
