@@ -28,4 +28,4 @@ USER gateway
 WORKDIR /var/lib/gateway
 ENV GATEWAY_DATA_DIR=/var/lib/gateway
 EXPOSE 50051 9464 8080
-CMD ["gateway", "serve", "--grpc-host", "0.0.0.0"]
+CMD ["gateway", "serve", "--grpc-host", "0.0.0.0", "--metrics-port", "9464"]

@@ -35,6 +35,7 @@ from server.limits.admission import EnforcedLimits, Limits
 from server.observability.metrics import Metrics
 from server.observability.monitor import DatabaseMonitor
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
+from server.ports import GRPC_PORT, METRICS_PORT, ensure_free, listen_error
 from server.providers.local_video import LocalVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
@@ -210,15 +211,26 @@ async def serve(
     """Migrate, serve until `stop` is set, then drain: report NOT_SERVING, stop claiming
     jobs and webhooks (the current step finishes), let in-flight calls finish within the
     shutdown grace, and close."""
+    # Taken ports are refused before anything else, naming the address and the flag.
+    ensure_free(settings.grpc_host, settings.grpc_port, GRPC_PORT)
+    ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
     server, health_servicer = build_server(core)
-    bound = server.add_insecure_port(settings.grpc_target)
+    try:
+        bound = server.add_insecure_port(settings.grpc_target)
+    except RuntimeError as error:  # grpcio raises "Failed to bind to address ..."
+        raise listen_error(settings.grpc_host, settings.grpc_port, GRPC_PORT, error) from None
     if bound == 0:
-        raise OSError(f"cannot listen on {settings.grpc_target}")
+        raise listen_error(settings.grpc_host, settings.grpc_port, GRPC_PORT, None)
     metrics_server = None
     if settings.metrics_port:
-        metrics_server = core.metrics.serve(settings.metrics_host, settings.metrics_port)
+        try:
+            metrics_server = core.metrics.serve(settings.metrics_host, settings.metrics_port)
+        except OSError as error:
+            raise listen_error(
+                settings.metrics_host, settings.metrics_port, METRICS_PORT, error
+            ) from None
         log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
     await server.start()
 

@@ -497,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--metrics-port",
         type=_port_or_off,
-        help="Prometheus /metrics port (env GATEWAY_METRICS_PORT, default 9464; with "
+        help="Prometheus /metrics port (env GATEWAY_METRICS_PORT; default: off; with "
         "--workers N, one port per process from this one on; 0: off)",
     )
     up.set_defaults(run=cmd_up)
@@ -511,8 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument(
         "--metrics-port",
         type=_port_or_off,
-        help="Prometheus /metrics port of this process (env GATEWAY_METRICS_PORT, "
-        "default 9464; 0: off)",
+        help="Prometheus /metrics port of this process (env GATEWAY_METRICS_PORT; "
+        "default: off; 0: off)",
     )
     serve_cmd.set_defaults(run=cmd_serve)
 
