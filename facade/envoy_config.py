@@ -403,6 +403,9 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                             "port_value": options.listen_port,
                         }
                     },
+                    # Envoy shares a port with SO_REUSEPORT by default: a second gateway
+                    # on this port would then split the clients with the first. Refuse.
+                    "enable_reuse_port": False,
                     "filter_chains": [
                         {
                             "filters": [
