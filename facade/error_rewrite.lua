@@ -49,9 +49,43 @@ local function fallback_body(status, message)
   return '{"error":{"code":' .. status .. ',"message":"' .. message .. '"}}'
 end
 
+-- The request headers that go on to the server (and the filters after this one): what the
+-- server reads (authorization, x-session-id, x-request-id, traceparent/tracestate), what the
+-- transcoder and the cors filter read, and what Envoy itself set for this hop. Every other
+-- client header is dropped here: the server never sees a header it does not use, and names
+-- or values gRPC refuses (grpc-*, *-bin, "x!y") cannot fail the call.
+local FORWARDED = {
+  ["authorization"] = true, ["content-type"] = true, ["content-length"] = true,
+  ["transfer-encoding"] = true, ["x-session-id"] = true, ["x-request-id"] = true,
+  ["traceparent"] = true, ["tracestate"] = true, ["origin"] = true,
+  ["access-control-request-method"] = true, ["access-control-request-headers"] = true,
+  ["x-forwarded-for"] = true, ["x-forwarded-proto"] = true,
+}
+
+local function keep_only_forwarded(h)
+  local dropped = {}
+  for name, _ in pairs(h) do
+    if name:sub(1, 1) ~= ":" and not FORWARDED[name] then dropped[#dropped + 1] = name end
+  end
+  for _, name in ipairs(dropped) do h:remove(name) end
+end
+
 function envoy_on_request(handle)
   local h = handle:headers()
   -- Local replies: local_reply_config turns the text into the documented error body.
+  local path = h:get(":path") or ""
+  if path:sub(1, 8) ~= "/api/v1/" then
+    -- Only the REST API is public (gRPC callers use the server's own port).
+    handle:respond({ [":status"] = "404" }, "Not Found")
+    return
+  end
+  if h:get("upgrade") ~= nil or h:get(":method") == "CONNECT" then
+    -- No route speaks WebSocket (or any other upgrade); without this the request would wait
+    -- for a body that never ends.
+    handle:respond({ [":status"] = "400" }, "Protocol upgrades (WebSocket) are not supported")
+    return
+  end
+  keep_only_forwarded(h)
   if h:get(":method") == "OPTIONS" and h:get("access-control-request-method") == nil then
     handle:respond({ [":status"] = "404" }, "Not Found")  -- only CORS preflights exist
     return

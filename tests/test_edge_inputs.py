@@ -1,0 +1,112 @@
+"""Odd inputs at the edge, sent byte for byte (ordinary clients refuse to send most of them):
+every one is answered at once, in the documented error shape, never with a 5xx."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from tests.conftest import Stack
+from tests.support.admin import IssuedKey
+from tests.support.raw_http import RawResponse, exchange
+
+
+def request_bytes(
+    method: str, target: str, headers: dict[str, str] | list[tuple[str, str]], body: bytes = b""
+) -> bytes:
+    items = list(headers.items()) if isinstance(headers, dict) else list(headers)
+    lines = [f"{method} {target} HTTP/1.1", "Host: gateway"]
+    lines += [f"{name}: {value}" for name, value in items]
+    if body or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+async def send(
+    stack: Stack,
+    method: str,
+    target: str,
+    headers: dict[str, str] | list[tuple[str, str]],
+    body: bytes = b"",
+) -> RawResponse:
+    raw = request_bytes(method, target, headers, body)
+    return await asyncio.to_thread(exchange, stack.gateway.http_port, raw, timeout=20)
+
+
+def assert_shape(response: RawResponse, status: int) -> dict[str, object]:
+    assert response.status == status, (response.status, response.body[:500])
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == status
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    assert set(body["error"]) <= {"code", "message", "metadata"}
+    return body["error"]  # type: ignore[no-any-return]
+
+
+# --- headers the server does not use never reach it ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("X|Y", "1"),
+        *((f"X{c}Y", "1") for c in "!#$%&'*+^~"),
+        ("x-foo-bin", "!!!"),
+        ("grpc-timeout", "zzz"),
+        ("grpc-encoding", "bogus"),
+        ("grpc-accept-encoding", "bogus"),
+        ("te", "gzip"),
+        ("x-envoy-expected-rq-timeout-ms", "zzz"),
+    ],
+)
+async def test_headers_grpc_refuses_are_not_forwarded(
+    stack: Stack, funded: IssuedKey, name: str, value: str
+) -> None:
+    headers = [*funded.headers.items(), (name, value)]
+    answer = await send(stack, "GET", "/api/v1/key", headers)
+    assert answer.status == 200, answer.body[:300]
+    posted = await send(
+        stack,
+        "POST",
+        "/api/v1/videos",
+        [*headers, ("Content-Type", "application/json")],
+        json.dumps({"model": "fakevideo/frames", "prompt": "x", "duration": 99}).encode(),
+    )
+    assert_shape(posted, 400)
+
+
+async def test_grpc_paths_are_not_public(stack: Stack, funded: IssuedKey) -> None:
+    """gRPC callers use the server's port; through the REST edge a gRPC path is unknown."""
+    for content_type in ("application/grpc", "application/json"):
+        answer = await send(
+            stack,
+            "POST",
+            "/gateway.v1.Keys/GetKey",
+            {**funded.headers, "Content-Type": content_type},
+            b"\x00\x00\x00\x00\x00",
+        )
+        assert_shape(answer, 404)
+
+
+# --- upgrades ------------------------------------------------------------------------------------
+
+
+async def test_a_websocket_upgrade_is_refused_at_once(stack: Stack, funded: IssuedKey) -> None:
+    headers = {
+        **funded.headers,
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
+    answer = await send(stack, "GET", "/api/v1/key", headers)
+    assert answer.seconds < 2
+    assert assert_shape(answer, 400)["message"] == (
+        "Protocol upgrades (WebSocket) are not supported"
+    )
+    connect = await send(stack, "CONNECT", "gateway:443", funded.headers)
+    assert connect.seconds < 2
+    assert_shape(connect, 404)
