@@ -110,3 +110,68 @@ async def test_a_websocket_upgrade_is_refused_at_once(stack: Stack, funded: Issu
     connect = await send(stack, "CONNECT", "gateway:443", funded.headers)
     assert connect.seconds < 2
     assert_shape(connect, 404)
+
+
+# --- path parameters, deep JSON, huge numbers ----------------------------------------------------
+
+
+@pytest.mark.parametrize("job_id", ["%C3", "%ff%fe", "%C0%AF", "ok%C3"])
+async def test_bad_percent_encoding_in_a_path_parameter(
+    stack: Stack, funded: IssuedKey, job_id: str
+) -> None:
+    for target in (f"/api/v1/videos/{job_id}", f"/api/v1/videos/{job_id}/content?index=0"):
+        answer = await send(stack, "GET", target, funded.headers)
+        assert_shape(answer, 400)
+
+
+DEEP = b"[" * 50_000 + b"]" * 50_000
+HUGE = b"9" * 5_000
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/v1/audio/transcriptions", DEEP),
+        ("/api/v1/audio/transcriptions", b'{"model": "fake/ok", "x": ' + DEEP + b"}"),
+        ("/api/v1/audio/transcriptions", b'{"model": "fake/ok", "temperature": ' + HUGE + b"}"),
+        ("/api/v1/videos", DEEP),
+        ("/api/v1/videos", b'{"model": "fakevideo/frames", "trace": {"a": ' + DEEP + b"}}"),
+        ("/api/v1/videos", b'{"model": "fakevideo/frames", "seed": ' + HUGE + b"}"),
+    ],
+)
+async def test_deep_json_and_huge_numbers_are_400(
+    stack: Stack, funded: IssuedKey, path: str, body: bytes
+) -> None:
+    headers = {**funded.headers, "Content-Type": "application/json"}
+    answer = await send(stack, "POST", path, headers, body)
+    assert_shape(answer, 400)
+
+
+@pytest.mark.parametrize(
+    ("path", "rest"),
+    [
+        ("/api/v1/videos", {"prompt": "a tree", "duration": 1}),
+        ("/api/v1/audio/transcriptions", {"input_audio": {"data": "AAAA", "format": "wav"}}),
+    ],
+)
+async def test_a_30000_character_model_is_a_bounded_400(
+    stack: Stack, funded: IssuedKey, path: str, rest: dict[str, object]
+) -> None:
+    headers = {**funded.headers, "Content-Type": "application/json"}
+    for model in ("a/" + "m" * 30_000, "m" * 30_000, "a/" + "é" * 30_000):
+        body = json.dumps({"model": model, **rest}).encode()
+        answer = await send(stack, "POST", path, headers, body)
+        error = assert_shape(answer, 400)
+        assert len(str(error["message"])) <= 500
+        assert len(answer.body) < 4_000  # 500 characters, \u-escaped at worst
+
+
+def test_errors_bound_what_they_echo() -> None:
+    from server.errors import GatewayError, bad_request
+
+    error = bad_request(f"Unknown model {'x' * 30_000!r}", param="model", value="v" * 30_000)
+    assert len(error.message) == 500 and error.message.endswith("...")
+    assert error.metadata is not None and len(error.metadata["value"]) == 200
+    assert len(error.body_json()) < 1_000
+    many = GatewayError(400, "bad", {"items": list(range(10_000))})
+    assert len(many.body_json()) < 1_000
