@@ -41,8 +41,8 @@ class EnvoyOptions:
 
 
 # Envoy's own replies, rewritten into the documented error body. Messages are fixed so no
-# reset reason or other internal detail leaks; 400s keep the transcoder's text, which names
-# the offending field.
+# reset reason or other internal detail leaks; 400s keep their text (the Lua filter's own, or
+# the transcoder's, which the Lua filter then replaces: see _transcoder_failure_mapper).
 _LOCAL_REPLY_MESSAGES: tuple[tuple[int, int, str | None], ...] = (
     (400, 400, None),
     (404, 404, "Not Found"),
@@ -58,8 +58,35 @@ _LOCAL_REPLY_MESSAGES: tuple[tuple[int, int, str | None], ...] = (
 )
 
 
+# The transcoder's own 400s (a body that is not JSON, a value of the wrong type) quote the
+# request, which may hold a secret. They are marked for the Lua filter, which answers with a
+# fixed message instead (naming the field when the transcoder named one).
+TRANSCODER_FAILURE_HEADER = "x-gateway-transcoder-failure"
+
+
+def _transcoder_failure_mapper() -> dict[str, Any]:
+    return {
+        "filter": {
+            "extension_filter": {
+                "name": "envoy.access_loggers.extension_filters.cel",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel."
+                    "v3.ExpressionFilter",
+                    "expression": "response.code_details.contains('grpc_json_transcode_failure')",
+                },
+            }
+        },
+        "headers_to_add": [
+            {
+                "header": {"key": TRANSCODER_FAILURE_HEADER, "value": "1"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            }
+        ],
+    }
+
+
 def _local_reply_config() -> dict[str, Any]:
-    mappers = []
+    mappers = [_transcoder_failure_mapper()]
     for matched, answered, message in _LOCAL_REPLY_MESSAGES:
         mapper: dict[str, Any] = {
             "filter": {

@@ -147,7 +147,40 @@ local function rewrite_error(handle, grpc_status)
   b:setBytes(body)
 end
 
+-- The transcoder's own 400s (a body that is not JSON, or a value of the wrong type) quote
+-- the request: "Unexpected token.\n{"value": s3cr3t...", "value: invalid value 1234 for
+-- type TYPE_STRING". Error messages never echo a request: answer with a fixed message,
+-- naming the top-level field when the transcoder named one (a field of the contract).
+-- local_reply_config marks them with x-gateway-transcoder-failure (facade/envoy_config.py).
+local function is_transcoder_failure(handle)
+  return handle:headers():get("x-gateway-transcoder-failure") ~= nil
+end
+
+local function rewrite_transcoder_failure(handle)
+  local b = handle:body(true)
+  local text = ""
+  if b ~= nil and b:length() > 0 then text = b:getBytes(0, b:length()) end
+  local field = text:match('"message":"([%a_][%w_]*)[%.%[:]')
+  local body
+  if field ~= nil and #field <= 64 then
+    body = '{"error":{"code":400,"message":"Invalid value for ' .. field ..
+      '","metadata":{"param":"' .. field .. '"}}}'
+  else
+    body = '{"error":{"code":400,"message":"Request body is not valid JSON"}}'
+  end
+  if b == nil then return end  -- the transcoder's replies always carry a body
+  local h = handle:headers()
+  h:remove("x-gateway-transcoder-failure")
+  h:remove("content-length")
+  h:replace("content-type", "application/json")
+  b:setBytes(body)
+end
+
 function envoy_on_response(handle)
+  if is_transcoder_failure(handle) then
+    rewrite_transcoder_failure(handle)
+    return
+  end
   local h = handle:headers()
   local window_ms = h:get("x-ratelimit-window-ms")
   if window_ms ~= nil then

@@ -175,3 +175,65 @@ def test_errors_bound_what_they_echo() -> None:
     assert len(error.body_json()) < 1_000
     many = GatewayError(400, "bad", {"items": list(range(10_000))})
     assert len(many.body_json()) < 1_000
+
+
+# --- the transcoder's 400s never quote the request -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "body", "expected"),
+    [
+        (
+            "PUT",
+            "/api/v1/vault/secrets/x",
+            b'{"value": s3cr3t-no-quotes, "hosts": ["api.example.com"]}',
+            {"code": 400, "message": "Request body is not valid JSON"},
+        ),
+        (
+            "PUT",
+            "/api/v1/vault/secrets/x",
+            b'{"value": "a", "hosts": s3cr3t-no-quotes}',
+            {"code": 400, "message": "Request body is not valid JSON"},
+        ),
+        (
+            "PUT",
+            "/api/v1/vault/secrets/x",
+            b'{"value": 5303r3t, "hosts": ["api.example.com"]}',
+            {"code": 400, "message": "Request body is not valid JSON"},
+        ),
+        (
+            "PUT",
+            "/api/v1/vault/secrets/x",
+            b'{"value": 53035303, "hosts": ["api.example.com"]}',
+            {"code": 400, "message": "Invalid value for value", "metadata": {"param": "value"}},
+        ),
+        (
+            "PUT",
+            "/api/v1/vault/secrets/x",
+            b'{"value": {"s3cr3t": 1}, "hosts": ["api.example.com"]}',
+            {"code": 400, "message": "Request body is not valid JSON"},
+        ),
+        (
+            "POST",
+            "/api/v1/videos",
+            b'{"model": "fakevideo/frames", "seed": ' + HUGE + b"}",
+            {"code": 400, "message": "Request body is not valid JSON"},
+        ),
+        (
+            "GET",
+            "/api/v1/videos/job/content?index=s3cr3t",
+            b"",
+            {"code": 400, "message": "Invalid value for index", "metadata": {"param": "index"}},
+        ),
+    ],
+)
+async def test_transcoder_errors_never_quote_the_request(
+    stack: Stack, unique: str, method: str, target: str, body: bytes, expected: dict[str, object]
+) -> None:
+    workspace = await stack.admin.workspace(f"quote-{unique}", intern_programme=True)
+    key = await stack.admin.key(workspace)
+    headers = {**key.headers, "Content-Type": "application/json"}
+    answer = await send(stack, method, target, headers, body)
+    assert assert_shape(answer, 400) == expected
+    assert b"s3cr3t" not in answer.body and b"5303" not in answer.body
+    assert not any(h.startswith("x-gateway-") for h in answer.headers)
