@@ -237,3 +237,42 @@ async def test_transcoder_errors_never_quote_the_request(
     assert assert_shape(answer, 400) == expected
     assert b"s3cr3t" not in answer.body and b"5303" not in answer.body
     assert not any(h.startswith("x-gateway-") for h in answer.headers)
+
+
+# --- the header limit: one number, the same every time -------------------------------------------
+
+HEADER_LIMIT = 60 * 1024  # README: "headers | 60 KiB | 413" (EdgePolicy.max_request_headers_kb)
+
+
+def headers_of_size(total: int, authorization: dict[str, str]) -> list[tuple[str, str]]:
+    """Headers whose names and values add up to `total` bytes: some the server reads and must
+    accept (a long host, forwarded again as x-gateway-authority, and tracestate), the rest
+    padding the edge drops."""
+    headers = [*authorization.items(), ("tracestate", "a=" + "b" * 20_000)]
+    host = "h" * 8_000 + ".example.com"
+    used = sum(len(n) + len(v) for n, v in headers) + len("host") + len(host)
+    index = 0
+    while used < total:
+        name = f"x-pad-{index}"
+        value = "p" * min(4_000, total - used - len(name))
+        headers.append((name, value))
+        used += len(name) + len(value)
+        index += 1
+    return [("Host", host), *headers]
+
+
+async def test_headers_just_under_the_limit_pass_and_just_over_are_413_every_time(
+    stack: Stack, funded: IssuedKey
+) -> None:
+    port = stack.gateway.http_port
+
+    def one(total: int) -> RawResponse:
+        lines = ["GET /api/v1/key HTTP/1.1"]
+        lines += [f"{n}: {v}" for n, v in headers_of_size(total, funded.headers)]
+        return exchange(port, ("\r\n".join(lines) + "\r\n\r\n").encode(), timeout=20)
+
+    for _ in range(20):
+        under = await asyncio.to_thread(one, HEADER_LIMIT - 1024)
+        assert under.status == 200, under.body[:300]
+        over = await asyncio.to_thread(one, HEADER_LIMIT + 1024)
+        assert assert_shape(over, 413)["message"] == "Request headers too large"
