@@ -52,6 +52,7 @@ _LOCAL_REPLY_MESSAGES: tuple[tuple[int, int, str | None], ...] = (
     (426, 400, "Unsupported HTTP version"),
     (431, 413, "Request headers too large"),
     (500, 500, "Internal server error"),
+    (501, 400, "Unsupported HTTP feature (such as a Transfer-Encoding other than chunked)"),
     (502, 502, "Provider returned error"),
     (503, 503, "Service temporarily unavailable"),
     (504, 524, "Request timed out"),
@@ -64,18 +65,23 @@ _LOCAL_REPLY_MESSAGES: tuple[tuple[int, int, str | None], ...] = (
 TRANSCODER_FAILURE_HEADER = "x-gateway-transcoder-failure"
 
 
+def _cel(expression: str) -> dict[str, Any]:
+    """A local reply filter: a CEL expression over Envoy's attributes."""
+    return {
+        "extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel."
+                "v3.ExpressionFilter",
+                "expression": expression,
+            },
+        }
+    }
+
+
 def _transcoder_failure_mapper() -> dict[str, Any]:
     return {
-        "filter": {
-            "extension_filter": {
-                "name": "envoy.access_loggers.extension_filters.cel",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel."
-                    "v3.ExpressionFilter",
-                    "expression": "response.code_details.contains('grpc_json_transcode_failure')",
-                },
-            }
-        },
+        "filter": _cel("response.code_details.contains('grpc_json_transcode_failure')"),
         "headers_to_add": [
             {
                 "header": {"key": TRANSCODER_FAILURE_HEADER, "value": "1"},
@@ -85,8 +91,18 @@ def _transcoder_failure_mapper() -> dict[str, Any]:
     }
 
 
+def _protocol_error_mapper() -> dict[str, Any]:
+    """Envoy's own 400s for requests it cannot parse (no Host, a fragment in the target, a bad
+    header...) come with an empty or internal text: give them a fixed message. The Lua
+    filter's 400s keep theirs."""
+    return {
+        "filter": _cel("response.code == 400 && response.code_details != 'lua_response'"),
+        "body": {"inline_string": "Bad Request"},
+    }
+
+
 def _local_reply_config() -> dict[str, Any]:
-    mappers = [_transcoder_failure_mapper()]
+    mappers = [_transcoder_failure_mapper(), _protocol_error_mapper()]
     for matched, answered, message in _LOCAL_REPLY_MESSAGES:
         mapper: dict[str, Any] = {
             "filter": {

@@ -276,3 +276,31 @@ async def test_headers_just_under_the_limit_pass_and_just_over_are_413_every_tim
         assert under.status == 200, under.body[:300]
         over = await asyncio.to_thread(one, HEADER_LIMIT + 1024)
         assert assert_shape(over, 413)["message"] == "Request headers too large"
+
+
+# --- requests Envoy cannot parse -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        # no Host in HTTP/1.1
+        "GET /api/v1/key HTTP/1.1\r\n",
+        # a fragment in the request target
+        "GET /api/v1/key#part HTTP/1.1\r\nHost: gateway\r\n",
+        # Transfer-Encoding and Content-Length together (request smuggling)
+        "POST /api/v1/videos HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+        "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+        # a Transfer-Encoding other than chunked (Envoy: 501, not a documented status)
+        "POST /api/v1/videos HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: gzip, chunked\r\n",
+        # two different Content-Lengths
+        "POST /api/v1/videos HTTP/1.1\r\nHost: gateway\r\nContent-Length: 2\r\n"
+        "Content-Length: 3\r\n",
+    ],
+)
+async def test_unparsable_requests_are_400_with_a_message(stack: Stack, head: str) -> None:
+    raw = head.encode() + b"\r\n" + (b"2\r\n{}\r\n0\r\n\r\n" if "chunked" in head else b"")
+    answer = await asyncio.to_thread(exchange, stack.gateway.http_port, raw, timeout=20)
+    assert answer.seconds < 2
+    assert_shape(answer, 400)
