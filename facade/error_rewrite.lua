@@ -86,6 +86,10 @@ function envoy_on_request(handle)
     return
   end
   keep_only_forwarded(h)
+  local method = h:get(":method")
+  if method == "GET" or method == "HEAD" then
+    handle:streamInfo():dynamicMetadata():set("gateway.request", "bodiless", true)
+  end
   if h:get(":method") == "OPTIONS" and h:get("access-control-request-method") == nil then
     handle:respond({ [":status"] = "404" }, "Not Found")  -- only CORS preflights exist
     return
@@ -165,6 +169,9 @@ local function rewrite_transcoder_failure(handle)
   if field ~= nil and #field <= 64 then
     body = '{"error":{"code":400,"message":"Invalid value for ' .. field ..
       '","metadata":{"param":"' .. field .. '"}}}'
+  elseif handle:streamInfo():dynamicMetadata():get("gateway.request") ~= nil then
+    -- a request without a body: what the transcoder could not read is its query string
+    body = '{"error":{"code":400,"message":"Invalid query parameters"}}'
   else
     body = '{"error":{"code":400,"message":"Request body is not valid JSON"}}'
   end

@@ -225,6 +225,12 @@ def test_errors_bound_what_they_echo() -> None:
             b"",
             {"code": 400, "message": "Invalid value for index", "metadata": {"param": "index"}},
         ),
+        (
+            "GET",
+            "/api/v1/videos/job/content?index=1&index=2",
+            b"",
+            {"code": 400, "message": "Invalid query parameters"},
+        ),
     ],
 )
 async def test_transcoder_errors_never_quote_the_request(
