@@ -62,12 +62,23 @@ local FORWARDED = {
   ["x-forwarded-for"] = true, ["x-forwarded-proto"] = true,
 }
 
+-- Drops what is not forwarded; returns the name of a forwarded header whose value is not
+-- printable ASCII (gRPC metadata must be: the server's gRPC stack would log the value, an API
+-- key perhaps, before refusing it), or nil.
 local function keep_only_forwarded(h)
   local dropped = {}
-  for name, _ in pairs(h) do
-    if name:sub(1, 1) ~= ":" and not FORWARDED[name] then dropped[#dropped + 1] = name end
+  local unprintable = nil
+  for name, value in pairs(h) do
+    if name:sub(1, 1) ~= ":" then
+      if not FORWARDED[name] then
+        dropped[#dropped + 1] = name
+      elseif unprintable == nil and value:find("[^\t -~]") then
+        unprintable = name
+      end
+    end
   end
   for _, name in ipairs(dropped) do h:remove(name) end
+  return unprintable
 end
 
 function envoy_on_request(handle)
@@ -85,7 +96,12 @@ function envoy_on_request(handle)
     handle:respond({ [":status"] = "400" }, "Protocol upgrades (WebSocket) are not supported")
     return
   end
-  keep_only_forwarded(h)
+  local unprintable = keep_only_forwarded(h)
+  if unprintable ~= nil then
+    handle:respond({ [":status"] = "400" },
+      "Header " .. unprintable .. " must be printable ASCII")
+    return
+  end
   local method = h:get(":method")
   if method == "GET" or method == "HEAD" then
     handle:streamInfo():dynamicMetadata():set("gateway.request", "bodiless", true)

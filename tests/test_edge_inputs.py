@@ -310,3 +310,22 @@ async def test_unparsable_requests_are_400_with_a_message(stack: Stack, head: st
     answer = await asyncio.to_thread(exchange, stack.gateway.http_port, raw, timeout=20)
     assert answer.seconds < 2
     assert_shape(answer, 400)
+
+
+# --- header values gRPC refuses ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["Authorization", "X-Session-Id", "traceparent", "Origin"])
+async def test_a_header_value_that_is_not_printable_ascii_is_400_and_never_logged(
+    stack: Stack, funded: IssuedKey, name: str
+) -> None:
+    """gRPC logs a metadata value it cannot decode (an API key with a stray byte, in full)
+    before refusing the call: such values are refused at the edge."""
+    secret = funded.headers["Authorization"] + "-l0gged"
+    value = (secret if name == "Authorization" else "caf\u00e9-l0gged") + "\u00ff"
+    headers = {**funded.headers, name: value}
+    answer = await send(stack, "GET", "/api/v1/key", headers)
+    error = assert_shape(answer, 400)
+    assert error == {"code": 400, "message": f"Header {name.lower()} must be printable ASCII"}
+    await asyncio.sleep(0.2)
+    assert "l0gged" not in stack.gateway.log()
