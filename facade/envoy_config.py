@@ -326,6 +326,21 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                 },
             },
             {
+                # Request trailers (HTTP/2 clients may send them) would reach the server as
+                # gRPC metadata, where names or values gRPC refuses fail the call: the API reads
+                # none, so none go on.
+                "name": "envoy.filters.http.header_mutation",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation."
+                    "v3.HeaderMutation",
+                    "mutations": {
+                        "request_trailers_mutations": [
+                            {"remove_on_match": {"key_matcher": {"safe_regex": {"regex": ".*"}}}}
+                        ]
+                    },
+                },
+            },
+            {
                 # Before anything reads a body: a flood is refused at the door.
                 "name": "envoy.filters.http.local_ratelimit",
                 "typed_config": _flood_protection(edge),

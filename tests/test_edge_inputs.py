@@ -329,3 +329,28 @@ async def test_a_header_value_that_is_not_printable_ascii_is_400_and_never_logge
     assert error == {"code": 400, "message": f"Header {name.lower()} must be printable ASCII"}
     await asyncio.sleep(0.2)
     assert "l0gged" not in stack.gateway.log()
+
+
+# --- HTTP/2 request trailers ---------------------------------------------------------------------
+
+
+async def test_http2_request_trailers_never_reach_the_server(
+    stack: Stack, funded: IssuedKey
+) -> None:
+    from tests.support.raw_h2 import h2_exchange
+
+    headers = [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":authority", b"gateway"),
+        (b":path", b"/api/v1/videos"),
+        (b"authorization", funded.headers["Authorization"].encode()),
+        (b"content-type", b"application/json"),
+    ]
+    body = json.dumps({"model": "fakevideo/frames", "prompt": "x", "duration": 99}).encode()
+    for trailer in ((b"grpc-timeout", b"zzz"), (b"x!y", b"1"), (b"x-a-bin", b"!!!")):
+        status, answer = await asyncio.to_thread(
+            h2_exchange, stack.gateway.http_port, headers, body, [trailer]
+        )
+        assert status == 400, answer[:300]
+        assert json.loads(answer)["error"]["metadata"] == {"param": "duration"}
