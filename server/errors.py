@@ -37,6 +37,7 @@ GRPC_CODE_FOR_STATUS: dict[int, grpc.StatusCode] = {
 MAX_MESSAGE_CHARS = 500
 MAX_METADATA_VALUE_CHARS = 200
 MAX_METADATA_ITEMS = 20
+MAX_METADATA_JSON_CHARS = 2000  # all of it, as the ASCII JSON the trailer carries
 ELLIPSIS = "..."
 
 
@@ -56,6 +57,24 @@ def _bounded_value(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_bounded_value(v) for v in list(value)[:MAX_METADATA_ITEMS]]
     return value
+
+
+def _json_chars(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=True, default=str))
+
+
+def _bounded_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Each value bounded, and the whole: past MAX_METADATA_JSON_CHARS only scalar members
+    stay, the first ones first."""
+    bounded: dict[str, Any] = _bounded_value(metadata)
+    if _json_chars(bounded) <= MAX_METADATA_JSON_CHARS:
+        return bounded
+    kept: dict[str, Any] = {}
+    for name, value in bounded.items():
+        if isinstance(value, str | int | float | bool) or value is None:
+            if _json_chars({**kept, name: value}) <= MAX_METADATA_JSON_CHARS:
+                kept[name] = value
+    return kept
 
 
 @dataclass
@@ -78,7 +97,7 @@ class GatewayError(Exception):
         # The one place every error passes: what it echoes of a request is bounded here.
         self.message = bounded_text(self.message, MAX_MESSAGE_CHARS)
         if self.metadata is not None:
-            self.metadata = _bounded_value(self.metadata)
+            self.metadata = _bounded_metadata(self.metadata)
         super().__init__(self.message)
 
     @property

@@ -175,6 +175,14 @@ def test_errors_bound_what_they_echo() -> None:
     assert len(error.body_json()) < 1_000
     many = GatewayError(400, "bad", {"items": list(range(10_000))})
     assert len(many.body_json()) < 1_000
+    nested = GatewayError(
+        400, "\u4e00" * 30_000, {"param": "model", "deep": [["\u00e9" * 500] * 50] * 50}
+    )
+    assert nested.metadata == {"param": "model"}
+    assert len(nested.body_json()) < 4_000  # 500 characters, \u-escaped at worst
+    from server.services.rpc import status_details
+
+    assert len(status_details(nested)) < 4_000
 
 
 # --- the transcoder's 400s never quote the request -----------------------------------------------
