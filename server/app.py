@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from server.auth import Authenticator
 from server.clock import Clock, SystemClock
-from server.config import Settings
+from server.config import EdgePolicy, Settings
 from server.contract import (
     SERVICES,
     audio_pb2_grpc,
@@ -148,13 +148,26 @@ def build_core(
     )
 
 
+def metadata_limit_bytes(edge: EdgePolicy) -> int:
+    """The request metadata a server accepts: all Envoy may forward of a request within the
+    edge's header limit — the client's headers, the host again (x-gateway-authority) and the
+    headers Envoy adds — with room to spare."""
+    return 2 * edge.max_request_headers_kb * 1024 + 64 * 1024
+
+
 def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
+    metadata_limit = metadata_limit_bytes(core.settings.edge)
     server = grpc.aio.server(
         interceptors=[RequestInterceptor(core.metrics, core.tracer)],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            # gRPC refuses metadata over 8 KiB at random (16 KiB always) by default, while the
+            # edge lets 60 KiB of headers through: accept whatever Envoy forwards (soft limit =
+            # hard limit, so nothing is refused at random).
+            ("grpc.max_metadata_size", metadata_limit),
+            ("grpc.absolute_max_metadata_size", metadata_limit),
             ("grpc.so_reuseport", 0),
         ],
     )

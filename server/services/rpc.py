@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2, struct_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -132,6 +133,35 @@ async def _answer_failure(
     await abort_with(context, error)
 
 
+class _Undecodable:
+    """Stands for a request whose bytes are not the rpc's message: a string field that is not
+    UTF-8 (a path parameter such as /videos/%C3 arrives so), or any other malformed bytes."""
+
+
+UNDECODABLE = _Undecodable()
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """The rpc's deserializer, answering UNDECODABLE instead of failing: gRPC would answer an
+    undecodable request with a bare INTERNAL (a 500), before any handler runs."""
+    if deserializer is None:
+        return None
+
+    def decode(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError:
+            return UNDECODABLE
+
+    return decode
+
+
+def _decoded(request: Any) -> Any:
+    if request is UNDECODABLE:
+        raise bad_request("The request is malformed: text must be valid UTF-8")
+    return request
+
+
 class RequestInterceptor(grpc.aio.ServerInterceptor):
     """The one place every rpc passes: its request id (logs), server span (traces), route and
     status (metrics, access log), and failures — a GatewayError as it says, anything else
@@ -157,13 +187,13 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(handler.unary_unary, route),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._stream(handler.unary_stream, route),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return handler
@@ -203,7 +233,7 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
             with self._observed(context, route) as call:
                 try:
-                    return await inner(request, context)
+                    return await inner(_decoded(request), context)
                 except BaseException as exc:
                     await _answer_failure(context, call, exc)
 
@@ -213,7 +243,7 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             with self._observed(context, route) as call:
                 try:
-                    async for item in inner(request, context):
+                    async for item in inner(_decoded(request), context):
                         yield item
                 except BaseException as exc:
                     await _answer_failure(context, call, exc)

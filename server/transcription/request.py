@@ -166,6 +166,10 @@ def from_json(raw: bytes, header_session_id: str | None) -> TranscriptionInput:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_request("The request body is not valid JSON") from exc
+    except RecursionError as exc:  # nested deeper than the parser goes
+        raise bad_request("The request body is nested too deeply") from exc
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise bad_request("The request body has a number too large to read") from exc
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object")
     _unsupported_flags(body)
