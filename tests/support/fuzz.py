@@ -4,14 +4,19 @@ charged nothing for what it refused."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
+import socket
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import httpx
 import hypothesis
 import sqlalchemy as sa
 import yaml
@@ -19,6 +24,9 @@ from jsonschema_rs import Draft202012Validator  # schemathesis's own validator
 
 from server.db.models import CreditHold, LedgerEntry
 from tests.support.admin import Admin, IssuedKey
+
+if TYPE_CHECKING:
+    from tests.conftest import Stack
 
 # The statuses the API reference documents (section 7) and DESIGN.md's error model allows.
 DOCUMENTED_STATUSES = frozenset(
@@ -196,7 +204,11 @@ def success_shape(spec: dict[str, Any], path: str, method: str) -> SuccessShape:
 
 
 def answer_problems(
-    answer: Answer, shape: SuccessShape, *, providers_down: bool = False
+    answer: Answer,
+    shape: SuccessShape,
+    *,
+    providers_down: bool = False,
+    faults: frozenset[int] = SERVER_FAULTS,
 ) -> list[str]:
     """Every way `answer` breaks the contract; empty when it keeps it."""
     if answer.status is None:
@@ -206,7 +218,7 @@ def answer_problems(
     if 200 <= answer.status < 300:
         return [f"success status {answer.status}, documented {shape.status}"]
     problems = error_shape_problems(answer.status, answer.headers, answer.body)
-    if answer.status in SERVER_FAULTS and not providers_down:
+    if answer.status in faults and not providers_down:
         problems.append(f"client-caused {answer.status}")
     return problems
 
@@ -222,7 +234,8 @@ class Findings:
     # (status, error message) -> count: what the fuzz reached, for the report
     outcomes: dict[tuple[int | None, str], int] = field(default_factory=dict)
 
-    def record(self, answer: Answer, problems: list[str]) -> None:
+    def record(self, answer: Answer, problems: list[str], cause: str = "") -> None:
+        """`cause`: what in the request the failure was narrowed down to, if known."""
         self.requests += 1
         self.statuses[answer.status] = self.statuses.get(answer.status, 0) + 1
         message = ""
@@ -235,6 +248,8 @@ class Findings:
         if not problems:
             return
         signature = f"{answer.status} {message!r}: {'; '.join(problems)}"
+        if cause:
+            signature = f"[{cause}] {signature}"
         self.by_signature.setdefault(signature, []).append(answer)
 
     def report(self) -> str:
@@ -267,3 +282,123 @@ async def charged_micros(admin: Admin, issued: IssuedKey) -> int:
             LedgerEntry.key_hash == issued.hash, LedgerEntry.kind == "charge"
         )
         return int((await session.exec(statement)).scalar_one())
+
+
+def raw_request(
+    port: int,
+    method: str,
+    path: str,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes = b"",
+    *,
+    content_length: int | None = None,
+    timeout: float = REQUEST_TIMEOUT,
+) -> Answer:
+    """One HTTP/1.1 request written byte for byte (header names and values exactly as
+    given, any bytes), `Connection: close`, and its answer read to EOF within `timeout`.
+    `content_length` announces another length than the body's (a truncated body)."""
+    length = len(body) if content_length is None else content_length
+    head = [f"{method} {path} HTTP/1.1".encode(), b"Host: gateway"]
+    head += [name + b": " + value for name, value in headers]
+    if body or method in ("POST", "PUT"):
+        head.append(b"Content-Length: " + str(length).encode())
+    head.append(b"Connection: close")
+    data = b"\r\n".join(head) + b"\r\n\r\n" + body
+    shown = b"\r\n".join(head).decode("latin-1")
+    request = f"{shown}\n  [body {len(body)} bytes] {body[:400]!r}"
+    deadline = time.monotonic() + timeout
+    raw = b""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(data)
+            if content_length is not None and content_length > len(body):
+                sock.shutdown(socket.SHUT_WR)  # the rest of the body never comes
+            while not _complete(raw):
+                sock.settimeout(max(0.05, deadline - time.monotonic()))
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                raw += chunk
+    except (TimeoutError, OSError) as exc:
+        if b"\r\n\r\n" not in raw:
+            return Answer(request, None, {}, raw, f"{type(exc).__name__}: {exc}")
+    if not raw:
+        return Answer(request, None, {}, b"", "connection closed without an answer")
+    head_bytes, _, payload = raw.partition(b"\r\n\r\n")
+    lines = head_bytes.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    answer_headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        answer_headers[name.strip().lower()] = value.strip()
+    if answer_headers.get("transfer-encoding", "").lower() == "chunked":
+        payload = _dechunk(payload)
+    return Answer(request, status, answer_headers, payload)
+
+
+def _complete(raw: bytes) -> bool:
+    """Whether `raw` holds a whole response (Envoy keeps a connection it answered itself
+    open for a second before closing it: reading to EOF would wait for that)."""
+    head, separator, payload = raw.partition(b"\r\n\r\n")
+    if not separator:
+        return False
+    fields = {}
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        fields[name.strip().lower()] = value.strip().lower()
+    if b"content-length" in fields:
+        return len(payload) >= int(fields[b"content-length"])
+    if fields.get(b"transfer-encoding") == b"chunked":
+        return payload.endswith(b"0\r\n\r\n")
+    return head.split(b" ")[1:2] in ([b"204"], [b"304"])
+
+
+def _dechunk(payload: bytes) -> bytes:
+    out = b""
+    while payload:
+        size_line, _, rest = payload.partition(b"\r\n")
+        size = int(size_line.split(b";")[0] or b"0", 16)
+        if size == 0:
+            break
+        out += rest[:size]
+        payload = rest[size + 2 :]
+    return out
+
+
+async def wait_for_jobs(stack: Stack, issued: IssuedKey, jobs: list[str]) -> int:
+    """Poll the accepted jobs to a terminal state; how many completed (each charged once)."""
+    completed = 0
+    deadline = time.monotonic() + 60
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT) as client:
+        for job in jobs:
+            while True:
+                response = await client.get(
+                    f"{stack.base_url}/videos/{job}", headers=issued.headers
+                )
+                status = response.json()["status"]
+                if status in ("completed", "failed", "cancelled", "expired"):
+                    completed += status in ("completed", "expired")
+                    break
+                assert time.monotonic() < deadline, f"job {job} still {status}"
+                await asyncio.sleep(0.2)
+    return completed
+
+
+def server_errors_since(output: list[str], mark: int) -> str:
+    """The unhandled exceptions the gateway logged after line `mark` of its output, each as
+    its last traceback line with numbers blanked: what tells one 500 from another when the
+    client only sees "Internal server error"."""
+    found = []
+    for line in output[mark:]:
+        if '"level": "error"' not in line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        exception = str(record.get("exception") or record.get("message") or "")
+        last = exception.strip().splitlines()[-1] if exception.strip() else ""
+        last = re.sub(r"(character '.*?'|characters) in position [\d-]+", "character(s)", last)
+        last = re.sub(r"0x[0-9a-fA-F]+", "0x?", last)
+        found.append(re.sub(r"\d+", "N", last)[:160])
+    return " | ".join(sorted(set(found)))
