@@ -177,6 +177,11 @@ def _vault_problems(answer: Answer) -> list[str]:
     return problems
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 13 item 14: header names of token characters that are not gRPC metadata "
+    "keys (X|Y, X!Y, ~) and -bin headers (x-foo-bin: !!!, even base64 ones) are a 500",
+)
 async def test_header_fuzz(stack: Stack, funded: IssuedKey) -> None:
     charges_before = await stack.admin.count(
         LedgerEntry, LedgerEntry.key_hash == funded.hash, LedgerEntry.kind == "charge"

@@ -12,11 +12,13 @@ than the bytes hold."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import struct
 from decimal import Decimal
 from typing import Any
 
+import av
 import hypothesis
 import pytest
 from hypothesis import strategies as st
@@ -71,8 +73,8 @@ def quote(value: str) -> bytes:
 
 
 @st.composite
-def multipart_bodies(draw: st.DrawFn) -> tuple[bytes, bytes, str]:
-    """(Content-Type value, body, what is unusual about it)."""
+def multipart_bodies(draw: st.DrawFn) -> tuple[bytes, bytes, str, bytes | None]:
+    """(Content-Type value, body, what is unusual about it, the audio: None, the fixture)."""
     boundary = draw(boundaries, label="boundary")
     parts: list[tuple[str, str | None, bytes]] = []
     if draw(st.booleans(), label="a model part"):
@@ -111,12 +113,8 @@ def multipart_bodies(draw: st.DrawFn) -> tuple[bytes, bytes, str]:
         param = b'; boundary="' + value + b'"' if quoted else b"; boundary=" + value
     content_type = b"multipart/form-data" + param
     names = [name for name, _, _ in parts] + [f for _, f, _ in parts if f]
-    unusual = []
-    if any(not _latin1(text) for text in [*names, boundary]):
-        unusual.append("non-Latin-1 name, filename or boundary")
-    if cut is not None:
-        unusual.append("truncated")
-    return content_type, body, ", ".join(unusual)
+    non_latin1 = any(not _latin1(text) for text in [*names, boundary])
+    return content_type, body, "non-Latin-1 name, filename or boundary" * non_latin1, None
 
 
 def _latin1(text: str) -> bool:
@@ -192,12 +190,40 @@ def mutated_audio(draw: st.DrawFn, sources: dict[str, bytes]) -> tuple[str, byte
     return claimed, bytes(data), "+".join(applied)
 
 
+def decoded_seconds(data: bytes) -> float | None:
+    """What the audio really holds, decoded to its end with PyAV (samples / rate); None when
+    it does not decode cleanly to its end."""
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            if not container.streams.audio:
+                return None
+            samples = 0.0
+            for frame in container.decode(audio=0):
+                samples += frame.samples / frame.sample_rate
+            return samples
+    except (av.FFmpegError, ValueError, OSError, EOFError, ZeroDivisionError):
+        return None
+
+
+def billing_problems(usage: dict[str, Any], audio: bytes | None) -> list[str]:
+    """Billed seconds against the audio: never more than the bytes can hold and, for audio
+    that decodes cleanly, what it decodes to (item 7: not what its timestamps claim)."""
+    seconds = float(usage.get("seconds") or 0)
+    if seconds > MAX_AUDIO_SECONDS:
+        return [f"billed {seconds} s of audio; the bytes hold at most {MAX_AUDIO_SECONDS} s"]
+    decoded = decoded_seconds(audio) if audio is not None else None
+    if decoded is not None and abs(seconds - decoded) > max(0.1, 0.05 * decoded):
+        return [f"billed {seconds} s of audio that decodes to {decoded:.3f} s"]
+    return []
+
+
 def run_fuzz(
     port: int,
     issued: IssuedKey,
     max_examples: int,
     log: list[str],
-    requests: st.SearchStrategy[tuple[bytes, bytes, str]],
+    requests: st.SearchStrategy[tuple[bytes, bytes, str, bytes | None]],
+    explicit: list[tuple[bytes, bytes, str, bytes | None]] | None = None,
 ) -> tuple[Findings, list[Decimal]]:
     """Send each generated (content type, body, note); the findings and the cost of every
     success."""
@@ -206,37 +232,49 @@ def run_fuzz(
     costs: list[Decimal] = []
     auth = (b"Authorization", f"Bearer {issued.key}".encode())
 
-    @fuzz_settings(max_examples)
-    @hypothesis.given(request=requests)
-    def fuzz(request: tuple[bytes, bytes, str]) -> None:
-        content_type, body, note = request
+    def send(request: tuple[bytes, bytes, str, bytes | None]) -> None:
+        content_type, body, note, audio = request
         mark = len(log)
         answer = raw_request(port, "POST", PATH, [auth, (b"Content-Type", content_type)], body)
         problems = answer_problems(answer, shape)
         if answer.status == 200 and not problems:
             usage = json.loads(answer.body).get("usage") or {}
             costs.append(Decimal(str(usage.get("cost", 0))))
-            if float(usage.get("seconds", 0)) > MAX_AUDIO_SECONDS:
-                problems.append(
-                    f"billed {usage.get('seconds')} s of audio; the bytes hold at most "
-                    f"{MAX_AUDIO_SECONDS} s"
-                )
+            problems += billing_problems(usage, audio)
         cause = note
         if problems:
             logged = server_errors_since(log, mark)
             cause = f"{note}; server logged {logged}" if logged else note
         findings.record(answer, problems, cause)
 
+    @fuzz_settings(max_examples)
+    @hypothesis.given(request=requests)
+    def fuzz(request: tuple[bytes, bytes, str, bytes | None]) -> None:
+        send(request)
+
+    for request in explicit or []:  # representatives sent on every run, whatever is drawn
+        send(request)
     fuzz()
     return findings, costs
 
 
 async def check_run(
-    stack: Stack, issued: IssuedKey, requests: Any, max_examples: int, title: str
+    stack: Stack,
+    issued: IssuedKey,
+    requests: Any,
+    max_examples: int,
+    title: str,
+    explicit: list[tuple[bytes, bytes, str, bytes | None]] | None = None,
 ) -> None:
     before = await charged_micros(stack.admin, issued)
     findings, costs = await asyncio.to_thread(
-        run_fuzz, stack.gateway.http_port, issued, max_examples, stack.gateway.output, requests
+        run_fuzz,
+        stack.gateway.http_port,
+        issued,
+        max_examples,
+        stack.gateway.output,
+        requests,
+        explicit,
     )
     findings.check(title)
     assert await holds_of(stack.admin, issued) == 0
@@ -247,22 +285,25 @@ async def check_run(
     assert abs(charged - reported) <= len(costs), (charged, reported)
 
 
-def json_requests(sources: dict[str, bytes]) -> st.SearchStrategy[tuple[bytes, bytes, str]]:
+def json_requests(
+    sources: dict[str, bytes], model: str = MODEL
+) -> st.SearchStrategy[tuple[bytes, bytes, str, bytes | None]]:
     return mutated_audio(sources).map(
         lambda audio: (
             b"application/json",
             json.dumps(
-                {"model": MODEL, "input_audio": {"data": b64(audio[1]), "format": audio[0]}}
+                {"model": model, "input_audio": {"data": b64(audio[1]), "format": audio[0]}}
             ).encode(),
             f"json audio {audio[2]}",
+            audio[1],
         )
     )
 
 
 def multipart_audio_requests(
     sources: dict[str, bytes],
-) -> st.SearchStrategy[tuple[bytes, bytes, str]]:
-    def build(audio: tuple[str, bytes, str]) -> tuple[bytes, bytes, str]:
+) -> st.SearchStrategy[tuple[bytes, bytes, str, bytes | None]]:
+    def build(audio: tuple[str, bytes, str]) -> tuple[bytes, bytes, str, bytes | None]:
         claimed, data, note = audio
         boundary = b"fuzzboundary"
         body = (
@@ -275,7 +316,7 @@ def multipart_audio_requests(
             + data
             + b"\r\n--fuzzboundary--\r\n"
         )
-        return b"multipart/form-data; boundary=" + boundary, body, f"multipart audio {note}"
+        return b"multipart/form-data; boundary=" + boundary, body, f"multipart audio {note}", data
 
     return mutated_audio(sources).map(build)
 
@@ -294,6 +335,11 @@ def audio_sources() -> dict[str, bytes]:
     }
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 13 item 13: a non-Latin-1 multipart field name or filename is a 500 "
+    "(UnicodeEncodeError in the multipart header parser)",
+)
 async def test_multipart_framing_fuzz(stack: Stack, funded: IssuedKey) -> None:
     await check_run(stack, funded, multipart_bodies(), 60, "multipart framing")
 
@@ -303,3 +349,33 @@ async def test_audio_bytes_fuzz(
 ) -> None:
     requests = st.one_of(json_requests(audio_sources), multipart_audio_requests(audio_sources))
     await check_run(stack, funded, requests, 60, "audio bytes")
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 13 item 16: audio that passes the probe but does not decode (flac cut in "
+    "half, corrupted m4a) is a 502 'Provider returned error' from the local model",
+)
+async def test_audio_bytes_fuzz_on_the_local_model(
+    stack: Stack, funded: IssuedKey, audio_sources: dict[str, bytes]
+) -> None:
+    """The same mutations on the local model, which decodes what it is given: audio that
+    passes the probe but does not decode must be the request's fault (400), not a 502. Few
+    examples: every one runs the speech model."""
+    model = "local/pocketsphinx-en"
+    compressed = {k: v for k, v in audio_sources.items() if k in ("flac", "m4a", "mp3")}
+
+    def request(fmt: str, data: bytes, note: str) -> tuple[bytes, bytes, str, bytes | None]:
+        body = {"model": model, "input_audio": {"data": b64(data), "format": fmt}}
+        return b"application/json", json.dumps(body).encode(), note, data
+
+    flac, m4a = audio_sources["flac"], bytearray(audio_sources["m4a"])
+    third = len(m4a) // 3
+    m4a[third : third + 40] = bytes(b ^ 0xFF for b in m4a[third : third + 40])
+    explicit = [
+        request("flac", flac[: len(flac) // 2], "flac cut in half"),
+        request("m4a", bytes(m4a), "m4a with 40 bytes inverted a third in"),
+    ]
+    await check_run(
+        stack, funded, json_requests(compressed, model), 6, "audio bytes, local model", explicit
+    )

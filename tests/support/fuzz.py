@@ -397,7 +397,10 @@ def server_errors_since(output: list[str], mark: int) -> str:
         except ValueError:
             continue
         exception = str(record.get("exception") or record.get("message") or "")
-        last = exception.strip().splitlines()[-1] if exception.strip() else ""
+        lines = exception.strip().splitlines() or [""]
+        # The exception's own line, not a trailing "(Background on this error at: ...)".
+        raised = [x for x in lines if re.match(r"^[\w.]+(Error|Exception|Warning)\b", x)]
+        last = raised[-1] if raised else lines[-1]
         last = re.sub(r"(character '.*?'|characters) in position [\d-]+", "character(s)", last)
         last = re.sub(r"0x[0-9a-fA-F]+", "0x?", last)
         found.append(re.sub(r"\d+", "N", last)[:160])
