@@ -152,7 +152,8 @@ def run_field_fuzz(
 @pytest.mark.xfail(
     strict=False,
     reason="issue 13 item 8: a lone surrogate in trace/session_id is a 500 "
-    "(UnicodeEncodeError), a NUL in user/session_id a 500 on PostgreSQL (also item 15); "
+    "(UnicodeEncodeError; with trace.trace_id the transcription is charged all the same), a "
+    "NUL in user/session_id a 500 on PostgreSQL that leaves its hold (also item 15); "
     "item 15: JSON nested 500 deep in a transcription body is a 500 (RecursionError)",
 )
 async def test_json_member_fuzz(stack: Stack, funded: IssuedKey) -> None:
@@ -163,9 +164,14 @@ async def test_json_member_fuzz(stack: Stack, funded: IssuedKey) -> None:
         run_field_fuzz, stack.gateway.http_port, funded, 50, stack.gateway.output
     )
     completed = await wait_for_jobs(stack, funded, jobs)
-    findings.check(f"json members {stack.gateway.database_url.split(':')[0]}")
-    assert await holds_of(stack.admin, funded) == 0
+    holds = await holds_of(stack.admin, funded)
+    findings.expect(holds == 0, f"{holds} credit hold(s) left behind after the run")
     charges = await stack.admin.count(
         LedgerEntry, LedgerEntry.key_hash == funded.hash, LedgerEntry.kind == "charge"
     )
-    assert charges - charges_before == successes + completed
+    charged = charges - charges_before
+    findings.expect(
+        charged == successes + completed,
+        f"{charged} charges for {successes + completed} successes",
+    )
+    findings.check(f"json members {stack.gateway.database_url.split(':')[0]}")

@@ -233,6 +233,12 @@ class Findings:
     statuses: dict[int | None, int] = field(default_factory=dict)
     # (status, error message) -> count: what the fuzz reached, for the report
     outcomes: dict[tuple[int | None, str], int] = field(default_factory=dict)
+    # broken invariants of the whole run (holds left, charges that do not add up)
+    violations: list[str] = field(default_factory=list)
+
+    def expect(self, holds: bool, violation: str) -> None:
+        if not holds:
+            self.violations.append(violation)
 
     def record(self, answer: Answer, problems: list[str], cause: str = "") -> None:
         """`cause`: what in the request the failure was narrowed down to, if known."""
@@ -253,7 +259,8 @@ class Findings:
         self.by_signature.setdefault(signature, []).append(answer)
 
     def report(self) -> str:
-        lines = [
+        lines = [f"! {violation}" for violation in self.violations]
+        lines += [
             f"{len(self.by_signature)} distinct failure(s) in {self.requests} requests "
             f"(statuses {dict(sorted(self.statuses.items(), key=str))}):"
         ]
@@ -269,7 +276,7 @@ class Findings:
         if os.environ.get("GATEWAY_FUZZ_REPORT"):  # collect the findings of a whole run
             with open(os.environ["GATEWAY_FUZZ_REPORT"], "a") as out:
                 out.write(f"## {title}\n{self.report()}\n\n")
-        assert not self.by_signature, self.report()
+        assert not self.by_signature and not self.violations, self.report()
 
 
 async def holds_of(admin: Admin, issued: IssuedKey) -> int:
