@@ -31,6 +31,11 @@ class RefusedTarget(Exception):
     """The URL must not be called; the message is safe to record."""
 
 
+class UnresolvedTarget(Exception):
+    """The host's DNS lookup failed (perhaps for now): retried on the normal schedule.
+    The message is safe to record."""
+
+
 @dataclass(frozen=True)
 class ResolvedTarget:
     url: str  # the URL with the host replaced by the checked IP address
@@ -46,19 +51,25 @@ def is_public(address: str) -> bool:
 
 
 async def resolve_target(url: str, *, allow_private: bool) -> ResolvedTarget:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port or 443
+    except ValueError as exc:  # stored before URLs were checked in full
+        raise RefusedTarget("not a valid URL") from exc
     if parts.scheme.lower() != "https" or not parts.hostname:
         raise RefusedTarget("webhook URLs must be https://")
     host = parts.hostname
-    port = parts.port or 443
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except UnicodeError as exc:  # no DNS name at all (e.g. an empty or overlong label)
+        raise RefusedTarget("not a valid host name") from exc
     except socket.gaierror as exc:
-        raise RefusedTarget(f"cannot resolve {host}") from exc
+        # A failed lookup may be temporary (or the name registered later): retry it.
+        raise UnresolvedTarget(f"cannot resolve {host}") from exc
     addresses = [info[4][0] for info in infos]
     if not addresses:
-        raise RefusedTarget(f"cannot resolve {host}")
+        raise UnresolvedTarget(f"cannot resolve {host}")
     if not allow_private:
         blocked = [a for a in addresses if not is_public(a)]
         if blocked:
