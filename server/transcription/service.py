@@ -273,7 +273,12 @@ class Transcriber:
         started: float,
         started_at: datetime,
     ) -> None:
-        await session.rollback()
+        try:
+            await session.rollback()
+        except Exception:
+            # A statement cut off by the cancellation can leave the connection unusable:
+            # drop it, so the release below runs on a fresh one.
+            await session.invalidate()
         await release_hold(session, hold)
         message = exc.message if isinstance(exc, GatewayError) else "request did not complete"
         try:

@@ -17,7 +17,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.db.models import Intern, VaultKey, VaultSecret, Workspace
 from server.errors import GatewayError, bad_request, not_found
-from server.hostnames import dns_name, host_of
+from server.hostnames import dns_name
 from server.vault import crypto
 
 NAME = re.compile(r"(?!.*__)[a-z]([a-z0-9_]*[a-z0-9])?")
@@ -286,7 +286,8 @@ async def release(
     if secret is None:
         raise LookupError(name)
     try:
-        host = normalize_host(host_of(request_host) or "")
+        # Exact: a port (another service) or anything but a DNS name releases nothing.
+        host = normalize_host(request_host)
     except GatewayError as exc:
         raise HostNotAllowed(name) from exc
     if host not in secret.hosts:
