@@ -10,7 +10,13 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from server.billing.holds import place_hold, release_hold, settle_hold, sweep_expired_holds
+from server.billing.holds import (
+    finish_uncancelled,
+    place_hold,
+    release_hold,
+    settle_hold,
+    sweep_expired_holds,
+)
 from server.billing.money import usd_to_micros
 from server.clock import ManualClock
 from server.contract import audio_pb2, audio_pb2_grpc
@@ -198,3 +204,26 @@ async def test_a_grpc_client_cancel_releases_the_hold(stack: Stack, funded: Issu
             await call
     await asyncio.sleep(2.5)
     await _no_hold_left(stack, account)
+
+
+async def test_finish_uncancelled_completes_its_work_through_cancellations() -> None:
+    """The release runs to its end however often the request's task is cancelled meanwhile,
+    and the cancellation is then passed on."""
+    done: list[str] = []
+
+    async def release() -> str:
+        await asyncio.sleep(0.2)
+        done.append("released")
+        return "ok"
+
+    async def request() -> str:
+        return await finish_uncancelled(release())
+
+    task = asyncio.create_task(request())
+    for _ in range(3):  # a deadline, then a client cancel, then a server stop
+        await asyncio.sleep(0.03)
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert done == ["released"]
+    assert await finish_uncancelled(release()) == "ok"
