@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from server.hostnames import dns_name
+
 DEFAULT_DATA_DIR = "gateway-data"
 ANY_ORIGIN = "*"
 ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
@@ -130,7 +132,7 @@ def load_settings(
         given["catalog_file"] = env["GATEWAY_CATALOG"]
     if "regional_hosts" not in given and env.get("GATEWAY_REGIONAL_HOSTS"):
         given["regional_hosts"] = frozenset(
-            h.strip().lower() for h in env["GATEWAY_REGIONAL_HOSTS"].split(",") if h.strip()
+            dns_name(h) for h in env["GATEWAY_REGIONAL_HOSTS"].split(",") if h.strip()
         )
     if "webhook_ca_bundle" not in given and env.get("GATEWAY_WEBHOOK_CA_BUNDLE"):
         given["webhook_ca_bundle"] = env["GATEWAY_WEBHOOK_CA_BUNDLE"]
