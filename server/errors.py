@@ -1,5 +1,7 @@
-"""The one error type. Every handler failure is a GatewayError; the service layer turns it into
-gRPC status + rich details for gRPC callers and the documented JSON body for REST callers."""
+"""The one error type and the one error table. Every handler failure is a GatewayError; the
+service layer turns it into gRPC status + rich details for gRPC callers and the documented
+JSON body for REST callers. ERROR_STATUSES says, per documented status, what every layer
+answers with it; the facade renders its Lua tables and Envoy's local replies from it."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ class EnvoyReply:
 
     code: int  # the status Envoy answers with
     message: str | None = None  # None: the documented status's default message
-    # The Lua filter's own replies with this code keep their (specific) text; only Envoy's
-    # get `message`.
+    # True: the Lua filter's own replies with this code keep their (specific) text, and only
+    # the replies Envoy makes itself get `message`.
     keeps_lua_text: bool = False
     metadata: Mapping[str, str] | None = None
 
