@@ -9,6 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from server.config import DEFAULT_EDGE, EdgePolicy
+from server.errors import (
+    ERROR_STATUS,
+    ERROR_STATUSES,
+    FALLBACK_STATUS,
+    EnvoyReply,
+    ErrorStatus,
+    GatewayError,
+)
 
 LUA_FILTER = Path(__file__).resolve().parent / "error_rewrite.lua"
 STREAMING_LUA = Path(__file__).resolve().parent / "streaming_rewrite.lua"
@@ -38,25 +46,6 @@ class EnvoyOptions:
     # STATIC for IP addresses (embedded), STRICT_DNS for service names (compose).
     upstream_discovery: str = "STATIC"
     extra_routes: list[dict[str, Any]] = field(default_factory=list)
-
-
-# Envoy's own replies, rewritten into the documented error body. Messages are fixed so no
-# reset reason or other internal detail leaks; 400s keep their text (the Lua filter's own, or
-# the transcoder's, which the Lua filter then replaces: see _transcoder_failure_mapper).
-_LOCAL_REPLY_MESSAGES: tuple[tuple[int, int, str | None], ...] = (
-    (400, 400, None),
-    (404, 404, "Not Found"),
-    (408, 408, "Request timed out before completing"),
-    (429, 429, "Rate limit exceeded: too many requests from this client"),
-    (413, 413, "Request payload too large"),
-    (426, 400, "Unsupported HTTP version"),
-    (431, 413, "Request headers too large"),
-    (500, 500, "Internal server error"),
-    (501, 400, "Unsupported HTTP feature (such as a Transfer-Encoding other than chunked)"),
-    (502, 502, "Provider returned error"),
-    (503, 503, "Service temporarily unavailable"),
-    (504, 524, "Request timed out"),
-)
 
 
 # The transcoder's own 400s (a body that is not JSON, a value of the wrong type) quote the
@@ -91,45 +80,50 @@ def _transcoder_failure_mapper() -> dict[str, Any]:
     }
 
 
-def _protocol_error_mapper() -> dict[str, Any]:
-    """Envoy's own 400s for requests it cannot parse (no Host, a fragment in the target, a bad
-    header...) come with an empty or internal text: give them a fixed message. The Lua
-    filter's 400s keep theirs."""
+def _local_reply_filter(reply: EnvoyReply) -> dict[str, Any]:
+    if reply.keeps_lua_text:
+        return _cel(f"response.code == {reply.code} && response.code_details != 'lua_response'")
     return {
-        "filter": _cel("response.code == 400 && response.code_details != 'lua_response'"),
-        "body": {"inline_string": "Bad Request"},
+        "status_code_filter": {
+            "comparison": {
+                "op": "EQ",
+                "value": {"default_value": reply.code, "runtime_key": f"lr.{reply.code}"},
+            }
+        }
     }
 
 
-def _local_reply_config() -> dict[str, Any]:
-    mappers = [_transcoder_failure_mapper(), _protocol_error_mapper()]
-    for matched, answered, message in _LOCAL_REPLY_MESSAGES:
-        mapper: dict[str, Any] = {
-            "filter": {
-                "status_code_filter": {
-                    "comparison": {
-                        "op": "EQ",
-                        "value": {"default_value": matched, "runtime_key": f"lr.{matched}"},
-                    }
+def _local_reply_mapper(entry: ErrorStatus, reply: EnvoyReply) -> dict[str, Any]:
+    """Envoy's own reply `reply`, answered with the documented status `entry`. Messages are
+    fixed so no reset reason or other internal detail leaks."""
+    mapper: dict[str, Any] = {"filter": _local_reply_filter(reply)}
+    if entry.status != reply.code:
+        mapper["status_code"] = entry.status
+    mapper["body"] = {"inline_string": reply.message or entry.message}
+    if reply.metadata is not None:
+        mapper["body_format_override"] = {
+            "json_format": {
+                "error": {
+                    "code": "%RESPONSE_CODE%",
+                    "message": "%LOCAL_REPLY_BODY%",
+                    "metadata": dict(reply.metadata),
                 }
             },
+            "content_type": "application/json",
         }
-        if answered != matched:
-            mapper["status_code"] = answered
-        if message is not None:
-            mapper["body"] = {"inline_string": message}
-        if matched == 429:  # only the flood protection answers 429 itself
-            mapper["body_format_override"] = {
-                "json_format": {
-                    "error": {
-                        "code": "%RESPONSE_CODE%",
-                        "message": "%LOCAL_REPLY_BODY%",
-                        "metadata": {"error_type": "rate_limit_exceeded"},
-                    }
-                },
-                "content_type": "application/json",
-            }
-        mappers.append(mapper)
+    return mapper
+
+
+def _local_reply_config() -> dict[str, Any]:
+    """Envoy's own replies, rewritten into the documented error body (from the error table).
+    The transcoder's 400s come first: they are marked for the Lua filter, which replaces
+    their text."""
+    mappers = [_transcoder_failure_mapper()]
+    mappers += [
+        _local_reply_mapper(entry, reply)
+        for entry in ERROR_STATUSES
+        for reply in entry.envoy_replies
+    ]
     return {
         "mappers": mappers,
         "body_format": {
@@ -137,6 +131,34 @@ def _local_reply_config() -> dict[str, Any]:
             "content_type": "application/json",
         },
     }
+
+
+def _lua_string(text: str) -> str:
+    """A Lua string literal: printable ASCII only, where JSON's escapes are Lua's."""
+    if not all(" " <= c <= "~" for c in text):
+        raise ValueError(f"not printable ASCII: {text!r}")
+    return json.dumps(text)
+
+
+def _lua_failure(entry: ErrorStatus) -> str:
+    body = GatewayError(entry.status, entry.failure_message).body_json()
+    return f"{{ {entry.status}, {_lua_string(body)} }}"
+
+
+def lua_error_table() -> str:
+    """The Lua filter's view of the error table (server/errors.py), as Lua globals:
+    GRPC_FAILURES maps the gRPC code of a failure that carries no gateway error (the gRPC
+    stack's own) to its HTTP status and JSON body, UNEXPECTED_FAILURE answers any other code,
+    ERROR_MESSAGES is each documented status's default message."""
+    by_code = {code.value[0]: entry for entry in ERROR_STATUSES for code in entry.grpc_failures}
+    failures = [f"  [{n}] = {_lua_failure(by_code[n])}," for n in sorted(by_code)]
+    messages = [f"  [{e.status}] = {_lua_string(e.message)}," for e in ERROR_STATUSES]
+    return (
+        "-- Rendered from the error table (server/errors.py).\n"
+        "GRPC_FAILURES = {\n" + "\n".join(failures) + "\n}\n"
+        f"UNEXPECTED_FAILURE = {_lua_failure(ERROR_STATUS[FALLBACK_STATUS])}\n"
+        "ERROR_MESSAGES = {\n" + "\n".join(messages) + "\n}\n"
+    )
 
 
 def _lua_prelude(edge: EdgePolicy, max_request_bytes: int) -> str:
@@ -154,7 +176,11 @@ def _lua_prelude(edge: EdgePolicy, max_request_bytes: int) -> str:
 
 def lua_source(options: EnvoyOptions) -> str:
     """The Lua filter, inlined so the config is self-contained."""
-    return _lua_prelude(options.edge, options.max_request_bytes) + LUA_FILTER.read_text()
+    return (
+        _lua_prelude(options.edge, options.max_request_bytes)
+        + lua_error_table()
+        + LUA_FILTER.read_text()
+    )
 
 
 def streaming_source(options: EnvoyOptions) -> str:

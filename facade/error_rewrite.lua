@@ -5,6 +5,10 @@
 -- Globals rendered before this file from the operator's settings (facade/envoy_config.py):
 --   ALLOWED_ORIGINS: nil (any origin) or a set of the origins allowed to call from a browser.
 --   MAX_REQUEST_BYTES: the request body limit (the buffer filter enforces it on the bytes).
+-- and from the error table (server/errors.py):
+--   GRPC_FAILURES: gRPC code -> { HTTP status, JSON error body }, for failures that did not
+--   come from a gateway handler; UNEXPECTED_FAILURE: the same for any other code.
+--   ERROR_MESSAGES: HTTP status -> its default message.
 --
 -- * Request whose Content-Length is over the limit: 413 at once, before its body is read.
 -- * Request with an Origin that is not allowed: 400 before anything else runs (preflights
@@ -17,36 +21,12 @@
 --   documented message: internals never reach the client.
 -- * gRPC success with x-http-status (202, 204): apply that status.
 
--- gRPC code -> HTTP status and message, for failures that did not come from a gateway handler.
-local FALLBACK = {
-  [1] = { 408, "Request cancelled before completing" },
-  [2] = { 500, "Internal server error" },
-  [3] = { 400, "Invalid request" },
-  [4] = { 504, "Operation aborted due to timeout" },
-  [5] = { 404, "Not Found" },
-  [6] = { 409, "Conflict" },
-  [7] = { 403, "Forbidden" },
-  [8] = { 413, "Request payload too large" },
-  [9] = { 400, "Invalid request" },
-  [10] = { 409, "Conflict" },
-  [11] = { 400, "Invalid request" },
-  [12] = { 404, "Not Found" },
-  [13] = { 500, "Internal server error" },
-  [14] = { 503, "Service temporarily unavailable" },
-  [15] = { 500, "Internal server error" },
-  [16] = { 401, "Missing or invalid API key" },
-}
-
 local INTERNAL = { "x-http-status", "x-error-body", "grpc-status", "grpc-message",
                    "grpc-status-details-bin", "grpc-accept-encoding", "content-length",
                    "x-envoy-upstream-service-time" }
 
 local function copied_header(name)
   return name == "retry-after" or name:sub(1, 12) == "x-ratelimit-"
-end
-
-local function fallback_body(status, message)
-  return '{"error":{"code":' .. status .. ',"message":"' .. message .. '"}}'
 end
 
 -- The request headers that go on to the server (and the filters after this one): what the
@@ -87,7 +67,7 @@ function envoy_on_request(handle)
   local path = h:get(":path") or ""
   if path:sub(1, 8) ~= "/api/v1/" then
     -- Only the REST API is public (gRPC callers use the server's own port).
-    handle:respond({ [":status"] = "404" }, "Not Found")
+    handle:respond({ [":status"] = "404" }, ERROR_MESSAGES[404])
     return
   end
   if h:get("upgrade") ~= nil or h:get(":method") == "CONNECT" then
@@ -107,12 +87,12 @@ function envoy_on_request(handle)
     handle:streamInfo():dynamicMetadata():set("gateway.request", "bodiless", true)
   end
   if h:get(":method") == "OPTIONS" and h:get("access-control-request-method") == nil then
-    handle:respond({ [":status"] = "404" }, "Not Found")  -- only CORS preflights exist
+    handle:respond({ [":status"] = "404" }, ERROR_MESSAGES[404])  -- only CORS preflights exist
     return
   end
   local length = tonumber(h:get("content-length") or "0")
   if length ~= nil and length > MAX_REQUEST_BYTES then
-    handle:respond({ [":status"] = "413" }, "Request payload too large")
+    handle:respond({ [":status"] = "413" }, ERROR_MESSAGES[413])
     return
   end
   if ALLOWED_ORIGINS == nil then return end
@@ -155,9 +135,9 @@ local function rewrite_error(handle, grpc_status)
     b = handle:body(true)
   end
   if status == nil or body == nil then
-    local fb = FALLBACK[tonumber(grpc_status)] or { 500, "Internal server error" }
-    status = tostring(fb[1])
-    body = fallback_body(fb[1], fb[2])
+    local failure = GRPC_FAILURES[tonumber(grpc_status)] or UNEXPECTED_FAILURE
+    status = tostring(failure[1])
+    body = failure[2]
   end
   h = handle:headers()  -- header wrappers taken before a yield are invalid afterwards
   for _, k in ipairs(INTERNAL) do h:remove(k) end

@@ -1,5 +1,7 @@
-"""The one error type. Every handler failure is a GatewayError; the service layer turns it into
-gRPC status + rich details for gRPC callers and the documented JSON body for REST callers."""
+"""The one error type and the one error table. Every handler failure is a GatewayError; the
+service layer turns it into gRPC status + rich details for gRPC callers and the documented
+JSON body for REST callers. ERROR_STATUSES says, per documented status, what every layer
+answers with it; the facade renders its Lua tables and Envoy's local replies from it."""
 
 from __future__ import annotations
 
@@ -10,26 +12,181 @@ from typing import Any
 
 import grpc
 
-# Closest canonical gRPC code for each HTTP status the API reference documents.
-GRPC_CODE_FOR_STATUS: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    402: grpc.StatusCode.FAILED_PRECONDITION,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    409: grpc.StatusCode.FAILED_PRECONDITION,
-    410: grpc.StatusCode.NOT_FOUND,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    500: grpc.StatusCode.INTERNAL,
-    501: grpc.StatusCode.UNIMPLEMENTED,
-    502: grpc.StatusCode.UNAVAILABLE,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-    524: grpc.StatusCode.DEADLINE_EXCEEDED,
-    529: grpc.StatusCode.UNAVAILABLE,
-}
+
+@dataclass(frozen=True)
+class EnvoyReply:
+    """One of Envoy's own replies (a local reply: unknown path, body over the limit, flood
+    protection, server unreachable...) that the facade answers with a documented status."""
+
+    code: int  # the status Envoy answers with
+    message: str | None = None  # None: the documented status's default message
+    # True: the Lua filter's own replies with this code keep their (specific) text, and only
+    # the replies Envoy makes itself get `message`.
+    keeps_lua_text: bool = False
+    metadata: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class ErrorStatus:
+    """A documented HTTP error status and everything that answers with it."""
+
+    status: int
+    grpc_code: grpc.StatusCode  # the closest canonical code, for gRPC callers
+    reason: str  # google.rpc.ErrorInfo.reason
+    message: str  # the default message
+    # gRPC failures that did not come from a handler (the gRPC stack's own: no x-http-status),
+    # which the facade answers with this status, and the message it gives them.
+    grpc_failures: tuple[grpc.StatusCode, ...] = ()
+    grpc_failure_message: str | None = None  # None: `message`
+    envoy_replies: tuple[EnvoyReply, ...] = ()
+
+    @property
+    def failure_message(self) -> str:
+        return self.grpc_failure_message or self.message
+
+
+_CODE = grpc.StatusCode
+
+# THE error table: every HTTP status the API reference documents. The server (gRPC code,
+# ErrorInfo reason), the Lua filter (gRPC failures without a gateway error) and Envoy's
+# local_reply_config (its own replies) are all rendered from it (facade/envoy_config.py).
+ERROR_STATUSES: tuple[ErrorStatus, ...] = (
+    ErrorStatus(
+        400,
+        _CODE.INVALID_ARGUMENT,
+        "INVALID_REQUEST",
+        "Invalid request",
+        grpc_failures=(_CODE.INVALID_ARGUMENT, _CODE.FAILED_PRECONDITION, _CODE.OUT_OF_RANGE),
+        envoy_replies=(
+            # Requests Envoy cannot parse (no Host, a fragment in the target, a bad header...)
+            # come with an empty or internal text.
+            EnvoyReply(400, "Bad Request", keeps_lua_text=True),
+            EnvoyReply(426, "Unsupported HTTP version"),
+            EnvoyReply(
+                501, "Unsupported HTTP feature (such as a Transfer-Encoding other than chunked)"
+            ),
+        ),
+    ),
+    ErrorStatus(
+        401,
+        _CODE.UNAUTHENTICATED,
+        "UNAUTHENTICATED",
+        "Missing or invalid API key",
+        grpc_failures=(_CODE.UNAUTHENTICATED,),
+    ),
+    ErrorStatus(402, _CODE.FAILED_PRECONDITION, "INSUFFICIENT_CREDITS", "Insufficient credits"),
+    ErrorStatus(
+        403,
+        _CODE.PERMISSION_DENIED,
+        "FORBIDDEN",
+        "Forbidden",
+        grpc_failures=(_CODE.PERMISSION_DENIED,),
+    ),
+    ErrorStatus(
+        404,
+        _CODE.NOT_FOUND,
+        "NOT_FOUND",
+        "Not Found",
+        grpc_failures=(_CODE.NOT_FOUND, _CODE.UNIMPLEMENTED),  # an unknown method too
+        envoy_replies=(EnvoyReply(404),),
+    ),
+    ErrorStatus(
+        408,
+        _CODE.DEADLINE_EXCEEDED,
+        "REQUEST_TIMEOUT",
+        "Request timed out before completing",
+        grpc_failures=(_CODE.CANCELLED,),
+        grpc_failure_message="Request cancelled before completing",
+        envoy_replies=(EnvoyReply(408),),
+    ),
+    ErrorStatus(
+        409,
+        _CODE.FAILED_PRECONDITION,
+        "CONFLICT",
+        "Conflict",
+        grpc_failures=(_CODE.ALREADY_EXISTS, _CODE.ABORTED),
+    ),
+    ErrorStatus(410, _CODE.NOT_FOUND, "GONE", "The resource is no longer available"),
+    ErrorStatus(
+        413,
+        _CODE.RESOURCE_EXHAUSTED,
+        "PAYLOAD_TOO_LARGE",
+        "Request payload too large",
+        grpc_failures=(_CODE.RESOURCE_EXHAUSTED,),
+        envoy_replies=(EnvoyReply(413), EnvoyReply(431, "Request headers too large")),
+    ),
+    ErrorStatus(
+        429,
+        _CODE.RESOURCE_EXHAUSTED,
+        "RATE_LIMITED",
+        "Rate limit exceeded",
+        envoy_replies=(
+            # only the flood protection answers 429 itself
+            EnvoyReply(
+                429,
+                "Rate limit exceeded: too many requests from this client",
+                metadata={"error_type": "rate_limit_exceeded"},
+            ),
+        ),
+    ),
+    ErrorStatus(
+        500,
+        _CODE.INTERNAL,
+        "INTERNAL",
+        "Internal server error",
+        grpc_failures=(_CODE.UNKNOWN, _CODE.INTERNAL, _CODE.DATA_LOSS),
+        envoy_replies=(EnvoyReply(500),),
+    ),
+    ErrorStatus(
+        502,
+        _CODE.UNAVAILABLE,
+        "PROVIDER_ERROR",
+        "Provider returned error",
+        envoy_replies=(EnvoyReply(502),),
+    ),
+    ErrorStatus(
+        503,
+        _CODE.UNAVAILABLE,
+        "UNAVAILABLE",
+        "Service temporarily unavailable",
+        grpc_failures=(_CODE.UNAVAILABLE,),
+        envoy_replies=(EnvoyReply(503),),
+    ),
+    ErrorStatus(
+        504,
+        _CODE.DEADLINE_EXCEEDED,
+        "TIMEOUT",
+        "Operation aborted due to timeout",
+        grpc_failures=(_CODE.DEADLINE_EXCEEDED,),
+    ),
+    ErrorStatus(
+        524,
+        _CODE.DEADLINE_EXCEEDED,
+        "TIMEOUT",
+        "Request timed out",
+        envoy_replies=(EnvoyReply(504),),  # the upstream timeout
+    ),
+    ErrorStatus(
+        529, _CODE.UNAVAILABLE, "PROVIDER_OVERLOADED", "Provider returned error (overloaded)"
+    ),
+)
+
+ERROR_STATUS: dict[int, ErrorStatus] = {entry.status: entry for entry in ERROR_STATUSES}
+# What a failure of an unexpected kind (a gRPC code no entry names) is answered with.
+FALLBACK_STATUS = 500
+
+
+def error_status_for_grpc_failure(code: grpc.StatusCode) -> ErrorStatus:
+    """The status the facade answers a gRPC failure that carries no gateway error with."""
+    for entry in ERROR_STATUSES:
+        if code in entry.grpc_failures:
+            return entry
+    return ERROR_STATUS[FALLBACK_STATUS]
+
+
+def default_message(status: int) -> str:
+    return ERROR_STATUS[status].message
+
 
 # Error bodies travel to Envoy in trailers (x-error-body, grpc-message and the rich details,
 # each carrying the message): they must stay far below header-size limits whatever a client
@@ -92,7 +249,7 @@ class GatewayError(Exception):
     retry_after_seconds: int | None = None
 
     def __post_init__(self) -> None:
-        if self.status not in GRPC_CODE_FOR_STATUS:
+        if self.status not in ERROR_STATUS:
             raise ValueError(f"undocumented error status {self.status}")
         # The one place every error passes: what it echoes of a request is bounded here.
         self.message = bounded_text(self.message, MAX_MESSAGE_CHARS)
@@ -102,7 +259,11 @@ class GatewayError(Exception):
 
     @property
     def grpc_code(self) -> grpc.StatusCode:
-        return GRPC_CODE_FOR_STATUS[self.status]
+        return ERROR_STATUS[self.status].grpc_code
+
+    @property
+    def reason(self) -> str:
+        return ERROR_STATUS[self.status].reason
 
     def body(self) -> dict[str, Any]:
         error: dict[str, Any] = {"code": self.status, "message": self.message}
@@ -128,7 +289,7 @@ def bad_request(message: str, param: str | None = None, **extra: Any) -> Gateway
     return GatewayError(400, message, metadata)
 
 
-def unauthorized(message: str = "Missing or invalid API key") -> GatewayError:
+def unauthorized(message: str = default_message(401)) -> GatewayError:
     return GatewayError(401, message)
 
 
@@ -140,5 +301,5 @@ def not_found(message: str) -> GatewayError:
     return GatewayError(404, message)
 
 
-INTERNAL_ERROR = GatewayError(500, "Internal server error")
-SERVICE_UNAVAILABLE = GatewayError(503, "Service temporarily unavailable")
+INTERNAL_ERROR = GatewayError(500, default_message(500))
+SERVICE_UNAVAILABLE = GatewayError(503, default_message(503))

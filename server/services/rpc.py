@@ -24,6 +24,7 @@ from google.protobuf import duration_pb2, struct_pb2
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -39,31 +40,12 @@ from server.validation import MAX_JSON_DEPTH, check_struct, check_struct_value, 
 log = logging.getLogger("gateway.rpc")
 
 ERROR_DOMAIN = "gateway"
-_REASONS = {
-    400: "INVALID_REQUEST",
-    401: "UNAUTHENTICATED",
-    402: "INSUFFICIENT_CREDITS",
-    403: "FORBIDDEN",
-    404: "NOT_FOUND",
-    408: "REQUEST_TIMEOUT",
-    409: "CONFLICT",
-    410: "GONE",
-    413: "PAYLOAD_TOO_LARGE",
-    429: "RATE_LIMITED",
-    500: "INTERNAL",
-    501: "NOT_IMPLEMENTED",
-    502: "PROVIDER_ERROR",
-    503: "UNAVAILABLE",
-    504: "TIMEOUT",
-    524: "TIMEOUT",
-    529: "PROVIDER_OVERLOADED",
-}
 
 
-def status_details(error: GatewayError) -> bytes:
-    """google.rpc.Status with ErrorInfo (HTTP status, metadata) and RetryInfo, serialized."""
+def rich_status(error: GatewayError) -> status_pb2.Status:
+    """google.rpc.Status with ErrorInfo (reason, HTTP status, metadata) and RetryInfo."""
     info = error_details_pb2.ErrorInfo(
-        reason=_REASONS.get(error.status, "ERROR"),
+        reason=error.reason,
         domain=ERROR_DOMAIN,
         metadata={"http_status": str(error.status)},
     )
@@ -76,17 +58,26 @@ def status_details(error: GatewayError) -> bytes:
             retry_delay=duration_pb2.Duration(seconds=error.retry_after_seconds)
         )
         status.details.add().Pack(retry)
-    return status.SerializeToString()
+    return status
+
+
+def status_details(error: GatewayError) -> bytes:
+    """The rich status, serialized (grpc-status-details-bin)."""
+    return rich_status(error).SerializeToString()
 
 
 async def abort_with(context: grpc.aio.ServicerContext, error: GatewayError) -> None:
-    trailing: list[tuple[str, str | bytes]] = [
-        ("grpc-status-details-bin", status_details(error)),
+    """Fail the rpc with the error's rich status (grpcio-status puts it in
+    grpc-status-details-bin) plus what the REST facade renders: x-http-status, x-error-body
+    and the error's headers."""
+    status = rpc_status.to_status(rich_status(error))
+    trailing: tuple[tuple[str, str | bytes], ...] = (
+        *status.trailing_metadata,
         ("x-http-status", str(error.status)),
         ("x-error-body", error.body_json()),
-    ]
-    trailing.extend(error.response_headers().items())
-    await context.abort(error.grpc_code, error.message, trailing_metadata=tuple(trailing))
+        *error.response_headers().items(),
+    )
+    await context.abort(status.code, status.details, trailing_metadata=trailing)
 
 
 def _failure(exc: Exception) -> GatewayError:
