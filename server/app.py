@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from server.auth import Authenticator
 from server.clock import Clock, SystemClock
+from server.compute import ComputePool
 from server.config import Settings
 from server.contract import (
     SERVICES,
@@ -76,8 +77,11 @@ class Core:
     metrics: Metrics
     tracer: Tracer
     tracer_provider: TracerProvider | None  # None: traces are not exported
+    pools: tuple[ComputePool, ...] = ()  # worker processes for CPU-bound work
 
     async def close(self) -> None:
+        for pool in self.pools:
+            await pool.close()
         await self.http.aclose()
         await self.engine.dispose()
         if self.tracer_provider is not None:
@@ -102,7 +106,16 @@ def build_core(
         limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         follow_redirects=False,
     )
-    stt_adapters = {"openai": OpenAISttAdapter(http), "pocketsphinx": PocketsphinxAdapter()}
+    decoder = ComputePool(
+        "audio decoding", settings.decode_workers, queue=4 * settings.decode_workers
+    )
+    local_stt = ComputePool(
+        "local speech-to-text", settings.local_stt_workers, queue=settings.local_stt_queue
+    )
+    stt_adapters = {
+        "openai": OpenAISttAdapter(http),
+        "pocketsphinx": PocketsphinxAdapter(local_stt),
+    }
     video_adapters = {
         "local": LocalVideoAdapter(),
         "openai": OpenAIVideoAdapter(http),
@@ -125,7 +138,7 @@ def build_core(
         catalog=catalog,
         http=http,
         limits=limits,
-        transcriber=Transcriber(catalog, stt_adapters, clock, limits, metrics, tracer),
+        transcriber=Transcriber(catalog, stt_adapters, clock, limits, metrics, tracer, decoder),
         content=content,
         video_worker=VideoWorker(
             sessions,
@@ -144,6 +157,7 @@ def build_core(
         metrics=metrics,
         tracer=tracer,
         tracer_provider=tracer_provider,
+        pools=(decoder, local_stt),
     )
 
 
