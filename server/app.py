@@ -55,6 +55,7 @@ from server.videos.content import ContentStore
 from server.webhooks.delivery import WebhookDispatcher
 
 log = logging.getLogger("gateway.server")
+DECODE_QUEUE = 512
 
 
 @dataclass
@@ -106,9 +107,10 @@ def build_core(
         limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         follow_redirects=False,
     )
-    decoder = ComputePool(
-        "audio decoding", settings.decode_workers, queue=4 * settings.decode_workers
-    )
+    # A queued decode holds only a reference to audio the request already holds in memory:
+    # the queue is long (a burst of small files is decoded in turn), the caller's deadline
+    # bounds the wait, and beyond it the answer is 503 with Retry-After (nothing held).
+    decoder = ComputePool("audio decoding", settings.decode_workers, queue=DECODE_QUEUE)
     local_stt = ComputePool(
         "local speech-to-text", settings.local_stt_workers, queue=settings.local_stt_queue
     )
