@@ -49,6 +49,7 @@ from server.services.management import ManagementService
 from server.services.rpc import RequestInterceptor
 from server.services.vault import VaultService
 from server.services.videos import VideosService
+from server.transcription.media import warm_up
 from server.transcription.service import Transcriber
 from server.vault.crypto import MasterKey, load_master_key
 from server.videos.content import ContentStore
@@ -78,7 +79,8 @@ class Core:
     metrics: Metrics
     tracer: Tracer
     tracer_provider: TracerProvider | None  # None: traces are not exported
-    pools: tuple[ComputePool, ...] = ()  # worker processes for CPU-bound work
+    decoder: ComputePool | None = None  # worker processes decoding audio
+    pools: tuple[ComputePool, ...] = ()  # every pool of worker processes, to close
 
     async def close(self) -> None:
         for pool in self.pools:
@@ -159,6 +161,7 @@ def build_core(
         metrics=metrics,
         tracer=tracer,
         tracer_provider=tracer_provider,
+        decoder=decoder,
         pools=(decoder, local_stt),
     )
 
@@ -228,6 +231,10 @@ async def serve(
     shutdown grace, and close."""
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
+    if core.decoder is not None:
+        # Every transcription is decoded first: its processes start now, not within the
+        # first request's deadline. (The local model's start when it is first used.)
+        await core.decoder.warm(warm_up)
     server, health_servicer = build_server(core)
     bound = server.add_insecure_port(settings.grpc_target)
     if bound == 0:
