@@ -155,7 +155,7 @@ async def test_randomly_damaged_audio_is_200_or_400_never_5xx(
             if multipart:
                 response = client.post(
                     url,
-                    data={"model": "local/pocketsphinx-en:free"},
+                    data={"model": "local/pocketsphinx-en"},
                     files={"file": (f"a.{fmt}", bytes(data))},
                     headers=funded.headers,
                 )
@@ -163,7 +163,7 @@ async def test_randomly_damaged_audio_is_200_or_400_never_5xx(
                 response = client.post(
                     url,
                     json={
-                        "model": "local/pocketsphinx-en:free",
+                        "model": "local/pocketsphinx-en",
                         "input_audio": {"data": b64(bytes(data)), "format": fmt},
                     },
                     headers=funded.headers,
