@@ -31,6 +31,7 @@ from server.transcription.media import AUDIO_ERRORS, OPEN_OPTIONS
 SAMPLE_RATE = 16000
 FRAMES_PER_SECOND = 100  # pocketsphinx's default frame rate
 _FILLERS = {"<s>", "</s>", "<sil>"}
+MAX_SECONDS = 600.0  # longer audio is refused (400): see recognize_in_worker
 
 
 def pcm_16k_mono(audio: bytes) -> bytes:
@@ -66,7 +67,10 @@ def _word_text(raw: str) -> str:
 
 
 def recognize(audio: bytes, verbose: bool) -> Transcript:
-    pcm = pcm_16k_mono(audio)
+    return recognize_pcm(pcm_16k_mono(audio), verbose)
+
+
+def recognize_pcm(pcm: bytes, verbose: bool) -> Transcript:
     decoder = Decoder(samprate=SAMPLE_RATE, logfn="/dev/null")
     decoder.start_utt()
     decoder.process_raw(pcm, full_utt=True)
@@ -92,19 +96,26 @@ def recognize(audio: bytes, verbose: bool) -> Transcript:
     return transcript
 
 
-def recognize_in_worker(audio: bytes, verbose: bool) -> Transcript | None:
-    """`recognize` as a worker process runs it; None: the audio does not decode."""
+def recognize_in_worker(audio: bytes, verbose: bool, max_seconds: float) -> Transcript | str:
+    """`recognize` as a worker process runs it, on at most `max_seconds` of audio: a job
+    cannot be stopped once running, so its length is what bounds how long a worker is
+    taken (recognition runs at about real time on a busy machine). A string: why the
+    audio is refused."""
     try:
-        return recognize(audio, verbose)
+        pcm = pcm_16k_mono(audio)
     except AUDIO_ERRORS:
-        return None
+        return "The audio could not be decoded"
+    if len(pcm) / 2 / SAMPLE_RATE > max_seconds:
+        return f"The local model transcribes at most {max_seconds:g} seconds of audio"
+    return recognize_pcm(pcm, verbose)
 
 
 class PocketsphinxAdapter:
     """Recognition runs in `pool`'s worker processes."""
 
-    def __init__(self, pool: ComputePool) -> None:
+    def __init__(self, pool: ComputePool, max_seconds: float = MAX_SECONDS) -> None:
         self._pool = pool
+        self._max_seconds = max_seconds
 
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
         if call.language and call.language.lower() != "en":
@@ -112,7 +123,9 @@ class PocketsphinxAdapter:
                 CLIENT_ERROR, "The local model only transcribes English (language 'en')"
             )
         try:
-            transcript = await self._pool.run(recognize_in_worker, call.audio, call.verbose)
+            transcript = await self._pool.run(
+                recognize_in_worker, call.audio, call.verbose, self._max_seconds
+            )
         except PoolBusy as busy:
             raise ProviderFailure(
                 RATE_LIMITED,
@@ -123,8 +136,8 @@ class PocketsphinxAdapter:
             ) from busy
         except WorkerLost as exc:
             raise ProviderFailure(SERVER_ERROR, "The local model's worker stopped") from exc
-        if transcript is None:
-            # The gateway decoded this audio before admitting it; a decoder that now
-            # disagrees still means the audio is at fault.
-            raise ProviderFailure(CLIENT_ERROR, "The audio could not be decoded")
+        if isinstance(transcript, str):
+            # Too long, or (the gateway decoded this audio before admitting it) a decoder
+            # that now disagrees: either way the audio is at fault.
+            raise ProviderFailure(CLIENT_ERROR, transcript)
         return transcript
