@@ -46,6 +46,8 @@ def pcm_16k_mono(audio: bytes) -> bytes:
 
     with av.open(io.BytesIO(audio), mode="r", options=OPEN_OPTIONS) as container:
         stream = container.streams.audio[0]
+        if stream.codec_context is None:
+            raise av.error.InvalidDataError(0, "no decoder for the audio stream")
         stream.codec_context.thread_count = 1
         for frame in container.decode(stream):
             # A stream may change its sample rate or layout midway; a resampler takes one.

@@ -92,6 +92,8 @@ def _measure(data: bytes, param: str) -> _Measured:
         if not streams:
             raise bad_request("The file contains no audio stream", param=param)
         stream = streams[0]
+        if stream.codec_context is None:  # no decoder for what the header names
+            raise bad_request("The audio could not be decoded", param=param)
         stream.codec_context.thread_count = 1  # one core per worker process
         offset = Fraction(stream.start_time or 0) * Fraction(stream.time_base or 1)
         end: Fraction | None = None

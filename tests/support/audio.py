@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import io
 from collections.abc import Callable
 from pathlib import Path
@@ -154,6 +155,7 @@ def adts(name: str = "hello") -> bytes:
     return out.getvalue()
 
 
+@functools.cache
 def sample(fmt: str) -> bytes:
     """The `hello` fixture in any supported format (ENCODINGS, wav, aac)."""
     if fmt == "wav":
