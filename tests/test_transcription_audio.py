@@ -297,6 +297,10 @@ async def test_sigterm_drains_local_transcriptions_and_ends_the_worker_processes
         await admin.credits(workspace, "10")
         issued = await admin.key(workspace)
         audio = speech(2.5)
+        assert gateway.process is not None
+        # The decoding processes start with each server; the local model's start with the
+        # first recognition handed to them.
+        warm = await asyncio.to_thread(_pool_workers, gateway.process.pid)
         async with httpx.AsyncClient(timeout=120) as client:
             calls = [
                 asyncio.create_task(
@@ -311,13 +315,13 @@ async def test_sigterm_drains_local_transcriptions_and_ends_the_worker_processes
                 )
                 for _ in range(2)
             ]
-            assert gateway.process is not None
-            for _ in range(300):  # until recognition has started in worker processes
+            for _ in range(300):  # until both recognitions are in worker processes
                 pool_workers = await asyncio.to_thread(_pool_workers, gateway.process.pid)
-                if len(pool_workers) >= 2 or any(c.done() for c in calls):
+                if len(pool_workers) >= len(warm) + 2 or any(c.done() for c in calls):
                     break
                 await asyncio.sleep(0.1)
-            assert pool_workers, gateway.log()
+            assert len(pool_workers) >= len(warm) + 2, gateway.log()
+            assert not any(c.done() for c in calls)
             gateway.process.send_signal(signal.SIGTERM)
             responses = await asyncio.gather(*calls)
         assert [r.status_code for r in responses] == [200, 200], gateway.log()[-4000:]
