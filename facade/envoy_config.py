@@ -41,8 +41,8 @@ class EnvoyOptions:
 
 
 # Envoy's own replies, rewritten into the documented error body. Messages are fixed so no
-# reset reason or other internal detail leaks; 400s keep the transcoder's text, which names
-# the offending field.
+# reset reason or other internal detail leaks; 400s keep their text (the Lua filter's own, or
+# the transcoder's, which the Lua filter then replaces: see _transcoder_failure_mapper).
 _LOCAL_REPLY_MESSAGES: tuple[tuple[int, int, str | None], ...] = (
     (400, 400, None),
     (404, 404, "Not Found"),
@@ -52,14 +52,57 @@ _LOCAL_REPLY_MESSAGES: tuple[tuple[int, int, str | None], ...] = (
     (426, 400, "Unsupported HTTP version"),
     (431, 413, "Request headers too large"),
     (500, 500, "Internal server error"),
+    (501, 400, "Unsupported HTTP feature (such as a Transfer-Encoding other than chunked)"),
     (502, 502, "Provider returned error"),
     (503, 503, "Service temporarily unavailable"),
     (504, 524, "Request timed out"),
 )
 
 
+# The transcoder's own 400s (a body that is not JSON, a value of the wrong type) quote the
+# request, which may hold a secret. They are marked for the Lua filter, which answers with a
+# fixed message instead (naming the field when the transcoder named one).
+TRANSCODER_FAILURE_HEADER = "x-gateway-transcoder-failure"
+
+
+def _cel(expression: str) -> dict[str, Any]:
+    """A local reply filter: a CEL expression over Envoy's attributes."""
+    return {
+        "extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel."
+                "v3.ExpressionFilter",
+                "expression": expression,
+            },
+        }
+    }
+
+
+def _transcoder_failure_mapper() -> dict[str, Any]:
+    return {
+        "filter": _cel("response.code_details.contains('grpc_json_transcode_failure')"),
+        "headers_to_add": [
+            {
+                "header": {"key": TRANSCODER_FAILURE_HEADER, "value": "1"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            }
+        ],
+    }
+
+
+def _protocol_error_mapper() -> dict[str, Any]:
+    """Envoy's own 400s for requests it cannot parse (no Host, a fragment in the target, a bad
+    header...) come with an empty or internal text: give them a fixed message. The Lua
+    filter's 400s keep theirs."""
+    return {
+        "filter": _cel("response.code == 400 && response.code_details != 'lua_response'"),
+        "body": {"inline_string": "Bad Request"},
+    }
+
+
 def _local_reply_config() -> dict[str, Any]:
-    mappers = []
+    mappers = [_transcoder_failure_mapper(), _protocol_error_mapper()]
     for matched, answered, message in _LOCAL_REPLY_MESSAGES:
         mapper: dict[str, Any] = {
             "filter": {
@@ -283,6 +326,21 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                 },
             },
             {
+                # Request trailers (HTTP/2 clients may send them) would reach the server as
+                # gRPC metadata, where names or values gRPC refuses fail the call: the API reads
+                # none, so none go on.
+                "name": "envoy.filters.http.header_mutation",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation."
+                    "v3.HeaderMutation",
+                    "mutations": {
+                        "request_trailers_mutations": [
+                            {"remove_on_match": {"key_matcher": {"safe_regex": {"regex": ".*"}}}}
+                        ]
+                    },
+                },
+            },
+            {
                 # Before anything reads a body: a flood is refused at the door.
                 "name": "envoy.filters.http.local_ratelimit",
                 "typed_config": _flood_protection(edge),
@@ -403,6 +461,9 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                             "port_value": options.listen_port,
                         }
                     },
+                    # Envoy shares a port with SO_REUSEPORT by default: a second gateway
+                    # on this port would then split the clients with the first. Refuse.
+                    "enable_reuse_port": False,
                     "filter_chains": [
                         {
                             "filters": [

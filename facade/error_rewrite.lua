@@ -49,9 +49,63 @@ local function fallback_body(status, message)
   return '{"error":{"code":' .. status .. ',"message":"' .. message .. '"}}'
 end
 
+-- The request headers that go on to the server (and the filters after this one): what the
+-- server reads (authorization, x-session-id, x-request-id, traceparent/tracestate), what the
+-- transcoder and the cors filter read, and what Envoy itself set for this hop. Every other
+-- client header is dropped here: the server never sees a header it does not use, and names
+-- or values gRPC refuses (grpc-*, *-bin, "x!y") cannot fail the call.
+local FORWARDED = {
+  ["authorization"] = true, ["content-type"] = true, ["content-length"] = true,
+  ["transfer-encoding"] = true, ["x-session-id"] = true, ["x-request-id"] = true,
+  ["traceparent"] = true, ["tracestate"] = true, ["origin"] = true,
+  ["access-control-request-method"] = true, ["access-control-request-headers"] = true,
+  ["x-forwarded-for"] = true, ["x-forwarded-proto"] = true,
+}
+
+-- Drops what is not forwarded; returns the name of a forwarded header whose value is not
+-- printable ASCII (gRPC metadata must be: the server's gRPC stack would log the value, an API
+-- key perhaps, before refusing it), or nil.
+local function keep_only_forwarded(h)
+  local dropped = {}
+  local unprintable = nil
+  for name, value in pairs(h) do
+    if name:sub(1, 1) ~= ":" then
+      if not FORWARDED[name] then
+        dropped[#dropped + 1] = name
+      elseif unprintable == nil and value:find("[^\t -~]") then
+        unprintable = name
+      end
+    end
+  end
+  for _, name in ipairs(dropped) do h:remove(name) end
+  return unprintable
+end
+
 function envoy_on_request(handle)
   local h = handle:headers()
   -- Local replies: local_reply_config turns the text into the documented error body.
+  local path = h:get(":path") or ""
+  if path:sub(1, 8) ~= "/api/v1/" then
+    -- Only the REST API is public (gRPC callers use the server's own port).
+    handle:respond({ [":status"] = "404" }, "Not Found")
+    return
+  end
+  if h:get("upgrade") ~= nil or h:get(":method") == "CONNECT" then
+    -- No route speaks WebSocket (or any other upgrade); without this the request would wait
+    -- for a body that never ends.
+    handle:respond({ [":status"] = "400" }, "Protocol upgrades (WebSocket) are not supported")
+    return
+  end
+  local unprintable = keep_only_forwarded(h)
+  if unprintable ~= nil then
+    handle:respond({ [":status"] = "400" },
+      "Header " .. unprintable .. " must be printable ASCII")
+    return
+  end
+  local method = h:get(":method")
+  if method == "GET" or method == "HEAD" then
+    handle:streamInfo():dynamicMetadata():set("gateway.request", "bodiless", true)
+  end
   if h:get(":method") == "OPTIONS" and h:get("access-control-request-method") == nil then
     handle:respond({ [":status"] = "404" }, "Not Found")  -- only CORS preflights exist
     return
@@ -113,7 +167,43 @@ local function rewrite_error(handle, grpc_status)
   b:setBytes(body)
 end
 
+-- The transcoder's own 400s (a body that is not JSON, or a value of the wrong type) quote
+-- the request: "Unexpected token.\n{"value": s3cr3t...", "value: invalid value 1234 for
+-- type TYPE_STRING". Error messages never echo a request: answer with a fixed message,
+-- naming the top-level field when the transcoder named one (a field of the contract).
+-- local_reply_config marks them with x-gateway-transcoder-failure (facade/envoy_config.py).
+local function is_transcoder_failure(handle)
+  return handle:headers():get("x-gateway-transcoder-failure") ~= nil
+end
+
+local function rewrite_transcoder_failure(handle)
+  local b = handle:body(true)
+  local text = ""
+  if b ~= nil and b:length() > 0 then text = b:getBytes(0, b:length()) end
+  local field = text:match('"message":"([%a_][%w_]*)[%.%[:]')
+  local body
+  if field ~= nil and #field <= 64 then
+    body = '{"error":{"code":400,"message":"Invalid value for ' .. field ..
+      '","metadata":{"param":"' .. field .. '"}}}'
+  elseif handle:streamInfo():dynamicMetadata():get("gateway.request") ~= nil then
+    -- a request without a body: what the transcoder could not read is its query string
+    body = '{"error":{"code":400,"message":"Invalid query parameters"}}'
+  else
+    body = '{"error":{"code":400,"message":"Request body is not valid JSON"}}'
+  end
+  if b == nil then return end  -- the transcoder's replies always carry a body
+  local h = handle:headers()
+  h:remove("x-gateway-transcoder-failure")
+  h:remove("content-length")
+  h:replace("content-type", "application/json")
+  b:setBytes(body)
+end
+
 function envoy_on_response(handle)
+  if is_transcoder_failure(handle) then
+    rewrite_transcoder_failure(handle)
+    return
+  end
   local h = handle:headers()
   local window_ms = h:get("x-ratelimit-window-ms")
   if window_ms ~= nil then

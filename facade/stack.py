@@ -13,12 +13,20 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from facade.envoy_config import EnvoyOptions, Upstream
-from facade.launcher import EnvoyProcess, dying_with_this_process
+from facade.launcher import EnvoyBindError, EnvoyProcess, dying_with_this_process
 from server.app import serve
 from server.config import Settings
 from server.contract import DESCRIPTOR_SET, SERVICES
 from server.db.migrate import upgrade
 from server.limits.admission import Limits
+from server.ports import (
+    ENVOY_ADMIN_PORT,
+    GRPC_PORT,
+    HTTP_PORT,
+    METRICS_PORT,
+    ListenError,
+    ensure_free,
+)
 from server.vault.crypto import load_master_key
 
 # The command line of server process `index` of `gateway up --workers N`.
@@ -38,6 +46,29 @@ def envoy_options(settings: Settings, workers: int = 1) -> EnvoyOptions:
         max_request_bytes=settings.max_request_bytes,
         edge=settings.edge,
     )
+
+
+def check_ports(settings: Settings, workers: int = 1) -> None:
+    """Refuse to start when a port of the stack is taken (ListenError naming the address
+    and the flag): Envoy's listener and admin port, and each server process's gRPC and
+    metrics ports. Checked before anything starts; each bind still reports its own failure."""
+    options = envoy_options(settings, workers)
+    ensure_free(options.listen_host, options.listen_port, HTTP_PORT)
+    ensure_free(options.admin_host, options.admin_port, ENVOY_ADMIN_PORT)
+    for index in range(workers):
+        ensure_free(settings.grpc_host, settings.grpc_port + index, GRPC_PORT)
+        if settings.metrics_port:
+            ensure_free(settings.metrics_host, settings.metrics_port + index, METRICS_PORT)
+
+
+async def start_envoy(envoy: EnvoyProcess) -> None:
+    """Start Envoy; a listener it cannot bind is a ListenError naming the flag."""
+    try:
+        await envoy.start()
+    except EnvoyBindError as error:
+        options = envoy.options
+        setting = HTTP_PORT if error.port == options.listen_port else ENVOY_ADMIN_PORT
+        raise ListenError(error.host, error.port, setting, error.reason) from None
 
 
 async def _serving(target: str, within: float) -> None:
@@ -104,6 +135,7 @@ async def run_workers(
 ) -> None:
     """N server processes (`gateway serve`, gRPC ports grpc_port .. grpc_port+N-1) behind one
     Envoy that balances over them. Migrations run once, here, before any worker starts."""
+    check_ports(settings, workers)
     await upgrade(settings.database_url)
     load_master_key(settings.data_dir)  # created once here, not raced by the workers
     children: list[asyncio.subprocess.Process] = []
@@ -122,7 +154,7 @@ async def run_workers(
                 for i, child in enumerate(children)
             )
         )
-        await envoy.start()
+        await start_envoy(envoy)
         announce(f"http://{settings.http_host}:{settings.http_port}/api/v1")
         stopper = asyncio.create_task(stop.wait())
         exits = [asyncio.create_task(child.wait()) for child in children]
@@ -157,6 +189,7 @@ async def run_stack(
     if workers > 1:
         await run_workers(settings, stop, announce, workers, worker_command)
         return
+    check_ports(settings)
     started = asyncio.Event()
     server_stop = asyncio.Event()
     server_task = asyncio.create_task(serve(settings, started, server_stop, limits))
@@ -168,7 +201,7 @@ async def run_stack(
             waiter.cancel()
             server_task.result()  # raises the start-up failure
             return
-        await envoy.start()
+        await start_envoy(envoy)
         announce(f"http://{settings.http_host}:{settings.http_port}/api/v1")
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait({server_task, stopper}, return_when=asyncio.FIRST_COMPLETED)

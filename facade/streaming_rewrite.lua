@@ -3,6 +3,10 @@
 -- as usual; a success is passed through as it streams — waiting for the trailers would
 -- hold the whole video in memory.
 function envoy_on_response(handle)
+  if is_transcoder_failure(handle) then
+    rewrite_transcoder_failure(handle)
+    return
+  end
   local h = handle:headers()
   local grpc_status = h:get("grpc-status")
   if grpc_status ~= nil and grpc_status ~= "0" then

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from server.auth import Authenticator
 from server.clock import Clock, SystemClock
 from server.compute import ComputePool
-from server.config import Settings
+from server.config import EdgePolicy, Settings
 from server.contract import (
     SERVICES,
     audio_pb2_grpc,
@@ -36,6 +36,7 @@ from server.limits.admission import EnforcedLimits, Limits
 from server.observability.metrics import Metrics
 from server.observability.monitor import DatabaseMonitor
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
+from server.ports import GRPC_PORT, METRICS_PORT, ensure_free, listen_error
 from server.providers.local_video import LocalVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
@@ -166,13 +167,26 @@ def build_core(
     )
 
 
+def metadata_limit_bytes(edge: EdgePolicy) -> int:
+    """The request metadata a server accepts: all Envoy may forward of a request within the
+    edge's header limit — the client's headers, the host again (x-gateway-authority) and the
+    headers Envoy adds — with room to spare."""
+    return 2 * edge.max_request_headers_kb * 1024 + 64 * 1024
+
+
 def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
+    metadata_limit = metadata_limit_bytes(core.settings.edge)
     server = grpc.aio.server(
         interceptors=[RequestInterceptor(core.metrics, core.tracer)],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
+            # gRPC refuses metadata over 8 KiB at random (16 KiB always) by default, while the
+            # edge lets 60 KiB of headers through: accept whatever Envoy forwards (soft limit =
+            # hard limit, so nothing is refused at random).
+            ("grpc.max_metadata_size", metadata_limit),
+            ("grpc.absolute_max_metadata_size", metadata_limit),
             ("grpc.so_reuseport", 0),
         ],
     )
@@ -229,6 +243,9 @@ async def serve(
     """Migrate, serve until `stop` is set, then drain: report NOT_SERVING, stop claiming
     jobs and webhooks (the current step finishes), let in-flight calls finish within the
     shutdown grace, and close."""
+    # Taken ports are refused before anything else, naming the address and the flag.
+    ensure_free(settings.grpc_host, settings.grpc_port, GRPC_PORT)
+    ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
     if core.decoder is not None:
@@ -236,12 +253,20 @@ async def serve(
         # first request's deadline. (The local model's start when it is first used.)
         await core.decoder.warm(warm_up)
     server, health_servicer = build_server(core)
-    bound = server.add_insecure_port(settings.grpc_target)
+    try:
+        bound = server.add_insecure_port(settings.grpc_target)
+    except RuntimeError as error:  # grpcio raises "Failed to bind to address ..."
+        raise listen_error(settings.grpc_host, settings.grpc_port, GRPC_PORT, error) from None
     if bound == 0:
-        raise OSError(f"cannot listen on {settings.grpc_target}")
+        raise listen_error(settings.grpc_host, settings.grpc_port, GRPC_PORT, None)
     metrics_server = None
     if settings.metrics_port:
-        metrics_server = core.metrics.serve(settings.metrics_host, settings.metrics_port)
+        try:
+            metrics_server = core.metrics.serve(settings.metrics_host, settings.metrics_port)
+        except OSError as error:
+            raise listen_error(
+                settings.metrics_host, settings.metrics_port, METRICS_PORT, error
+            ) from None
         log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
     await server.start()
 

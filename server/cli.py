@@ -14,12 +14,15 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+import asyncpg
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts import keys as key_store
 from server.accounts import workspaces
 from server.billing.ledger import add_credits
-from server.billing.money import micros_to_usd, usd_to_micros
+from server.billing.money import AmountError, exact_micros, micros_to_usd
 from server.billing.periods import LIMIT_RESETS
 from server.clock import SystemClock
 from server.config import Settings, SettingsError, edge_policy_from_environment, load_settings
@@ -31,14 +34,30 @@ from server.observability.logs import configure_logging_from_environment
 
 log = logging.getLogger("gateway")
 
+# asyncpg's refusals while connecting: no such database or role, a wrong password, a server
+# starting or shutting down.
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.InvalidCatalogNameError,
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidPasswordError,
+    asyncpg.CannotConnectNowError,
+    ConnectionError,
+)
+
 
 def _usd(text: str) -> Decimal:
+    """An amount in USD, exactly as given: 0 to 1e9, at most six decimal places (a finer
+    amount is refused, not rounded)."""
     try:
-        value = Decimal(text)
+        value = Decimal(text.strip())
     except InvalidOperation as exc:
         raise argparse.ArgumentTypeError(f"not an amount in USD: {text!r}") from exc
     if not value.is_finite() or value < 0:
         raise argparse.ArgumentTypeError(f"amount must be a number >= 0: {text!r}")
+    try:
+        exact_micros(value)
+    except AmountError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: amount {exc}") from exc
     return value
 
 
@@ -299,7 +318,7 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
         intern_id = None
         if args.intern is not None:
             intern_id = await _intern_id(session, workspace.id, args.intern)
-        limit = None if args.limit is None else usd_to_micros(args.limit)
+        limit = None if args.limit is None else exact_micros(args.limit)
         return await key_store.create_key(
             session,
             workspace=workspace,
@@ -394,7 +413,7 @@ async def cmd_guardrails_create(args: argparse.Namespace) -> int:
         ),
         "max_cost_per_request_micros": None
         if args.max_cost_per_request is None
-        else usd_to_micros(args.max_cost_per_request),
+        else exact_micros(args.max_cost_per_request),
         "max_video_duration_seconds": store.check_max_video_duration(args.max_video_duration),
     }
 
@@ -446,17 +465,23 @@ async def cmd_guardrails_delete(args: argparse.Namespace) -> int:
 
 
 async def cmd_credits_add(args: argparse.Namespace) -> int:
-    micros = usd_to_micros(args.amount)
+    micros = exact_micros(args.amount)
     if micros <= 0:
         raise GatewayError(400, "--amount must be greater than 0")
 
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await _workspace(session, args.workspace, now)
-        await add_credits(session, workspace.account_id, micros, now, reference="operator CLI")
+        try:
+            await add_credits(
+                session, workspace.account_id, micros, now, reference="operator CLI"
+            )
+        except AmountError as exc:
+            raise GatewayError(400, f"--amount {exc}") from exc
         return workspace
 
     workspace = await _with_session(args, work)
-    print(f"Added {args.amount} USD of credits to the account of workspace {workspace.name}")
+    added = format(micros_to_usd(micros), "f")  # exactly what was stored
+    print(f"Added {added} USD of credits to the account of workspace {workspace.name}")
     return 0
 
 
@@ -497,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--metrics-port",
         type=_port_or_off,
-        help="Prometheus /metrics port (env GATEWAY_METRICS_PORT, default 9464; with "
+        help="Prometheus /metrics port (env GATEWAY_METRICS_PORT; default: off; with "
         "--workers N, one port per process from this one on; 0: off)",
     )
     up.set_defaults(run=cmd_up)
@@ -511,8 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument(
         "--metrics-port",
         type=_port_or_off,
-        help="Prometheus /metrics port of this process (env GATEWAY_METRICS_PORT, "
-        "default 9464; 0: off)",
+        help="Prometheus /metrics port of this process (env GATEWAY_METRICS_PORT; "
+        "default: off; 0: off)",
     )
     serve_cmd.set_defaults(run=cmd_serve)
 
@@ -649,6 +674,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _database_failure(args: argparse.Namespace, error: DBAPIError) -> str:
+    """One line for a database failure: which database (the URL without its password) and
+    why, instead of a traceback."""
+    try:
+        given = getattr(args, "database_url", None) or os.environ.get("GATEWAY_DATABASE_URL")
+        url = make_url(given or load_settings(args.data_dir, None).database_url)
+        where = url.render_as_string(hide_password=True)
+    except Exception:
+        where = "(the configured URL)"
+    cause = error.orig.__cause__ if error.orig is not None else None
+    reason = str(cause or error.orig or error).strip().splitlines()
+    text = reason[0] if reason else type(error).__name__
+    connecting = isinstance(cause, _CONNECT_ERRORS) or "unable to open database" in text
+    if connecting:
+        return f"cannot connect to the database {where}: {text}"
+    return f"database error ({where}): {text}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging_from_environment()
@@ -662,6 +705,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except DBAPIError as error:
+        print(f"gateway: error: {_database_failure(args, error)}", file=sys.stderr)
+        return 1
     except (OSError, TimeoutError, RuntimeError) as error:
         with contextlib.suppress(Exception):
             log.debug("failure", exc_info=True)

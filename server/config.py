@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from server.hostnames import dns_name
+
 DEFAULT_DATA_DIR = "gateway-data"
 ANY_ORIGIN = "*"
 ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
@@ -86,7 +88,7 @@ class Settings:
     grpc_port: int = 50051
     http_host: str = "127.0.0.1"
     http_port: int = 8080
-    envoy_admin_port: int = 0  # 0: Envoy picks a free port
+    envoy_admin_port: int = 0  # GATEWAY_ENVOY_ADMIN_PORT; 0: Envoy picks a free port
     max_request_bytes: int = 50 * 1024 * 1024
     catalog_file: str | None = None  # the operator's catalog, added to the built-in one
     job_lease_seconds: float = 120.0  # a dead worker's job is taken up again after this
@@ -95,7 +97,9 @@ class Settings:
     webhook_allow_private: bool = False  # allow loopback/private webhook targets
     regional_hosts: frozenset[str] = frozenset()  # hostnames refused on vault routes
     metrics_host: str = "127.0.0.1"
-    metrics_port: int = 9464  # Prometheus /metrics of this process; 0: not served
+    # Prometheus /metrics of this process; 0 (the default): not served. Off unless asked
+    # for, so that gateways and workers on one host never contend for one fixed port.
+    metrics_port: int = 0
     shutdown_grace_seconds: float = 30.0  # in-flight requests may finish within this
     health_interval_seconds: float = 2.0  # how often the database is pinged for health
     # Worker processes for CPU-bound work (server.compute), per server process: audio
@@ -134,7 +138,7 @@ def load_settings(
         given["catalog_file"] = env["GATEWAY_CATALOG"]
     if "regional_hosts" not in given and env.get("GATEWAY_REGIONAL_HOSTS"):
         given["regional_hosts"] = frozenset(
-            h.strip().lower() for h in env["GATEWAY_REGIONAL_HOSTS"].split(",") if h.strip()
+            dns_name(h) for h in env["GATEWAY_REGIONAL_HOSTS"].split(",") if h.strip()
         )
     if "webhook_ca_bundle" not in given and env.get("GATEWAY_WEBHOOK_CA_BUNDLE"):
         given["webhook_ca_bundle"] = env["GATEWAY_WEBHOOK_CA_BUNDLE"]
@@ -161,6 +165,8 @@ def load_settings(
         given["metrics_host"] = env["GATEWAY_METRICS_HOST"]
     if "metrics_port" not in given and env.get("GATEWAY_METRICS_PORT"):
         given["metrics_port"] = int(env["GATEWAY_METRICS_PORT"])
+    if "envoy_admin_port" not in given and env.get("GATEWAY_ENVOY_ADMIN_PORT"):
+        given["envoy_admin_port"] = int(env["GATEWAY_ENVOY_ADMIN_PORT"])
 
     return Settings(data_dir=folder, database_url=normalize_database_url(url), **given)  # type: ignore[arg-type]
 

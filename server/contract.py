@@ -1,24 +1,22 @@
 """The compiled protobuf contract: Python stubs and the descriptor set Envoy loads.
 
-Both are produced from `proto/` by `grpc_tools.protoc` the first time they are needed (or
-when a .proto file changed), into `server/_generated/`, so a fresh clone works right after
-`pip install`. A file lock keeps parallel server processes from compiling at once.
+Both are generated from `proto/` at build time by the build hook (setup.py) into
+`server/_generated/`: shipped in the wheel, and written to the source tree for editable
+installs and for tests run from a checkout. Nothing is compiled, or written, at run time.
+In a checkout, a proto/ that changed after the build is an error that says to reinstall.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import importlib.resources
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
-PROTO_ROOT = Path(__file__).resolve().parent.parent / "proto"
+from server.contract_stamp import STAMP_NAME, fingerprint
+
+PROTO_ROOT = Path(__file__).resolve().parent.parent / "proto"  # only in a checkout
 GENERATED = Path(__file__).resolve().parent / "_generated"
 DESCRIPTOR_SET = GENERATED / "gateway.pb"
+REINSTALL = "reinstall to generate it: pip install -e . (or pip install .)"
 SERVICES = (
     "gateway.v1.Keys",
     "gateway.v1.Management",
@@ -29,72 +27,28 @@ SERVICES = (
 )
 
 
-def _proto_files() -> list[Path]:
-    return sorted(PROTO_ROOT.rglob("*.proto"))
+class ContractError(RuntimeError):
+    """The generated contract is missing, or older than the checkout's proto/."""
 
 
-def _fingerprint() -> str:
-    digest = hashlib.sha256()
-    for path in _proto_files():
-        digest.update(str(path.relative_to(PROTO_ROOT)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+def check_generated(generated: Path = GENERATED, proto_root: Path = PROTO_ROOT) -> None:
+    """Raise ContractError unless the build's output is there and, in a checkout (proto/
+    beside the package), was generated from the .proto files it now holds."""
+    stamp = generated / STAMP_NAME
+    if not (stamp.is_file() and (generated / "gateway.pb").is_file()):
+        raise ContractError(
+            f"the generated contract is missing ({generated} was not built); {REINSTALL}"
+        )
+    if (proto_root / "gateway" / "v1").is_dir() and stamp.read_text() != fingerprint(proto_root):
+        raise ContractError(
+            f"{proto_root} changed after the contract was generated into {generated}; {REINSTALL}"
+        )
 
 
-def _compile(out: Path) -> None:
-    from grpc_tools import protoc  # imported lazily: only needed when compiling
-
-    google_protos = Path(importlib.resources.files("grpc_tools") / "_proto")
-    # googleapis-common-protos installs google/api/*.proto beside its modules.
-    import google.api
-
-    googleapis_root = Path(google.api.__path__[0]).parent.parent
-    files = [str(p.relative_to(PROTO_ROOT)) for p in _proto_files()]
-    args = [
-        "protoc",
-        f"-I{PROTO_ROOT}",
-        f"-I{googleapis_root}",
-        f"-I{google_protos}",
-        "--include_imports",
-        "--include_source_info",
-        f"--descriptor_set_out={out / 'gateway.pb'}",
-        f"--python_out={out}",
-        f"--pyi_out={out}",
-        f"--grpc_python_out={out}",
-        *files,
-    ]
-    if protoc.main(args) != 0:
-        raise RuntimeError("protoc failed to compile proto/")
-
-
-def ensure_compiled() -> Path:
-    """Compile proto/ when the generated code is missing or stale; return its folder."""
-    stamp = GENERATED / "STAMP"
-    wanted = _fingerprint()
-    if stamp.is_file() and stamp.read_text() == wanted:
-        return GENERATED
-    GENERATED.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = GENERATED.parent / ".contract.lock"
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.is_file() and stamp.read_text() == wanted:
-            return GENERATED
-        scratch = Path(tempfile.mkdtemp(prefix="contract-", dir=GENERATED.parent))
-        try:
-            _compile(scratch)
-            (scratch / "STAMP").write_text(wanted)
-            if GENERATED.exists():
-                shutil.rmtree(GENERATED)
-            os.replace(scratch, GENERATED)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    return GENERATED
-
-
-_generated = str(ensure_compiled())
-if _generated not in sys.path:
+check_generated()
+if str(GENERATED) not in sys.path:
     # protoc's Python output imports its siblings as `gateway.v1.x_pb2`.
-    sys.path.insert(0, _generated)
+    sys.path.insert(0, str(GENERATED))
 
 from gateway.v1 import (  # noqa: E402
     audio_pb2,
@@ -132,6 +86,7 @@ def http_routes() -> dict[str, str]:
 __all__ = [
     "DESCRIPTOR_SET",
     "SERVICES",
+    "ContractError",
     "audio_pb2",
     "audio_pb2_grpc",
     "common_pb2",

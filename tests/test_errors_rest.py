@@ -42,8 +42,8 @@ async def management(stack: Stack, unique: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("body", "message_part"),
     [
-        (b"{bad json", "Expected"),
-        (b"[1, 2]", "Root element must be a message"),
+        (b"{bad json", "Request body is not valid JSON"),
+        (b"[1, 2]", "Request body is not valid JSON"),
         (b'{"name": 5}', "name"),
         (b'{"name": "x", "limit": "abc"}', "limit"),
         (b'{"name": "x", "limit": -1}', "limit"),

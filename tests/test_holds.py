@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 
+import grpc
 import pytest
 import sqlalchemy as sa
 
-from server.billing.holds import place_hold, release_hold, settle_hold, sweep_expired_holds
+from server.billing.holds import (
+    finish_uncancelled,
+    place_hold,
+    release_hold,
+    settle_hold,
+    sweep_expired_holds,
+)
 from server.billing.money import usd_to_micros
 from server.clock import ManualClock
-from server.db.models import CreditHold, UsageCounter
+from server.contract import audio_pb2, audio_pb2_grpc
+from server.db.models import CreditHold, LedgerEntry, UsageCounter
 from server.errors import GatewayError
+from tests.conftest import Stack
 from tests.support.admin import Admin, IssuedKey
+from tests.support.audio import fixture
 
 
 async def _hold(admin: Admin, issued: IssuedKey, usd: str, **kw: object) -> object:
@@ -139,3 +151,79 @@ async def test_lapsed_holds_are_swept(admin_db: Admin) -> None:
         assert await sweep_expired_holds(session, clock.now()) == 1
         left = (await session.exec(sa.select(sa.func.count()).select_from(CreditHold))).one()
     assert left[0] == 1
+
+
+# --- cancellation paths over gRPC (the real server, a slow fake provider) ----------------
+
+
+async def _no_hold_left(stack: Stack, account: str, within: float = 10) -> None:
+    deadline = time.monotonic() + within
+    while await stack.admin.count(CreditHold, CreditHold.account_id == account) != 0:
+        assert time.monotonic() < deadline, "a cancelled call left its hold behind"
+        await asyncio.sleep(0.1)
+
+
+def _request() -> audio_pb2.TranscriptionRequest:
+    return audio_pb2.TranscriptionRequest(
+        model="fake/slow-ok", input_audio=audio_pb2.InputAudio(data=fixture(), format="wav")
+    )
+
+
+async def test_grpc_deadlines_release_the_hold(stack: Stack, funded: IssuedKey) -> None:
+    """Callers whose deadline passes at every stage of the call — while it is admitted,
+    while its hold commits, during the provider call — leave no hold and no charge."""
+    account = funded.workspace.account_id
+    metadata = (("authorization", f"Bearer {funded.key}"),)
+    async with grpc.aio.insecure_channel(stack.grpc_target) as channel:
+        stub = audio_pb2_grpc.AudioStub(channel)
+        for timeout in (0.02, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8, 1.2):
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await stub.CreateTranscription(_request(), metadata=metadata, timeout=timeout)
+            assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await asyncio.sleep(2.5)  # past the slow provider's answer: nothing may arrive late
+    await _no_hold_left(stack, account)
+    charges = (LedgerEntry.account_id == account, LedgerEntry.kind == "charge")
+    assert await stack.admin.count(LedgerEntry, *charges) == 0
+
+
+async def test_a_grpc_client_cancel_releases_the_hold(stack: Stack, funded: IssuedKey) -> None:
+    account = funded.workspace.account_id
+    calls_before = len(stack.fake_stt.calls_for("slow-2"))
+    metadata = (("authorization", f"Bearer {funded.key}"),)
+    async with grpc.aio.insecure_channel(stack.grpc_target) as channel:
+        call = audio_pb2_grpc.AudioStub(channel).CreateTranscription(
+            _request(), metadata=metadata, timeout=30
+        )
+        deadline = time.monotonic() + 10
+        while len(stack.fake_stt.calls_for("slow-2")) == calls_before:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert await stack.admin.count(CreditHold, CreditHold.account_id == account) == 1
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    await asyncio.sleep(2.5)
+    await _no_hold_left(stack, account)
+
+
+async def test_finish_uncancelled_completes_its_work_through_cancellations() -> None:
+    """The release runs to its end however often the request's task is cancelled meanwhile,
+    and the cancellation is then passed on."""
+    done: list[str] = []
+
+    async def release() -> str:
+        await asyncio.sleep(0.2)
+        done.append("released")
+        return "ok"
+
+    async def request() -> str:
+        return await finish_uncancelled(release())
+
+    task = asyncio.create_task(request())
+    for _ in range(3):  # a deadline, then a client cancel, then a server stop
+        await asyncio.sleep(0.03)
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert done == ["released"]
+    assert await finish_uncancelled(release()) == "ok"

@@ -170,6 +170,28 @@ async def test_regional_hosts_403_and_disabled_writes_503(vault: Vault) -> None:
 
 
 @pytest.mark.parametrize(
+    "host", ["eu.localhost.", "EU.LOCALHOST", "Eu.Localhost.:8080", "eu.gateway.test.:443"]
+)
+async def test_regional_hosts_are_compared_as_dns_names(vault: Vault, host: str) -> None:
+    """A trailing dot (the DNS root), capitals or a port name the same regional host."""
+    refused = await vault.call("GET", "/secrets", headers={"Host": host})
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["code"] == 403
+    written = await vault.call(
+        "PUT", "/secrets/regional", {"value": "v", "hosts": ["a.example.com"]}, {"Host": host}
+    )
+    assert written.status_code == 403, written.text
+    assert (await vault.call("GET", "/secrets")).json()["data"] == []
+
+
+def test_secret_hosts_and_release_compare_dns_names() -> None:
+    assert store.check_hosts(["B\u00fccher.Example.", "xn--bcher-kva.example"]) == [
+        "xn--bcher-kva.example"
+    ]
+    assert store.normalize_host("API.Example.com.") == "api.example.com"
+
+
+@pytest.mark.parametrize(
     ("name", "ok"),
     [
         ("a", True),

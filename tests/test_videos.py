@@ -17,8 +17,10 @@ import pytest
 import sqlalchemy as sa
 from openrouter import OpenRouter
 
+from server.accounts.workspaces import update_workspace, workspace_by_id
 from server.db.engine import create_engine, session_factory
 from server.db.models import LedgerEntry, VideoJob
+from server.errors import GatewayError
 from tests.conftest import Stack
 from tests.support.admin import Admin, IssuedKey
 from tests.support.processes import GatewayProcess
@@ -334,6 +336,42 @@ async def test_every_rule_is_a_400_naming_the_field(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["metadata"]["param"] == param, error
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://example.com:99999/h",
+        "https://example.com:0/h",
+        "https://example.com:http/h",
+        "https://user:pass@example.com/h",
+        "https://:443/h",
+        "https:///h",
+        "https://exa mple.com/h",
+        "https://example.com/h\x00",
+        "https://" + "a" * 64 + ".example.com/h",
+        "https://example.com/" + "p" * 2100,
+    ],
+)
+async def test_callback_urls_are_checked_in_full_at_submit(
+    stack: Stack, funded: IssuedKey, url: str
+) -> None:
+    """A URL the webhook sender could never call is refused when given, not on every
+    delivery attempt afterwards; the workspace default is held to the same rules."""
+    response = await submit(
+        stack, funded, {"model": "local/renderer", "prompt": "x", "callback_url": url}
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["metadata"] == {"param": "callback_url"}
+    account = funded.workspace.account_id
+    assert await stack.admin.count(VideoJob, VideoJob.account_id == account) == 0
+    async with stack.admin.sessions() as session:
+        workspace = await workspace_by_id(session, funded.workspace.id)
+        assert workspace is not None
+        with pytest.raises(GatewayError) as refused:
+            await update_workspace(session, workspace, default_callback_url=url)
+    assert refused.value.status == 400
+    assert refused.value.metadata == {"param": "default_callback_url"}
 
 
 async def test_wrong_enum_values_list_the_allowed_ones(stack: Stack, funded: IssuedKey) -> None:

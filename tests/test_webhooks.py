@@ -166,3 +166,53 @@ async def test_a_private_target_is_never_contacted(admin_db: Admin, unique: str)
     assert stored is not None and stored.status == "stopped"
     assert stored.last_error is not None and "non-public" in stored.last_error
     assert stored.last_status is None
+
+
+async def _attempt_once(admin_db: Admin, delivery_id: str, url: str) -> WebhookDelivery:
+    workspace = await admin_db.workspace(f"w-{delivery_id}")
+    now = datetime.now(UTC)
+    async with admin_db.sessions() as session:
+        session.add(
+            WebhookDelivery(
+                id=delivery_id,
+                workspace_id=workspace.id,
+                job_id="vid_x",
+                url=url,
+                payload="{}",
+                status="pending",
+                next_attempt_at=now,
+                created_at=now,
+            )
+        )
+        await session.commit()
+    async with httpx.AsyncClient() as http:
+        dispatcher = WebhookDispatcher(admin_db.sessions, admin_db.clock, http)
+        delivery = await dispatcher.claim()
+        assert delivery is not None and delivery.id == delivery_id
+        await dispatcher.attempt(delivery)
+    async with admin_db.sessions() as session:
+        stored = await session.get(WebhookDelivery, delivery_id, populate_existing=True)
+    assert stored is not None
+    return stored
+
+
+async def test_a_host_that_does_not_resolve_is_retried(admin_db: Admin, unique: str) -> None:
+    """A failed DNS lookup may be temporary: the delivery stays pending with the normal
+    backoff (5 s after the first attempt), it is not stopped."""
+    before = datetime.now(UTC)
+    stored = await _attempt_once(admin_db, f"msg_dns_{unique}", "https://does-not-exist.invalid/h")
+    assert stored.status == "pending"
+    assert stored.attempts == 1
+    assert stored.last_error is not None and "resolve" in stored.last_error
+    assert stored.next_attempt_at is not None
+    wait = (stored.next_attempt_at.replace(tzinfo=UTC) - before).total_seconds()
+    assert 4 <= wait <= 60
+
+
+async def test_a_stored_url_with_an_invalid_port_stops_instead_of_raising(
+    admin_db: Admin, unique: str
+) -> None:
+    """A URL stored before URLs were checked in full is refused once, not retried forever."""
+    stored = await _attempt_once(admin_db, f"msg_port_{unique}", "https://example.com:99999/h")
+    assert stored.status == "stopped"
+    assert stored.last_error is not None and "valid URL" in stored.last_error

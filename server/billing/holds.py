@@ -6,10 +6,12 @@ never spend beyond the balance or a key's cap."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -22,6 +24,9 @@ from server.db.models import Account, ApiKey, CreditHold, UsageCounter, UtcDateT
 from server.errors import GatewayError
 
 DEFAULT_HOLD_TTL = timedelta(minutes=15)
+# The longest a settlement or release may take once begun; it is not cut short by the
+# request's cancellation (a deadline, a client that went away), only by this bound.
+FINISH_TIMEOUT_SECONDS = 30.0
 # How long a client is told to wait when only running requests' holds are in the way.
 IN_FLIGHT_RETRY_SECONDS = 1
 
@@ -338,3 +343,29 @@ async def release_hold(session: AsyncSession, hold: Hold) -> None:
     """Give the reservation back (the request failed). Commits."""
     await drop_hold(session, hold)
     await session.commit()
+
+
+T = TypeVar("T")
+
+
+async def finish_uncancelled(work: Awaitable[T], bound: float = FINISH_TIMEOUT_SECONDS) -> T:
+    """Run `work` (settling or releasing a hold) to its end even when the calling task is
+    cancelled meanwhile — a gRPC deadline, a client cancel, a REST client that went away
+    cancel the rpc's task, possibly more than once. The caller's cancellation is re-raised
+    once the work is done; the work itself is bounded by `bound` seconds."""
+    task = asyncio.ensure_future(asyncio.wait_for(work, bound))
+    cancelled = False
+    # Each pass ends with the task done or with one more cancellation of the caller; the
+    # task ends within `bound` seconds, so the loop does too.
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done() and task.cancelled():
+                raise  # the work itself was cancelled (the loop is shutting down)
+            cancelled = True
+    if cancelled:
+        if not task.cancelled() and task.exception() is not None:
+            raise asyncio.CancelledError from task.exception()
+        raise asyncio.CancelledError
+    return task.result()

@@ -7,6 +7,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from server.billing.money import MAX_MICROS, AmountError
 from server.billing.usage import ACCOUNT, KEY, add_usages
 from server.db.driver import fetch_rows, insert_statement
 from server.db.models import Account, LedgerEntry
@@ -24,16 +25,27 @@ async def add_credits(
     now: datetime,
     reference: str | None = None,
 ) -> LedgerEntry:
-    """Record a credit purchase. The caller commits."""
+    """Record a credit purchase. The caller commits. The account's purchases stay within
+    MAX_MICROS (1e9 USD) in total (AmountError otherwise), so balances fit int64 and print
+    exactly as JSON numbers."""
     if amount_micros <= 0:
         raise ValueError("a purchase must be a positive amount")
+    if amount_micros > MAX_MICROS:
+        raise AmountError("must be at most 1000000000 USD (1e9)")
     result = await session.exec(
         sa.update(Account)
-        .where(Account.id == account_id)  # type: ignore[arg-type]
+        .where(
+            Account.id == account_id,  # type: ignore[arg-type]
+            Account.credits_purchased_micros <= MAX_MICROS - amount_micros,  # type: ignore[operator]
+        )
         .values(credits_purchased_micros=Account.credits_purchased_micros + amount_micros)
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
-        raise LookupError(f"no account {account_id}")
+        find = sa.select(Account.id).where(Account.id == account_id)  # type: ignore[arg-type]
+        exists = (await session.exec(find)).first()
+        if exists is None:
+            raise LookupError(f"no account {account_id}")
+        raise AmountError("would take the account's credits beyond 1000000000 USD (1e9)")
     entry = LedgerEntry(
         account_id=account_id,
         kind=PURCHASE,

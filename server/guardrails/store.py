@@ -61,10 +61,14 @@ def check_providers(catalog: Catalog, values: list[str] | None, param: str) -> l
     return _known(values, providers, param, "provider")
 
 
+MAX_VIDEO_DURATION_SECONDS = 86_400  # a day: far beyond any model, well inside the column
+
+
 def check_max_video_duration(seconds: int | None) -> int | None:
-    if seconds is not None and seconds < 1:
+    if seconds is not None and not 1 <= seconds <= MAX_VIDEO_DURATION_SECONDS:
         raise bad_request(
-            "max_video_duration_seconds must be at least 1", param="max_video_duration_seconds"
+            f"max_video_duration_seconds must be 1 to {MAX_VIDEO_DURATION_SECONDS}",
+            param="max_video_duration_seconds",
         )
     return seconds
 

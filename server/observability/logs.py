@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Mapping
@@ -19,6 +20,48 @@ REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
 # Attributes every LogRecord has; anything else came in through `extra=` and is logged too.
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "request_id"}
 LOG_FORMATS = ("json", "text")
+
+
+# Secrets that must never be written, whatever logged them: our API keys, bearer tokens of
+# any kind (a BYOK key in an Authorization header), webhook signing secrets.
+_SECRETS = (
+    (re.compile(r"sk-gw-v1-[0-9A-Za-z]+"), "sk-gw-v1-[redacted]"),
+    (re.compile(r"(?i)\b(bearer|basic)(\s+|\\x[0-9a-f]{2}|%20)+[^\s'\"]+"), r"\1 [redacted]"),
+    (re.compile(r"whsec_[A-Za-z0-9+/=]+"), "whsec_[redacted]"),
+)
+
+
+def redact(text: str) -> str:
+    """`text` with every secret-shaped run replaced (the last line of defence: nothing
+    should log a secret in the first place)."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class GrpcMetadataFilter(logging.Filter):
+    """grpc's own Python loggers (`grpc._cython.cygrpc`, `grpc._server`, …) print a request's
+    metadata value when it is not valid UTF-8 — an Authorization header with a stray byte
+    becomes three error lines carrying the whole API key, with a traceback. Such a line is
+    the client's mistake, not the server's: it is kept as one warning without the value."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("grpc"):
+            return True
+        message = str(record.msg)
+        if "Invalid encoding" in message or "metadata" in message.lower():
+            record.msg = "a request carried a metadata value that is not valid UTF-8 (withheld)"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+            record.stack_info = None
+            if record.levelno > logging.WARNING:
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+            return True
+        # Anything else grpc logs: its text redacted, its traceback without values.
+        record.msg = redact(record.getMessage())
+        record.args = ()
+        return True
 
 
 class RequestIdFilter(logging.Filter):
@@ -45,18 +88,24 @@ class JsonFormatter(logging.Formatter):
                 entry[name] = value
         if record.exc_info:
             entry["exception"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return redact(json.dumps(entry, default=str, ensure_ascii=False))
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 def configure_logging(log_format: str = "json", level: int = logging.INFO) -> None:
     """Route every logger to stderr in `log_format` (json, or text for a terminal)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(RequestIdFilter())
+    handler.addFilter(GrpcMetadataFilter())
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
+            TextFormatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]

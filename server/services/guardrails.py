@@ -10,7 +10,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts.workspaces import workspace_ids_of_account, workspace_of_account
 from server.auth import Authenticator, Principal
-from server.billing.money import micros_to_json_number, usd_to_micros
+from server.billing.money import micros_to_json_number
 from server.clock import Clock, rfc3339
 from server.contract import guardrails_pb2, guardrails_pb2_grpc
 from server.db.engine import SessionFactory
@@ -25,9 +25,9 @@ from server.services.rpc import (
     null,
     nullable_string,
     nullable_timestamp,
-    number_or_null,
     string_or_null,
     strings_or_null,
+    usd_or_null,
 )
 
 Changes = guardrails_pb2.CreateGuardrailRequest | guardrails_pb2.UpdateGuardrailRequest
@@ -101,9 +101,8 @@ class GuardrailsService(guardrails_pb2_grpc.GuardrailsServicer):
                 values = strings_or_null(getattr(request, name), name)
                 changes[name] = store.check_providers(self._catalog, values, name)
         if request.HasField("max_cost_per_request_usd"):
-            usd = number_or_null(request.max_cost_per_request_usd, "max_cost_per_request_usd")
             changes["max_cost_per_request_micros"] = store.check_max_cost(
-                None if usd is None else usd_to_micros(usd)
+                usd_or_null(request.max_cost_per_request_usd, "max_cost_per_request_usd")
             )
         if request.HasField("max_video_duration_seconds"):
             changes["max_video_duration_seconds"] = store.check_max_video_duration(

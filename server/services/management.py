@@ -17,7 +17,7 @@ from server.accounts.workspaces import (
 )
 from server.auth import Authenticator, Principal
 from server.billing.key_status import key_status
-from server.billing.money import micros_to_json_number, usd_to_micros
+from server.billing.money import micros_to_json_number
 from server.billing.usage import ACCOUNT, read_usage
 from server.clock import Clock, rfc3339
 from server.contract import management_pb2, management_pb2_grpc
@@ -30,16 +30,15 @@ from server.services.rpc import (
     metadata_of,
     nullable_string,
     nullable_timestamp,
-    number_or_null,
     string_or_null,
+    usd_or_null,
 )
 
 _SECONDS_PRECISION = re.compile(r"T\d{2}:\d{2}:\d{2}")
 
 
 def _usd_or_null(value: struct_pb2.Value, param: str) -> int | None:
-    usd = number_or_null(value, param)
-    return None if usd is None else key_store.check_limit(usd_to_micros(usd))
+    return key_store.check_limit(usd_or_null(value, param))
 
 
 def _expiry(value: struct_pb2.Value) -> datetime | None:

@@ -21,17 +21,20 @@ from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2, struct_pb2
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from server.billing.money import micros_to_json_number
+from server.billing.money import AmountError, exact_micros, micros_to_json_number
 from server.clock import rfc3339
 from server.contract import http_routes
 from server.db.engine import is_database_unavailable
 from server.errors import INTERNAL_ERROR, SERVICE_UNAVAILABLE, GatewayError, bad_request
 from server.observability.logs import REQUEST_ID
 from server.observability.metrics import Metrics
+from server.validation import MAX_JSON_DEPTH, check_struct, check_struct_value, check_text
 
 log = logging.getLogger("gateway.rpc")
 
@@ -132,6 +135,82 @@ async def _answer_failure(
     await abort_with(context, error)
 
 
+@dataclass(frozen=True)
+class _Undecodable:
+    """What a request message that does not parse becomes (see `_tolerant`)."""
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """The rpc's deserializer, turning bytes that are not its message into `_Undecodable`:
+    grpc would answer UNKNOWN with no details; the interceptor answers 400 /
+    INVALID_ARGUMENT with ErrorInfo, as for every other error."""
+    if deserializer is None:
+        return None
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception:  # DecodeError, or invalid UTF-8 in a string field
+            return _Undecodable()
+
+    return deserialize
+
+
+def check_request(request: Any) -> None:
+    """Refuse, as a 400 naming the field, a request message that is not a message, or that
+    carries a string with NUL (the database refuses it) or a number that is not finite, in
+    any field (nested messages, lists, maps, Struct values) — before a handler uses it."""
+    if isinstance(request, _Undecodable):
+        raise bad_request(
+            "The request is malformed: text that is not valid UTF-8 (a path parameter such as "
+            "%C3), or bytes that are not this method's message"
+        )
+    if isinstance(request, Message):
+        _check_message(request, "", 0)
+
+
+def _check_scalar(field: FieldDescriptor, value: Any, param: str) -> None:
+    if field.type == FieldDescriptor.TYPE_STRING:
+        check_text(value, param)
+    elif field.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        if not math.isfinite(value):
+            raise bad_request(f"{param} must be a finite number", param=param)
+
+
+def _check_value(field: FieldDescriptor, value: Any, param: str, depth: int) -> None:
+    if field.type != FieldDescriptor.TYPE_MESSAGE:
+        _check_scalar(field, value, param)
+        return
+    name = field.message_type.full_name
+    if name == "google.protobuf.Struct":
+        check_struct(value, param, depth)
+    elif name == "google.protobuf.Value":
+        check_struct_value(value, param, depth)
+    elif name == "google.protobuf.ListValue":
+        for index, item in enumerate(value.values):
+            check_struct_value(item, f"{param}[{index}]", depth + 1)
+    else:
+        _check_message(value, f"{param}.", depth + 1)
+
+
+def _check_message(message: Message, prefix: str, depth: int) -> None:
+    if depth > MAX_JSON_DEPTH:
+        raise bad_request(f"{prefix.rstrip('.') or 'the request'} is nested too deeply")
+    for field, value in message.ListFields():
+        param = prefix + field.name
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            key_field = field.message_type.fields_by_name["key"]
+            value_field = field.message_type.fields_by_name["value"]
+            for key, item in value.items():
+                _check_scalar(key_field, key, param)
+                _check_value(value_field, item, f"{param}.{str(key)[:64]}", depth + 1)
+        elif field.is_repeated:
+            for index, item in enumerate(value):
+                _check_value(field, item, f"{param}[{index}]", depth)
+        else:
+            _check_value(field, value, param, depth)
+
+
 class RequestInterceptor(grpc.aio.ServerInterceptor):
     """The one place every rpc passes: its request id (logs), server span (traces), route and
     status (metrics, access log), and failures — a GatewayError as it says, anything else
@@ -154,16 +233,17 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         if not method.startswith("/gateway."):
             return handler  # health, reflection: no access log, no metrics
         route = self._routes.get(method, method)
+        deserializer = _tolerant(handler.request_deserializer)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(handler.unary_unary, route),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
                 self._stream(handler.unary_stream, route),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
         return handler
@@ -203,6 +283,7 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
             with self._observed(context, route) as call:
                 try:
+                    check_request(request)
                     return await inner(request, context)
                 except BaseException as exc:
                     await _answer_failure(context, call, exc)
@@ -213,6 +294,7 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             with self._observed(context, route) as call:
                 try:
+                    check_request(request)
                     async for item in inner(request, context):
                         yield item
                 except BaseException as exc:
@@ -248,6 +330,18 @@ def number_or_null(value: struct_pb2.Value, param: str) -> Decimal | None:
         raise bad_request(f"{param} must be a number or null", param=param)
     # repr() gives the shortest decimal that round-trips: the number the client wrote.
     return Decimal(repr(value.number_value))
+
+
+def usd_or_null(value: struct_pb2.Value, param: str) -> int | None:
+    """A JSON number of USD (or null) as exact micro-dollars: 0 to 1e9 USD, at most six
+    decimal places; anything else is a 400 naming the field."""
+    usd = number_or_null(value, param)
+    if usd is None:
+        return None
+    try:
+        return exact_micros(usd)
+    except AmountError as exc:
+        raise bad_request(f"{param} {exc}", param=param) from exc
 
 
 def integer_or_null(value: struct_pb2.Value, param: str) -> int | None:

@@ -16,6 +16,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from server.errors import GatewayError, bad_request
 from server.transcription.media import MAX_AUDIO_BYTES, normalize_format
+from server.validation import check_json_value, check_struct, check_text
 
 MAX_ID_CHARS = 256
 # RFC 2046 allows 70 characters; the multipart parser accepts up to 256.
@@ -56,6 +57,7 @@ def _string(value: Any, param: str, *, required: bool = False) -> str | None:
         return None
     if not isinstance(value, str):
         raise bad_request(f"{param} must be a string", param=param)
+    check_text(value, param)  # NUL or a lone surrogate cannot be stored
     if required and not value:
         raise bad_request(f"{param} is required", param=param)
     return value
@@ -125,10 +127,11 @@ def _check_common(
             raise bad_request(
                 "provider.options must map provider slugs to objects", param="provider.options"
             )
-        options = raw_options
+        options = check_json_value(raw_options, "provider.options")
     if trace is not None:
         if not isinstance(trace, dict):
             raise bad_request("trace must be an object", param="trace")
+        check_json_value(trace, "trace")  # stored with the generation record
         for key in TRACE_STRING_KEYS:
             if key in trace and not isinstance(trace[key], str):
                 raise bad_request(f"trace.{key} must be a string", param=f"trace.{key}")
@@ -168,6 +171,10 @@ def from_json(raw: bytes, header_session_id: str | None) -> TranscriptionInput:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_request("The request body is not valid JSON") from exc
+    except RecursionError as exc:  # nested deeper than the parser goes
+        raise bad_request("The request body is nested too deeply") from exc
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise bad_request("The request body has a number too large to read") from exc
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object")
     _unsupported_flags(body)
@@ -355,6 +362,10 @@ def from_http(raw: bytes, content_type: str, header_session_id: str | None) -> T
 
 def from_message(request: Any, header_session_id: str | None) -> TranscriptionInput:
     """The typed gRPC form (gateway.v1.TranscriptionRequest)."""
+    if request.HasField("trace"):
+        check_struct(request.trace, "trace")  # NaN cannot even become a dict
+    if request.HasField("provider") and request.provider.HasField("options"):
+        check_struct(request.provider.options, "provider.options")
     as_dict = json_format.MessageToDict(request, preserving_proto_field_name=True)
     common = _check_common(
         model=request.model or None,

@@ -17,7 +17,7 @@ from opentelemetry.trace import Tracer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
-from server.billing.holds import Hold, release_hold, settle_hold
+from server.billing.holds import Hold, finish_uncancelled, release_hold, settle_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.clock import Clock
 from server.compute import ComputePool, PoolBusy, WorkerLost
@@ -165,12 +165,31 @@ class Transcriber:
         hold = await self._limits.admit(
             session, principal, model_id=model.id, estimate_micros=cost, now=self._clock.now()
         )
-        # The hold (and the free-request count) before the provider call; this also ends the
-        # caller's reads, so admission adds no commit of its own.
-        await session.commit()
         generation_id = f"gen_{secrets.token_hex(12)}"
         budget = _budget(deadline)
+
+        async def fail(exc: BaseException) -> None:
+            # Not cut short by the request's own cancellation (a gRPC deadline, a client
+            # cancel or disconnect): the hold is given back on every path.
+            await finish_uncancelled(
+                self._fail(
+                    session,
+                    hold,
+                    principal,
+                    request,
+                    model,
+                    generation_id,
+                    exc,
+                    started,
+                    started_at,
+                )
+            )
+
         try:
+            # The hold (and the free-request count) before the provider call; this also
+            # ends the caller's reads, so admission adds no commit of its own. Inside the
+            # try: a cancellation while it commits must still release the hold.
+            await session.commit()
             async with asyncio.timeout(budget):
                 routed = await route(
                     model.id,
@@ -186,24 +205,61 @@ class Transcriber:
             expired = GatewayError(
                 504, "Operation aborted due to timeout: the request's deadline passed"
             )
-            await self._fail(
-                session,
-                hold,
-                principal,
-                request,
-                model,
-                generation_id,
-                expired,
-                started,
-                started_at,
-            )
+            await fail(expired)
             raise expired from exc
         except BaseException as exc:
-            await self._fail(
-                session, hold, principal, request, model, generation_id, exc, started, started_at
-            )
+            await fail(exc)
             raise
-        # The charge and the generation record commit together.
+        try:
+            # The charge and the generation record commit together; once the provider has
+            # answered, that finishes even if the caller leaves meanwhile.
+            await finish_uncancelled(
+                self._settle(
+                    session,
+                    hold,
+                    principal,
+                    request,
+                    model,
+                    generation_id,
+                    provider=routed.endpoint.provider,
+                    cost=cost,
+                    seconds=audio.seconds,
+                    started=started,
+                    started_at=started_at,
+                )
+            )
+        except asyncio.CancelledError as cancelled:
+            # The caller went away after the answer: settled — unless the settlement failed.
+            if cancelled.__cause__ is not None:
+                await fail(cancelled.__cause__)
+            raise
+        except BaseException as exc:
+            await fail(exc)  # nothing half-written: no charge, and the hold given back
+            raise
+        return TranscriptionResult(
+            request=request,
+            transcript=routed.value,
+            seconds=audio.seconds,
+            cost_micros=cost,
+            provider=routed.endpoint.provider,
+            generation_id=generation_id,
+        )
+
+    async def _settle(
+        self,
+        session: AsyncSession,
+        hold: Hold,
+        principal: Principal,
+        request: TranscriptionInput,
+        model: Model,
+        generation_id: str,
+        *,
+        provider: str,
+        cost: int,
+        seconds: Decimal,
+        started: float,
+        started_at: datetime,
+    ) -> None:
         await settle_hold(
             session, hold, cost_micros=cost, now=self._clock.now(), reference=generation_id
         )
@@ -213,20 +269,12 @@ class Transcriber:
             request,
             model,
             generation_id,
-            provider=routed.endpoint.provider,
+            provider=provider,
             status="completed",
             cost=cost,
-            seconds=audio.seconds,
+            seconds=seconds,
             started=started,
             started_at=started_at,
-        )
-        return TranscriptionResult(
-            request=request,
-            transcript=routed.value,
-            seconds=audio.seconds,
-            cost_micros=cost,
-            provider=routed.endpoint.provider,
-            generation_id=generation_id,
         )
 
     async def _probe(self, request: TranscriptionInput) -> ProbedAudio:
@@ -268,23 +316,36 @@ class Transcriber:
         started: float,
         started_at: datetime,
     ) -> None:
-        await session.rollback()
+        try:
+            await session.rollback()
+        except Exception:
+            # A statement cut off by the cancellation can leave the connection unusable:
+            # drop it, so the release below runs on a fresh one.
+            await session.invalidate()
         await release_hold(session, hold)
         message = exc.message if isinstance(exc, GatewayError) else "request did not complete"
-        await self._record(
-            session,
-            principal,
-            request,
-            model,
-            generation_id,
-            provider=None,
-            status="failed",
-            cost=0,
-            seconds=None,
-            started=started,
-            started_at=started_at,
-            error=message,
-        )
+        try:
+            await self._record(
+                session,
+                principal,
+                request,
+                model,
+                generation_id,
+                provider=None,
+                status="failed",
+                cost=0,
+                seconds=None,
+                started=started,
+                started_at=started_at,
+                error=message,
+            )
+        except Exception as record_failure:  # the hold is released: that is what matters
+            await session.rollback()
+            log.warning(
+                "failed generation %s not recorded: %s",
+                generation_id,
+                type(record_failure).__name__,
+            )
 
     async def _record(
         self,

@@ -8,16 +8,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.auth import Principal
 from server.db.models import Intern
 from server.errors import GatewayError, forbidden, not_found
+from server.hostnames import dns_name, host_of
 from server.vault.store import Scope
-
-
-def host_of(authority: str | None) -> str | None:
-    if not authority:
-        return None
-    host = authority.strip().lower()
-    if host.startswith("["):
-        return host.split("]", 1)[0] + "]"
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 async def vault_scope(
@@ -30,7 +22,8 @@ async def vault_scope(
     write: bool,
 ) -> Scope:
     host = host_of(authority)
-    if host is not None and host in regional_hosts:
+    # Both sides in DNS's canonical form: `EU.example.com.` is `eu.example.com`.
+    if host is not None and host in {dns_name(h) for h in regional_hosts}:
         raise forbidden("The vault is not available on regional hostnames")
     workspace = principal.workspace
     if not workspace.intern_programme:

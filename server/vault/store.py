@@ -17,6 +17,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.db.models import Intern, VaultKey, VaultSecret, Workspace
 from server.errors import GatewayError, bad_request, not_found
+from server.hostnames import dns_name
 from server.vault import crypto
 
 NAME = re.compile(r"(?!.*__)[a-z]([a-z0-9_]*[a-z0-9])?")
@@ -69,6 +70,7 @@ def normalize_host(raw: str, param: str = "hosts") -> str:
             f"{param}: {raw!r} is not an exact DNS name (no scheme, port, path or wildcard)",
             param=param,
         )
+    host = dns_name(host)  # an internationalized name in its IDNA (punycode) form
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -284,6 +286,7 @@ async def release(
     if secret is None:
         raise LookupError(name)
     try:
+        # Exact: a port (another service) or anything but a DNS name releases nothing.
         host = normalize_host(request_host)
     except GatewayError as exc:
         raise HostNotAllowed(name) from exc

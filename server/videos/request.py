@@ -12,6 +12,7 @@ from google.protobuf import json_format
 from server.errors import bad_request
 from server.routing.catalog import Catalog, Model, VideoCapabilities
 from server.transcription.request import MAX_ID_CHARS, MODEL_ID, TRACE_STRING_KEYS
+from server.validation import check_struct, check_text
 from server.videos import options
 from server.webhooks.targets import check_callback_url
 
@@ -55,6 +56,7 @@ def _media_url(url: str, param: str) -> str:
         raise bad_request(f"{param} is required", param=param)
     if len(url) > MAX_URL_CHARS:
         raise bad_request(f"{param} is too long", param=param)
+    check_text(url, param)
     scheme = urlsplit(url).scheme.lower() if "://" in url or url.startswith("data:") else ""
     if scheme not in ("https", "http", "data"):
         raise bad_request(f"{param} must be an http(s) or data: URL", param=param)
@@ -165,6 +167,7 @@ def parse_video_request(
         raise bad_request("prompt is required for this model", param="prompt")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise bad_request(f"prompt must be at most {MAX_PROMPT_CHARS} characters", param="prompt")
+    check_text(prompt, "prompt")
 
     duration = request.duration if request.HasField("duration") else caps.default_duration
     if duration is None:
@@ -211,15 +214,21 @@ def parse_video_request(
     session = request.session_id if request.HasField("session_id") else None
     if session is None and header_session_id:
         session = header_session_id
-    for name, value in (("session_id", session), ("user", request.user or None)):
+    session_param = "session_id" if request.HasField("session_id") else "x-session-id"
+    for name, value in ((session_param, session), ("user", request.user or None)):
         if value is not None and len(value) > MAX_ID_CHARS:
             raise bad_request(f"{name} must be at most {MAX_ID_CHARS} characters", param=name)
+        if value is not None:
+            check_text(value, name)  # stored with the job and its generation record
+    if request.HasField("trace"):
+        check_struct(request.trace, "trace")  # before MessageToDict, which fails on NaN
     trace = json_format.MessageToDict(request.trace) if request.HasField("trace") else None
     for key in TRACE_STRING_KEYS:
         if trace is not None and key in trace and not isinstance(trace[key], str):
             raise bad_request(f"trace.{key} must be a string", param=f"trace.{key}")
     provider_options: dict[str, Any] = {}
     if request.HasField("provider") and request.provider.HasField("options"):
+        check_struct(request.provider.options, "provider.options")
         provider_options = json_format.MessageToDict(request.provider.options)
         if not all(isinstance(v, dict) for v in provider_options.values()):
             raise bad_request(

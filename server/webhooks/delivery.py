@@ -20,7 +20,7 @@ from server.db.engine import SessionFactory
 from server.db.models import WebhookDelivery, Workspace
 from server.jobs.leases import claim_one
 from server.jobs.loop import run_until_stopped
-from server.webhooks.targets import RefusedTarget, resolve_target
+from server.webhooks.targets import RefusedTarget, UnresolvedTarget, resolve_target
 
 log = logging.getLogger("gateway.webhooks")
 
@@ -130,6 +130,8 @@ class WebhookDispatcher:
             status = response.status_code
         except RefusedTarget as refused:
             error = f"refused: {refused}"
+        except UnresolvedTarget as unresolved:
+            error = f"dns: {unresolved}"  # retried like any failed delivery
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}"
         await self._record(

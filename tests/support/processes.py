@@ -64,7 +64,7 @@ class GatewayProcess:
     database_url: str
     http_port: int = 0  # 0: a free port (see __post_init__)
     grpc_port: int = 0  # 0: free ports for each server process (see __post_init__)
-    metrics_port: int = 0
+    metrics_port: int | None = 0  # None: no --metrics-port (the default: off)
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     # What runs `up` (Python arguments): another entry point taking the same options and
@@ -85,7 +85,7 @@ class GatewayProcess:
             for port in range(first, first + count)
         }
         for name, count in wanted.items():
-            if getattr(self, name):
+            if getattr(self, name) or getattr(self, name) is None:
                 continue
             first = free_port_range(count)
             while taken.intersection(range(first, first + count)):
@@ -117,8 +117,7 @@ class GatewayProcess:
                 str(self.http_port),
                 "--grpc-port",
                 str(self.grpc_port),
-                "--metrics-port",
-                str(self.metrics_port),
+                *(() if self.metrics_port is None else ("--metrics-port", str(self.metrics_port))),
                 *self.extra_args,
             ],
             stdout=subprocess.PIPE,
