@@ -9,6 +9,8 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
+from server.errors import GatewayError
+from server.transcription.request import from_multipart
 from tests.conftest import Stack
 from tests.support.admin import IssuedKey
 from tests.support.audio import fixture
@@ -77,7 +79,10 @@ async def test_a_field_name_outside_latin1_is_ignored_like_any_unknown_field(
     assert response.json()["text"] == "fake transcript"
 
 
-async def test_a_boundary_outside_ascii_works(stack: Stack, funded: IssuedKey) -> None:
+async def test_a_boundary_outside_ascii_is_400_in_the_documented_shape(
+    stack: Stack, funded: IssuedKey
+) -> None:
+    """RFC 2046 boundaries are ASCII; the edge refuses other bytes in any header value."""
     boundary = "граница".encode()
     body = (
         _part(boundary, b'name="model"', b"fake/ok")
@@ -87,7 +92,9 @@ async def test_a_boundary_outside_ascii_works(stack: Stack, funded: IssuedKey) -
         + b"--\r\n"
     )
     response = await _post_raw(stack, funded, body, boundary)
-    assert response.status_code == 200, response.text
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == 400
+    assert await _usage(stack, funded) == 0
 
 
 @pytest.mark.parametrize(
@@ -120,3 +127,23 @@ async def test_malformed_multipart_is_400_in_the_documented_shape(
         assert error["metadata"] == {"param": param}
     assert len(stack.fake_stt.calls) == before
     assert await _usage(stack, funded) == 0
+
+
+def test_the_parser_takes_utf8_names_and_boundaries_from_grpc_callers() -> None:
+    """gRPC callers reach the parser without the edge's header checks: UTF-8 in the
+    content type or the part headers is read, never a UnicodeEncodeError (a 500)."""
+    boundary = "граница".encode()
+    body = (
+        _part(boundary, b'name="model"', b"fake/ok")
+        + _part(boundary, 'name="ключ"'.encode(), b"x")
+        + _part(boundary, 'name="file"; filename="音声メモ.wav"'.encode(), fixture())
+        + b"--"
+        + boundary
+        + b"--\r\n"
+    )
+    parsed = from_multipart(body, "multipart/form-data; boundary=граница", None)
+    assert parsed.filename == "音声メモ.wav" and parsed.claimed_format == "wav"
+    with pytest.raises(GatewayError) as failure:
+        from_multipart(body, "multipart/form-data; boundary=" + "b" * 300, None)
+    assert failure.value.status == 400
+    assert failure.value.metadata == {"param": "content-type"}
