@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from server.auth import Authenticator
 from server.clock import Clock, SystemClock
+from server.compute import ComputePool
 from server.config import EdgePolicy, Settings
 from server.contract import (
     SERVICES,
@@ -49,12 +50,14 @@ from server.services.management import ManagementService
 from server.services.rpc import RequestInterceptor
 from server.services.vault import VaultService
 from server.services.videos import VideosService
+from server.transcription.media import warm_up
 from server.transcription.service import Transcriber
 from server.vault.crypto import MasterKey, load_master_key
 from server.videos.content import ContentStore
 from server.webhooks.delivery import WebhookDispatcher
 
 log = logging.getLogger("gateway.server")
+DECODE_QUEUE = 512
 
 
 @dataclass
@@ -77,8 +80,12 @@ class Core:
     metrics: Metrics
     tracer: Tracer
     tracer_provider: TracerProvider | None  # None: traces are not exported
+    decoder: ComputePool | None = None  # worker processes decoding audio
+    pools: tuple[ComputePool, ...] = ()  # every pool of worker processes, to close
 
     async def close(self) -> None:
+        for pool in self.pools:
+            await pool.close()
         await self.http.aclose()
         await self.engine.dispose()
         if self.tracer_provider is not None:
@@ -103,7 +110,17 @@ def build_core(
         limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         follow_redirects=False,
     )
-    stt_adapters = {"openai": OpenAISttAdapter(http), "pocketsphinx": PocketsphinxAdapter()}
+    # A queued decode holds only a reference to audio the request already holds in memory:
+    # the queue is long (a burst of small files is decoded in turn), the caller's deadline
+    # bounds the wait, and beyond it the answer is 503 with Retry-After (nothing held).
+    decoder = ComputePool("audio decoding", settings.decode_workers, queue=DECODE_QUEUE)
+    local_stt = ComputePool(
+        "local speech-to-text", settings.local_stt_workers, queue=settings.local_stt_queue
+    )
+    stt_adapters = {
+        "openai": OpenAISttAdapter(http),
+        "pocketsphinx": PocketsphinxAdapter(local_stt),
+    }
     video_adapters = {
         "local": LocalVideoAdapter(),
         "openai": OpenAIVideoAdapter(http),
@@ -126,7 +143,7 @@ def build_core(
         catalog=catalog,
         http=http,
         limits=limits,
-        transcriber=Transcriber(catalog, stt_adapters, clock, limits, metrics, tracer),
+        transcriber=Transcriber(catalog, stt_adapters, clock, limits, metrics, tracer, decoder),
         content=content,
         video_worker=VideoWorker(
             sessions,
@@ -145,6 +162,8 @@ def build_core(
         metrics=metrics,
         tracer=tracer,
         tracer_provider=tracer_provider,
+        decoder=decoder,
+        pools=(decoder, local_stt),
     )
 
 
@@ -229,6 +248,10 @@ async def serve(
     ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
+    if core.decoder is not None:
+        # Every transcription is decoded first: its processes start now, not within the
+        # first request's deadline. (The local model's start when it is first used.)
+        await core.decoder.warm(warm_up)
     server, health_servicer = build_server(core)
     try:
         bound = server.add_insecure_port(settings.grpc_target)

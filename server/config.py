@@ -102,6 +102,12 @@ class Settings:
     metrics_port: int = 0
     shutdown_grace_seconds: float = 30.0  # in-flight requests may finish within this
     health_interval_seconds: float = 2.0  # how often the database is pinged for health
+    # Worker processes for CPU-bound work (server.compute), per server process: audio
+    # decoding before admission, and the local speech model with its queue (a request
+    # finding both full is answered 429 with Retry-After, never left to stall others).
+    decode_workers: int = 2
+    local_stt_workers: int = 2
+    local_stt_queue: int = 2
     edge: EdgePolicy = DEFAULT_EDGE
 
     @property
@@ -146,6 +152,13 @@ def load_settings(
     ):
         if name not in given and env.get(variable):
             given[name] = float(env[variable])
+    for name, variable in (
+        ("decode_workers", "GATEWAY_DECODE_WORKERS"),
+        ("local_stt_workers", "GATEWAY_LOCAL_STT_WORKERS"),
+        ("local_stt_queue", "GATEWAY_LOCAL_STT_QUEUE"),
+    ):
+        if name not in given and env.get(variable):
+            given[name] = int(env[variable])
     if "edge" not in given:
         given["edge"] = edge_policy_from_environment(env)
     if "metrics_host" not in given and env.get("GATEWAY_METRICS_HOST"):

@@ -339,20 +339,10 @@ def audio_sources() -> dict[str, bytes]:
     }
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 13 item 13: a non-Latin-1 multipart field name or filename is a 500 "
-    "(UnicodeEncodeError in the multipart header parser)",
-)
 async def test_multipart_framing_fuzz(stack: Stack, funded: IssuedKey) -> None:
     await check_run(stack, funded, multipart_bodies(), 60, "multipart framing")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 13 item 7: billing trusts timestamps: hello.wav as WebM/Opus with 6 bytes "
-    "inserted decodes to 0.395 s and is billed 1.076 s",
-)
 async def test_audio_bytes_fuzz(
     stack: Stack, funded: IssuedKey, audio_sources: dict[str, bytes]
 ) -> None:
@@ -360,11 +350,6 @@ async def test_audio_bytes_fuzz(
     await check_run(stack, funded, requests, 60, "audio bytes")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 13 item 16: audio that passes the probe but does not decode (flac cut in "
-    "half, corrupted m4a) is a 502 'Provider returned error' from the local model",
-)
 async def test_audio_bytes_fuzz_on_the_local_model(
     stack: Stack, funded: IssuedKey, audio_sources: dict[str, bytes]
 ) -> None:

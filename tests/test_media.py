@@ -1,14 +1,30 @@
-"""The audio probe: the container is read from the bytes and the duration measured by demux."""
+"""The audio probe: the container is read from the bytes, every packet decoded, and the
+duration measured by demux and checked against the decoded samples."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from server.errors import GatewayError
+from server.providers.pocketsphinx_stt import pcm_16k_mono
 from server.transcription.media import normalize_format, probe
-from tests.support.audio import ENCODINGS, encode, fixture, vbr_mp3_without_xing
+from tests.support.audio import (
+    DAMAGED,
+    ENCODINGS,
+    damaged,
+    encode,
+    fixture,
+    retimed,
+    sample,
+    speech,
+    vbr_mp3_without_xing,
+)
+
+FORMATS = sorted({*ENCODINGS, "wav", "aac"})
 
 
 @pytest.mark.parametrize("fmt", sorted(ENCODINGS))
@@ -62,3 +78,84 @@ def test_unknown_format_names_are_refused() -> None:
     with pytest.raises(GatewayError) as failure:
         normalize_format("midi", "input_audio.format")
     assert failure.value.metadata == {"param": "input_audio.format"}
+
+
+# --- timestamps are checked against the samples --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def webm_23s() -> bytes:
+    return speech(23, "webm")
+
+
+def test_a_long_recording_is_measured_by_its_timestamps(webm_23s: bytes) -> None:
+    assert abs(probe(webm_23s, "webm", "file").seconds - Decimal(23)) < Decimal("0.01")
+
+
+@pytest.mark.parametrize("divide_by", [1000, 40, 2, 1.5])
+def test_timestamps_that_contradict_the_samples_are_refused(
+    webm_23s: bytes, divide_by: float
+) -> None:
+    """Remuxed with every pts/dts/duration divided: all 23 s of samples are there (the old
+    probe billed 0.016 s for /1000, 0.568 s for /40)."""
+    forged = retimed(webm_23s, divide_by)
+    with pytest.raises(GatewayError) as failure:
+        probe(forged, "webm", "input_audio")
+    assert failure.value.status == 400
+    assert failure.value.metadata == {"param": "input_audio"}
+    assert "timestamps" in failure.value.message
+
+
+def test_timestamps_stretched_beyond_the_samples_are_refused(webm_23s: bytes) -> None:
+    with pytest.raises(GatewayError) as failure:
+        probe(retimed(webm_23s, 0.5), "webm", "file")
+    assert failure.value.metadata == {"param": "file"}
+
+
+# --- audio that does not decode is refused here, not by the provider -----------------------
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_damaged_audio_is_refused_naming_the_field(case: str) -> None:
+    fmt, data = damaged(case)
+    with pytest.raises(GatewayError) as failure:
+        probe(data, fmt, "file")
+    assert failure.value.status == 400
+    assert failure.value.metadata == {"param": "file"}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_decodes_in_the_probe_and_for_the_local_model(fmt: str) -> None:
+    probed = probe(sample(fmt), None, "file")
+    assert abs(probed.seconds - Decimal("1.075")) < Decimal("0.05")
+    assert len(pcm_16k_mono(sample(fmt))) > 16000 * 2  # over a second of 16 kHz s16
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    fmt=st.sampled_from(FORMATS),
+    cut=st.floats(0.05, 1.0),
+    flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), max_size=12),
+)
+@example(fmt="m4a", cut=0.9453125, flips=[])  # found by this test: a stream with no decoder
+def test_mutated_audio_is_refused_or_decodes_for_the_provider(
+    fmt: str, cut: float, flips: list[tuple[float, int]]
+) -> None:
+    """Whatever the probe admits, the local model can decode: a damaged file is a 400
+    naming the field before anything is held, never a provider error after."""
+    data = bytearray(sample(fmt)[: max(1, int(len(sample(fmt)) * cut))])
+    for where, value in flips:
+        data[int(where * len(data))] = value
+    try:
+        probed = probe(bytes(data), fmt, "input_audio")
+    except GatewayError as refused:
+        assert refused.status == 400
+        assert refused.metadata == {"param": "input_audio"}
+        return
+    assert Decimal(0) < probed.seconds < Decimal(30)
+    assert pcm_16k_mono(bytes(data))

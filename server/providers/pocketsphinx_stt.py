@@ -1,18 +1,24 @@
 """Offline English speech-to-text on pocketsphinx (its wheel ships the model), so the
 embedded default transcribes real speech with no account. Any supported container is
-decoded with PyAV to 16 kHz mono 16-bit PCM first."""
+decoded with PyAV to 16 kHz mono 16-bit PCM first.
+
+Recognition holds the GIL from start to end (a 23 s recording: one stretch of about a minute
+on a loaded machine), so it runs in worker processes (server.compute): a few at once, a few
+more queued, and a request arriving when both are full is answered at once as a rate-limited
+provider with Retry-After (the routing rules then try the next endpoint, or answer 429)."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 
 import av
 from pocketsphinx import Decoder
 
+from server.compute import ComputePool, PoolBusy, WorkerLost
 from server.providers.stt import (
     CLIENT_ERROR,
-    INVALID_RESPONSE,
+    RATE_LIMITED,
+    SERVER_ERROR,
     ProviderFailure,
     Segment,
     SttCall,
@@ -20,21 +26,40 @@ from server.providers.stt import (
     Word,
 )
 from server.routing.catalog import Endpoint
+from server.transcription.media import AUDIO_ERRORS, OPEN_OPTIONS
 
 SAMPLE_RATE = 16000
 FRAMES_PER_SECOND = 100  # pocketsphinx's default frame rate
 _FILLERS = {"<s>", "</s>", "<sil>"}
+MAX_SECONDS = 600.0  # longer audio is refused (400): see recognize_in_worker
 
 
 def pcm_16k_mono(audio: bytes) -> bytes:
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
     pcm = bytearray()
-    with av.open(io.BytesIO(audio), mode="r") as container:
-        for frame in container.decode(audio=0):
+    resampler: av.AudioResampler | None = None
+    shape: tuple[str, str, int] | None = None
+
+    def drain() -> None:
+        if resampler is not None:
+            for out in resampler.resample(None):
+                pcm.extend(bytes(out.planes[0])[: out.samples * 2])
+
+    with av.open(io.BytesIO(audio), mode="r", options=OPEN_OPTIONS) as container:
+        stream = container.streams.audio[0]
+        if stream.codec_context is None:
+            raise av.error.InvalidDataError(0, "no decoder for the audio stream")
+        stream.codec_context.thread_count = 1
+        for frame in container.decode(stream):
+            # A stream may change its sample rate or layout midway; a resampler takes one.
+            current = (frame.format.name, frame.layout.name, frame.sample_rate)
+            if current != shape:
+                drain()
+                resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+                shape = current
+            assert resampler is not None
             for out in resampler.resample(frame):
-                pcm += bytes(out.planes[0])[: out.samples * 2]
-    for out in resampler.resample(None):
-        pcm += bytes(out.planes[0])[: out.samples * 2]
+                pcm.extend(bytes(out.planes[0])[: out.samples * 2])
+    drain()
     return bytes(pcm)
 
 
@@ -44,7 +69,10 @@ def _word_text(raw: str) -> str:
 
 
 def recognize(audio: bytes, verbose: bool) -> Transcript:
-    pcm = pcm_16k_mono(audio)
+    return recognize_pcm(pcm_16k_mono(audio), verbose)
+
+
+def recognize_pcm(pcm: bytes, verbose: bool) -> Transcript:
     decoder = Decoder(samprate=SAMPLE_RATE, logfn="/dev/null")
     decoder.start_utt()
     decoder.process_raw(pcm, full_utt=True)
@@ -70,19 +98,48 @@ def recognize(audio: bytes, verbose: bool) -> Transcript:
     return transcript
 
 
-class PocketsphinxAdapter:
-    """Recognition is CPU-bound: it runs in worker threads, a bounded number at once."""
+def recognize_in_worker(audio: bytes, verbose: bool, max_seconds: float) -> Transcript | str:
+    """`recognize` as a worker process runs it, on at most `max_seconds` of audio: a job
+    cannot be stopped once running, so its length is what bounds how long a worker is
+    taken (recognition runs at about real time on a busy machine). A string: why the
+    audio is refused."""
+    try:
+        pcm = pcm_16k_mono(audio)
+    except AUDIO_ERRORS:
+        return "The audio could not be decoded"
+    if len(pcm) / 2 / SAMPLE_RATE > max_seconds:
+        return f"The local model transcribes at most {max_seconds:g} seconds of audio"
+    return recognize_pcm(pcm, verbose)
 
-    def __init__(self, max_parallel: int = 2) -> None:
-        self._slots = asyncio.Semaphore(max_parallel)
+
+class PocketsphinxAdapter:
+    """Recognition runs in `pool`'s worker processes."""
+
+    def __init__(self, pool: ComputePool, max_seconds: float = MAX_SECONDS) -> None:
+        self._pool = pool
+        self._max_seconds = max_seconds
 
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
         if call.language and call.language.lower() != "en":
             raise ProviderFailure(
                 CLIENT_ERROR, "The local model only transcribes English (language 'en')"
             )
-        async with self._slots:
-            try:
-                return await asyncio.to_thread(recognize, call.audio, call.verbose)
-            except av.error.FFmpegError as exc:
-                raise ProviderFailure(INVALID_RESPONSE, "The audio could not be decoded") from exc
+        try:
+            transcript = await self._pool.run(
+                recognize_in_worker, call.audio, call.verbose, self._max_seconds
+            )
+        except PoolBusy as busy:
+            raise ProviderFailure(
+                RATE_LIMITED,
+                "The local model is busy",
+                status=429,
+                provider_code="local_model_busy",
+                retry_after=busy.retry_after,
+            ) from busy
+        except WorkerLost as exc:
+            raise ProviderFailure(SERVER_ERROR, "The local model's worker stopped") from exc
+        if isinstance(transcript, str):
+            # Too long, or (the gateway decoded this audio before admitting it) a decoder
+            # that now disagrees: either way the audio is at fault.
+            raise ProviderFailure(CLIENT_ERROR, transcript)
+        return transcript

@@ -1,8 +1,15 @@
-"""Audio the gateway is given: which container it really is, and how long it lasts.
+"""Audio the gateway is given: which container it really is, whether it decodes, and how
+long it lasts.
 
-Duration is measured by demuxing (no decoding): the end of the last audio packet, which is
-right for VBR MP3 without a Xing header and for streamed WebM without a duration in its
-header, where the container's own estimate is wrong or missing."""
+One pass demuxes and decodes every packet (in a worker process: it is CPU-bound). The
+duration billed is the end of the last audio packet — right for VBR MP3 without a Xing header
+and for streamed WebM without a duration in its header, and free of codec priming — but only
+once checked against what the audio really holds, the decoded sample count: packet
+timestamps are the client's bytes, and a file remuxed with its timestamps divided by 1000
+would otherwise be transcribed in full and billed a thousandth. Timestamps that contradict
+the content are refused; audio that does not decode is refused, before anything is held.
+
+"""
 
 from __future__ import annotations
 
@@ -10,10 +17,11 @@ import io
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
 import av
 
-from server.errors import bad_request
+from server.errors import GatewayError, bad_request
 
 # Client-facing format names -> the FFmpeg demuxers that read them.
 FORMATS: dict[str, frozenset[str]] = {
@@ -28,16 +36,28 @@ FORMATS: dict[str, frozenset[str]] = {
 }
 ALIASES = {"mpeg": "mp3", "mpga": "mp3", "mp4": "m4a", "oga": "ogg", "x-wav": "wav"}
 MAX_AUDIO_BYTES = 25 * 1000 * 1000
-# Only the container and the packets' timing are needed, not codec parameters: a small probe
-# and no stream analysis make opening several times cheaper, with the same results for every
-# supported format (FFmpeg skips ID3 tags before probing; tests cover a 200 KB tag).
-_OPEN_OPTIONS = {"probesize": "4096", "analyzeduration": "0"}
+# How far the packets' timestamps may stray from the decoded content's length before the audio
+# is refused: more than any codec's priming and padding (an MP3's padding or AAC's priming at
+# 8 kHz is about 0.15 s), far less than any forgery worth making.
+TIMESTAMP_TOLERANCE = Fraction(1, 2)
+# The provider may decode what the gateway decoded: the same opening options on both sides.
+OPEN_OPTIONS: dict[str, str] = {}
+AUDIO_ERRORS = (av.error.FFmpegError, ValueError, OverflowError, UnicodeDecodeError, EOFError)
 
 
 @dataclass(frozen=True)
 class ProbedAudio:
     format: str  # the client-facing name
     seconds: Decimal  # exact to the microsecond
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A probe's refusal, as a worker process hands it back (GatewayError does not pickle)."""
+
+    status: int
+    message: str
+    metadata: dict[str, Any] | None
 
 
 def normalize_format(name: str, param: str) -> str:
@@ -58,41 +78,80 @@ def _format_of(demuxer: str, claimed: str | None) -> str | None:
     return next((name for name, demuxers in FORMATS.items() if demuxer in demuxers), None)
 
 
-def _demux_end(data: bytes, param: str) -> tuple[str, Fraction]:
-    """The demuxer's name and the end time of the last audio packet, in seconds."""
-    with av.open(io.BytesIO(data), mode="r", options=_OPEN_OPTIONS) as container:
+@dataclass(frozen=True)
+class _Measured:
+    demuxer: str
+    timestamp_end: Fraction | None  # None: no packet carries a timestamp
+    decoded: Fraction  # seconds of decoded samples
+
+
+def _measure(data: bytes, param: str) -> _Measured:
+    """Demux and decode the first audio stream to its end."""
+    with av.open(io.BytesIO(data), mode="r", options=OPEN_OPTIONS) as container:
         streams = container.streams.audio
         if not streams:
             raise bad_request("The file contains no audio stream", param=param)
         stream = streams[0]
+        if stream.codec_context is None:  # no decoder for what the header names
+            raise bad_request("The audio could not be decoded", param=param)
+        stream.codec_context.thread_count = 1  # one core per worker process
         offset = Fraction(stream.start_time or 0) * Fraction(stream.time_base or 1)
-        end = Fraction(0)
+        end: Fraction | None = None
+        decoded = Fraction(0)
         for packet in container.demux(stream):
-            if packet.pts is None or packet.time_base is None:
-                continue
-            finish = (packet.pts + (packet.duration or 0)) * packet.time_base
-            end = max(end, Fraction(finish) - offset)
-        return container.format.name, end
+            if packet.pts is not None and packet.time_base is not None:
+                finish = Fraction((packet.pts + (packet.duration or 0)) * packet.time_base)
+                end = max(end or Fraction(0), finish - offset)
+            for frame in packet.decode():
+                if frame.sample_rate <= 0:
+                    raise bad_request("The audio could not be decoded", param=param)
+                decoded += Fraction(frame.samples, frame.sample_rate)
+        return _Measured(container.format.name, end, decoded)
+
+
+def _seconds(value: Fraction) -> Decimal:
+    return (Decimal(value.numerator) / Decimal(value.denominator)).quantize(Decimal("0.000001"))
 
 
 def probe(data: bytes, claimed_format: str | None, param: str) -> ProbedAudio:
-    """Check the bytes are audio in a supported container and measure them. The claimed
-    format must be a supported name; the container found in the bytes is what counts.
-    Anything unreadable is a 400 naming `param`."""
+    """Check the bytes are audio in a supported container that decodes to its end, and
+    measure them. The claimed format must be a supported name; the container found in the
+    bytes is what counts. Anything unreadable, or timed in contradiction with its content,
+    is a 400 naming `param`. CPU-bound: call it through `probe_in_worker`."""
     if not data:
         raise bad_request("The audio is empty", param=param)
     try:
-        demuxer, end = _demux_end(data, param)
-    except av.error.FFmpegError as exc:
+        measured = _measure(data, param)
+    except AUDIO_ERRORS as exc:
         raise bad_request("The audio could not be decoded", param=param) from exc
-    fmt = _format_of(demuxer, claimed_format)
+    fmt = _format_of(measured.demuxer, claimed_format)
     if fmt is None:
         raise bad_request(
-            f"Unsupported audio container {demuxer.split(',')[0]!r}; supported: "
+            f"Unsupported audio container {measured.demuxer.split(',')[0]!r}; supported: "
             f"{', '.join(FORMATS)}",
             param=param,
         )
-    if end <= 0:
+    if measured.decoded <= 0:
         raise bad_request("The audio has no duration", param=param)
-    seconds = Decimal(end.numerator) / Decimal(end.denominator)
-    return ProbedAudio(format=fmt, seconds=seconds.quantize(Decimal("0.000001")))
+    end = measured.timestamp_end
+    if end is None:
+        return ProbedAudio(format=fmt, seconds=_seconds(measured.decoded))
+    if abs(end - measured.decoded) > TIMESTAMP_TOLERANCE:
+        raise bad_request(
+            f"The audio's timestamps ({float(end):.3f} s) contradict its content "
+            f"({float(measured.decoded):.3f} s of samples)",
+            param=param,
+        )
+    return ProbedAudio(format=fmt, seconds=_seconds(end))
+
+
+def probe_in_worker(data: bytes, claimed_format: str | None, param: str) -> ProbedAudio | Refusal:
+    """`probe` as a worker process runs it: a refusal is returned, not raised."""
+    try:
+        return probe(data, claimed_format, param)
+    except GatewayError as exc:
+        return Refusal(exc.status, exc.message, dict(exc.metadata or {}) or None)
+
+
+def warm_up() -> None:
+    """Run in a fresh worker process: importing this module (and PyAV) is the point."""

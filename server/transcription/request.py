@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from google.protobuf import json_format
-from python_multipart.exceptions import MultipartParseError
+from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from server.errors import GatewayError, bad_request
@@ -19,6 +19,8 @@ from server.transcription.media import MAX_AUDIO_BYTES, normalize_format
 from server.validation import check_json_value, check_struct, check_text
 
 MAX_ID_CHARS = 256
+# RFC 2046 allows 70 characters; the multipart parser accepts up to 256.
+MAX_BOUNDARY_BYTES = 256
 RESPONSE_FORMATS = ("json", "verbose_json")
 GRANULARITIES = ("word", "segment")
 MODEL_ID = re.compile(r"^[^/\s]+/[^/\s].*$")
@@ -223,9 +225,12 @@ def from_json(raw: bytes, header_session_id: str | None) -> TranscriptionInput:
     )
 
 
-def multipart_parts(raw: bytes, boundary: bytes) -> list[tuple[dict[str, str], bytes]]:
-    parts: list[tuple[dict[str, str], bytes]] = []
-    headers: dict[str, str] = {}
+def multipart_parts(raw: bytes, boundary: bytes) -> list[tuple[dict[str, bytes], bytes]]:
+    """The parts of a multipart body, each with its headers as raw bytes: header values are
+    UTF-8 in practice (RFC 7578 §5.1: browsers and the `openai` SDK send file names such as
+    `дверь.wav` unescaped), so they are never forced through Latin-1 text."""
+    parts: list[tuple[dict[str, bytes], bytes]] = []
+    headers: dict[str, bytes] = {}
     name_buf = bytearray()
     value_buf = bytearray()
     data = bytearray()
@@ -241,7 +246,7 @@ def multipart_parts(raw: bytes, boundary: bytes) -> list[tuple[dict[str, str], b
         value_buf.extend(chunk[start:end])
 
     def on_header_end() -> None:
-        headers[name_buf.decode("latin-1").lower()] = value_buf.decode("utf-8", "replace")
+        headers[name_buf.decode("latin-1").lower()] = bytes(value_buf)
         name_buf.clear()
         value_buf.clear()
 
@@ -251,39 +256,53 @@ def multipart_parts(raw: bytes, boundary: bytes) -> list[tuple[dict[str, str], b
     def on_part_end() -> None:
         parts.append((dict(headers), bytes(data)))
 
-    parser = MultipartParser(
-        boundary,
-        {
-            "on_part_begin": on_part_begin,
-            "on_header_field": on_header_field,
-            "on_header_value": on_header_value,
-            "on_header_end": on_header_end,
-            "on_part_data": on_part_data,
-            "on_part_end": on_part_end,
-        },
-    )
     try:
+        parser = MultipartParser(
+            boundary,
+            {
+                "on_part_begin": on_part_begin,
+                "on_header_field": on_header_field,
+                "on_header_value": on_header_value,
+                "on_header_end": on_header_end,
+                "on_part_data": on_part_data,
+                "on_part_end": on_part_end,
+            },
+        )
         parser.write(raw)
         parser.finalize()
-    except MultipartParseError as exc:
+    except FormParserError as exc:
         raise bad_request("The multipart body is malformed") from exc
     return parts
+
+
+def _text(value: bytes) -> str:
+    """A header parameter or field as text: UTF-8, else Latin-1 (every byte is a character)."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")
 
 
 def from_multipart(
     raw: bytes, content_type: str, header_session_id: str | None
 ) -> TranscriptionInput:
-    _, params = parse_options_header(content_type)
+    # The header arrives as text (a proto string); its bytes are what the client sent.
+    _, params = parse_options_header(content_type.encode("utf-8"))
     boundary = params.get(b"boundary")
     if not boundary:
-        raise bad_request("multipart/form-data needs a boundary")
+        raise bad_request("multipart/form-data needs a boundary", param="content-type")
+    if len(boundary) > MAX_BOUNDARY_BYTES:
+        raise bad_request(
+            f"The multipart boundary must be at most {MAX_BOUNDARY_BYTES} characters",
+            param="content-type",
+        )
     fields: dict[str, list[str]] = {}
     upload: tuple[str, bytes] | None = None
     for headers, data in multipart_parts(raw, boundary):
-        _, disposition = parse_options_header(headers.get("content-disposition", ""))
-        name = disposition.get(b"name", b"").decode("utf-8", "replace")
+        _, disposition = parse_options_header(headers.get("content-disposition", b""))
+        name = _text(disposition.get(b"name", b""))
         if name == "file":
-            filename = disposition.get(b"filename", b"audio").decode("utf-8", "replace")
+            filename = _text(disposition.get(b"filename", b"audio"))
             upload = (filename or "audio", data)
         elif name:
             fields.setdefault(name, []).append(data.decode("utf-8", "replace"))

@@ -20,6 +20,7 @@ from server.auth import Principal
 from server.billing.holds import Hold, finish_uncancelled, release_hold, settle_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.clock import Clock
+from server.compute import ComputePool, PoolBusy, WorkerLost
 from server.db.models import Generation
 from server.errors import GatewayError, bad_request
 from server.guardrails.policy import guardrails_of
@@ -31,7 +32,7 @@ from server.observability.tracing import emit_generation_span
 from server.providers.stt import SttAdapter, SttCall, Transcript
 from server.routing.catalog import Catalog, Endpoint, Model
 from server.routing.fallback import route
-from server.transcription.media import probe
+from server.transcription.media import ProbedAudio, Refusal, probe_in_worker
 from server.transcription.request import TranscriptionInput
 
 log = logging.getLogger("gateway.transcription")
@@ -78,6 +79,11 @@ class TranscriptionResult:
         return body
 
 
+def _budget(deadline: float | None) -> float | None:
+    """Seconds left before the gateway must answer the caller itself."""
+    return None if deadline is None else deadline - time.monotonic() - DEADLINE_MARGIN_SECONDS
+
+
 def price(model: Model, seconds: Decimal) -> int:
     return usd_to_micros(model.price_per_second * seconds)
 
@@ -91,7 +97,9 @@ class Transcriber:
         limits: Limits,
         metrics: Metrics,
         tracer: Tracer,
+        decoder: ComputePool,
     ) -> None:
+        self._decoder = decoder  # where audio is decoded and measured
         self._catalog = catalog
         self._adapters = adapters
         self._clock = clock
@@ -135,11 +143,19 @@ class Transcriber:
         """Run the transcription; `time_remaining` is the caller's deadline (its gRPC deadline,
         or Envoy's route timeout): the providers get what is left of it."""
         model = self._model(request)
+        deadline = None if time_remaining is None else time.monotonic() + time_remaining
+        # Decoding takes a while: end the reads so far (authentication) first, so that no
+        # transaction or pooled connection (SQLite has one) is held through it.
+        await session.commit()
+        try:
+            async with asyncio.timeout(_budget(deadline)):
+                audio = await self._probe(request)
+        except TimeoutError as exc:
+            raise GatewayError(
+                504, "Operation aborted due to timeout: the request's deadline passed"
+            ) from exc
         guardrails = await guardrails_of(session, principal.workspace.id)
         endpoints = guardrails.endpoints(model)
-        # Probing runs on the event loop: no other request could use the connection meanwhile,
-        # so the transaction stays open through it and one commit ends reads and admission.
-        audio = probe(request.audio, request.claimed_format, request.audio_param)
         if request.claimed_format is None or request.claimed_format != audio.format:
             request.claimed_format = audio.format
         cost = price(model, audio.seconds)
@@ -150,7 +166,7 @@ class Transcriber:
             session, principal, model_id=model.id, estimate_micros=cost, now=self._clock.now()
         )
         generation_id = f"gen_{secrets.token_hex(12)}"
-        budget = None if time_remaining is None else time_remaining - DEADLINE_MARGIN_SECONDS
+        budget = _budget(deadline)
 
         async def fail(exc: BaseException) -> None:
             # Not cut short by the request's own cancellation (a gRPC deadline, a client
@@ -260,6 +276,33 @@ class Transcriber:
             started=started,
             started_at=started_at,
         )
+
+    async def _probe(self, request: TranscriptionInput) -> ProbedAudio:
+        """The audio decoded to its end and measured, in a worker process (media.probe);
+        a refusal names the audio field. Nothing is held yet."""
+        for attempt in (1, 2):
+            try:
+                outcome = await self._decoder.run(
+                    probe_in_worker, request.audio, request.claimed_format, request.audio_param
+                )
+            except PoolBusy as busy:
+                raise GatewayError(
+                    503,
+                    "The gateway is busy decoding audio; retry shortly",
+                    retry_after_seconds=busy.retry_after,
+                ) from busy
+            except WorkerLost:
+                # A decoder crash takes down every job of the pool: each is tried once more
+                # in a fresh one, and audio that crashes it again is refused.
+                if attempt == 2:
+                    raise bad_request(
+                        "The audio could not be decoded", param=request.audio_param
+                    ) from None
+                continue
+            if isinstance(outcome, Refusal):
+                raise GatewayError(outcome.status, outcome.message, outcome.metadata)
+            return outcome
+        raise AssertionError("unreachable")
 
     async def _fail(
         self,
