@@ -16,7 +16,6 @@ import json
 import re
 
 import hypothesis
-import pytest
 from hypothesis import strategies as st
 
 from server.db.models import LedgerEntry
@@ -149,13 +148,6 @@ def run_field_fuzz(
     return findings, successes, jobs
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 13 item 8: a lone surrogate in trace/session_id is a 500 "
-    "(UnicodeEncodeError; with trace.trace_id the transcription is charged all the same), a "
-    "NUL in user/session_id a 500 on PostgreSQL that leaves its hold (also item 15); "
-    "item 15: JSON nested 500 deep in a transcription body is a 500 (RecursionError)",
-)
 async def test_json_member_fuzz(stack: Stack, funded: IssuedKey) -> None:
     charges_before = await stack.admin.count(
         LedgerEntry, LedgerEntry.key_hash == funded.hash, LedgerEntry.kind == "charge"

@@ -178,12 +178,6 @@ def _vault_problems(answer: Answer) -> list[str]:
     return problems
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 13 item 14: header names of token characters that are not gRPC metadata "
-    "keys (X|Y, X!Y, ~), -bin headers (x-foo-bin: !!!, AA==, empty) and grpc-* headers "
-    "(grpc-timeout: empty or abc, grpc-previous-rpc-attempts: o4) are a 500 on every route",
-)
 async def test_header_fuzz(stack: Stack, funded: IssuedKey) -> None:
     charges_before = await stack.admin.count(
         LedgerEntry, LedgerEntry.key_hash == funded.hash, LedgerEntry.kind == "charge"

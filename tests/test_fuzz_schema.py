@@ -232,15 +232,6 @@ async def fuzz_key(stack: Stack, funded: IssuedKey) -> IssuedKey:
 EXAMPLES = {GenerationMode.POSITIVE: 15, GenerationMode.NEGATIVE: 15}
 
 
-# Known bugs these cases hit today (issue 13); the marks go once the fixes are merged.
-KNOWN = {
-    "multipart/form-data": pytest.mark.xfail(
-        strict=False,
-        reason="issue 13 item 13: a non-Latin-1 multipart field name is a 500 "
-        "(UnicodeEncodeError in the multipart header parser)",
-    ),
-}
-
 CASES = [
     pytest.param(
         path,
@@ -248,7 +239,6 @@ CASES = [
         media_type,
         mode,
         id=f"{name}-{mode.value}",
-        marks=[KNOWN[media_type]] if media_type in KNOWN else [],
     )
     for path, method, media_type, name in OPERATIONS
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
