@@ -12,11 +12,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import NoReturn, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg  # type: ignore[import-untyped]
@@ -238,23 +238,53 @@ UNCAPPED_EDGE = {
 }
 
 
+class Service(Protocol):
+    """A process the benchmark starts and stops: the gateway, a fake provider."""
+
+    output: list[str]  # what it printed, line by line
+
+    def start(self) -> object: ...
+
+    def stop(self) -> object: ...
+
+
+S = TypeVar("S", bound=Service)
+
+
 @contextlib.contextmanager
-def running(gateway: GatewayProcess, name: str = "the gateway") -> Iterator[GatewayRun]:
-    """Start `gateway`; on the way out read its processes' peak RSS, then stop it (and show
-    the end of its output if anything failed)."""
-    gateway.extra_env = {**UNCAPPED_EDGE, **gateway.extra_env}
-    run = GatewayRun(gateway)
+def service(
+    process: S,
+    name: str,
+    before_stop: Callable[[], None] | None = None,
+    tail: int = 40,
+) -> Iterator[S]:
+    """`process`, started, for the length of a `with` block; then `before_stop` and stop it
+    (and show the end of its output if anything failed)."""
     print(f"Starting {name}...", file=sys.stderr, flush=True)
     try:
-        gateway.start()
-        yield run
+        process.start()
+        yield process
     except Exception:
-        print(f"Output of {name} (last lines):\n{''.join(gateway.output[-40:])}", file=sys.stderr)
+        print(f"Output of {name} (last lines):\n{''.join(process.output[-tail:])}", file=sys.stderr)
         raise
     finally:
+        if before_stop is not None:
+            before_stop()
+        process.stop()
+
+
+@contextlib.contextmanager
+def running(gateway: GatewayProcess, name: str = "the gateway") -> Iterator[GatewayRun]:
+    """Start `gateway`; on the way out read its processes' peak RSS, then stop it."""
+    gateway.extra_env = {**UNCAPPED_EDGE, **gateway.extra_env}
+    run = GatewayRun(gateway)
+
+    def read_peak_rss() -> None:
         if gateway.process is not None and gateway.process.poll() is None:
             run.peak_rss = peak_rss(gateway.process.pid)
-        gateway.stop()
+
+    with service(gateway, name, read_peak_rss):
+        yield run
 
 
 def running_gateway(

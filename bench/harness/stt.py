@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -31,8 +31,7 @@ from types import MappingProxyType
 import httpx
 
 from bench.harness.load import LOOPBACK
-from bench.harness.processes import REPO_ROOT, terminate
-from bench.harness.report import progress
+from bench.harness.processes import REPO_ROOT, service, terminate
 from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
 from tests.support.catalog import FAKE_KEY_ENV, fake_endpoint
 
@@ -335,20 +334,9 @@ class FakeProviderProcess:
             self.process.wait()
 
 
-@contextlib.contextmanager
-def running_fake_provider() -> Iterator[FakeProviderProcess]:
-    """The fast fake provider for the length of a run; the end of its output if anything
-    failed."""
-    fake = FakeProviderProcess(api_key=FAKE_PROVIDER_KEY)
-    progress("Starting the fake provider...")
-    try:
-        fake.start()
-        yield fake
-    except Exception:
-        print(f"Fake provider output (last lines):\n{''.join(fake.output[-20:])}", file=sys.stderr)
-        raise
-    finally:
-        fake.stop()
+def running_fake_provider() -> contextlib.AbstractContextManager[FakeProviderProcess]:
+    """The fast fake provider for the length of a `with` block."""
+    return service(FakeProviderProcess(api_key=FAKE_PROVIDER_KEY), "the fake provider", tail=20)
 
 
 def main() -> int:
