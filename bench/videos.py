@@ -12,7 +12,7 @@ with `gateway workspaces webhook-secret default`. Then:
    warm-up, then a bounded run (a fixed number of requests, cut off by a hard time cap). Only
    HTTP 202 counts; a 202 means the job row and its credit hold are committed
    (server/videos/jobs.py, submit_job). Latency percentiles are over the 202s. The load
-   generator is bench.transcription's lean keep-alive HTTP/1.1 client (httpx would cost more
+   generator is the lean keep-alive HTTP/1.1 client of bench/harness/load.py (httpx would cost more
    client CPU than the gateway takes per request). `bench/unserved` has one endpoint, an
    `openai` adapter at a port of 127.0.0.1 nobody listens on, whose `api_key_env` names a
    variable that is not set: the background worker cannot use it and fails each job at once
