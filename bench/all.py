@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import os
 import re
 import signal
 import subprocess
@@ -39,14 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
+from bench.harness.cli import positive_int
+from bench.harness.processes import (
     DEFAULT_PG_ADMIN_URL,
     REPO_ROOT,
     exit_on_sigterm,
-    fmt,
-    positive_int,
-    process_tree,
+    kill_tree,
+    terminate,
 )
+from bench.harness.report import fmt, kinds, markdown_table
 from bench.key_status import REST_PATH
 from bench.limits import MODELS, NO_LIMITS
 from bench.transcription import GATEWAY_PATH
@@ -103,18 +103,8 @@ class Outcome:
 def stop(child: subprocess.Popen[bytes]) -> None:
     """SIGTERM the benchmark, which stops what it started; if it has not exited after
     STOP_GRACE, SIGKILL it and each process it had started, by PID."""
-    if child.poll() is not None:
-        return
-    child.send_signal(signal.SIGTERM)
-    try:
-        child.wait(STOP_GRACE)
-        return
-    except subprocess.TimeoutExpired:
-        pass
-    for pid in process_tree(child.pid):  # the benchmark first, then what it started
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    child.wait()
+    if not terminate(child, STOP_GRACE):
+        kill_tree(child)
 
 
 def execute(run: Run, arguments: list[str], out_dir: Path, timeout: float) -> Outcome:
@@ -229,20 +219,26 @@ def _rss_cell(rss: dict[str, Any] | None) -> str:
     return f"{rss['server_mib']:.0f} + {rss['envoy_mib']:.0f}"
 
 
-def markdown_table(rows: Sequence[Row]) -> str:
-    lines = [
-        "| benchmark | backend | processes | concurrency | req/s | p50 ms | p99 ms "
-        "| peak RSS MiB (server + Envoy) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for row in sorted(rows, key=lambda r: r.order):
-        rps = "-" if row.requests_per_second is None else f"{row.requests_per_second:.0f}"
-        errors = f" ({row.errors} errors)" if row.errors else ""
-        lines.append(
-            f"| {row.benchmark}{errors} | {row.backend} | {row.processes} | {row.concurrency} "
-            f"| {rps} | {fmt(row.p50_ms)} | {fmt(row.p99_ms)} | {_rss_cell(row.rss)} |"
-        )
-    return "\n".join(lines)
+def summary_table(rows: Sequence[Row]) -> str:
+    columns = ["benchmark", "backend", "processes", "concurrency", "req/s", "p50 ms", "p99 ms"]
+    return markdown_table(
+        [*columns, "peak RSS MiB (server + Envoy)"],
+        [
+            [
+                row.benchmark + (f" ({row.errors} errors)" if row.errors else ""),
+                row.backend,
+                row.processes,
+                row.concurrency,
+                "-" if row.requests_per_second is None else f"{row.requests_per_second:.0f}",
+                fmt(row.p50_ms),
+                fmt(row.p99_ms),
+                _rss_cell(row.rss),
+            ]
+            for row in sorted(rows, key=lambda r: r.order)
+        ],
+        text=(0, 1),
+        spaced=True,
+    )
 
 
 def settings_line(benchmarks: Sequence[str], requests: int) -> str:
@@ -277,8 +273,7 @@ def notes(outcomes: Sequence[Outcome]) -> list[str]:
                     f"process(es), {case['path']}, concurrency {case['concurrency']}"
                 )
                 if case.get("error_kinds"):
-                    kinds = ", ".join(f"{k} x{n}" for k, n in sorted(case["error_kinds"].items()))
-                    lines.append(f"{where}: errors {kinds}")
+                    lines.append(f"{where}: errors {kinds(case['error_kinds'])}")
                 if case.get("hit_time_cap"):
                     lines.append(
                         f"{where}: stopped by the {TIME_CAP:g} s time cap after "
@@ -296,7 +291,7 @@ def section(
         f"`python -m bench.all`, {day}, {total_seconds / 60:.1f} min. "
         + settings_line(benchmarks, requests),
         "",
-        markdown_table(rows),
+        summary_table(rows),
         "",
         machine_line(outcomes),
         "Peak RSS: VmHWM of the gateway's processes over the whole benchmark run, read before "

@@ -26,35 +26,49 @@ import argparse
 import asyncio
 import contextlib
 import itertools
-import json
-import signal
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-import grpc
+import grpc  # type: ignore[import-untyped, unused-ignore]  # stubs: types-grpcio
 import httpx
 
-from bench.common import (
+from bench.harness.cli import (
+    add_concurrency_argument,
+    add_gateway_arguments,
+    add_json_argument,
+    add_load_arguments,
+)
+from bench.harness.load import (
     LOOPBACK,
     REQUEST_TIMEOUT,
     Call,
     CaseResult,
-    PeakRss,
-    PgServer,
-    add_gateway_arguments,
-    add_load_arguments,
-    exit_on_sigterm,
-    fmt,
-    gateway_cli,
-    machine_info,
+    bearer,
+    loopback_client,
     measure,
-    positive_int,
+)
+from bench.harness.processes import (
+    PeakRss,
+    begin,
+    create_key,
     run_database,
-    running,
+    running_gateway,
+    scratch,
+)
+from bench.harness.report import (
+    case_done,
+    error_lines,
+    fmt,
+    gateway_lines,
+    load_settings,
+    machine_info,
+    machine_line,
+    markdown_table,
+    requests_cell,
+    rss_json,
+    write_json,
 )
 from server.contract import keys_pb2, keys_pb2_grpc
 from tests.support.processes import GatewayProcess
@@ -64,22 +78,6 @@ GRPC_PATH = "gRPC Keys/GetCurrentKey (direct)"
 
 
 # --- the two paths --------------------------------------------------------------------------
-
-
-def _rest_client(base_url: str, key: str, concurrency: int) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        base_url=base_url,
-        headers={"Authorization": f"Bearer {key}"},
-        limits=httpx.Limits(
-            max_connections=concurrency,
-            max_keepalive_connections=concurrency,
-            keepalive_expiry=60.0,
-        ),
-        http1=True,
-        http2=False,
-        timeout=REQUEST_TIMEOUT,
-        trust_env=False,  # no proxies from the environment: talk to 127.0.0.1 only
-    )
 
 
 def _rest_call(client: httpx.AsyncClient) -> Call:
@@ -119,7 +117,7 @@ def _grpc_call(stubs: Sequence[keys_pb2_grpc.KeysStub], key: str) -> Call:
 async def preflight(gateway: GatewayProcess, key: str, workers: int) -> None:
     """One request per path (and server process), so a broken setup fails loudly instead of
     as 100% errors."""
-    async with _rest_client(gateway.base_url, key, 1) as client:
+    async with loopback_client(gateway.base_url, bearer(key), 1) as client:
         response = await client.get("/key")
         if response.status_code != 200 or "data" not in response.json():
             raise RuntimeError(f"REST preflight failed: {response.status_code} {response.text}")
@@ -140,19 +138,16 @@ async def run_cases(
 ) -> list[CaseResult]:
     await preflight(gateway, key, args.workers)
     results: list[CaseResult] = []
+
+    async def run(path: str, call: Call, concurrency: int) -> None:
+        results.append(
+            await measure(path, call, concurrency, args.requests, args.warmup, args.time_cap)
+        )
+        case_done(results[-1], p50=False)
+
     for concurrency in args.concurrency:
-        async with _rest_client(gateway.base_url, key, concurrency) as client:
-            results.append(
-                await measure(
-                    REST_PATH,
-                    _rest_call(client),
-                    concurrency,
-                    args.requests,
-                    args.warmup,
-                    args.time_cap,
-                )
-            )
-        _progress(results[-1])
+        async with loopback_client(gateway.base_url, bearer(key), concurrency) as client:
+            await run(REST_PATH, _rest_call(client), concurrency)
     for concurrency in args.concurrency:
         async with contextlib.AsyncExitStack() as channels:
             stubs = []
@@ -160,74 +155,33 @@ async def run_cases(
                 channel = await channels.enter_async_context(_grpc_channel(target))
                 await asyncio.wait_for(channel.channel_ready(), REQUEST_TIMEOUT)
                 stubs.append(keys_pb2_grpc.KeysStub(channel))
-            results.append(
-                await measure(
-                    GRPC_PATH,
-                    _grpc_call(stubs, key),
-                    concurrency,
-                    args.requests,
-                    args.warmup,
-                    args.time_cap,
-                )
-            )
-        _progress(results[-1])
+            await run(GRPC_PATH, _grpc_call(stubs, key), concurrency)
     return results
-
-
-def _progress(result: CaseResult) -> None:
-    print(
-        f"  done: {result.path}, concurrency {result.concurrency}: "
-        f"{result.requests_per_second} req/s",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-# --- gateway, key and database --------------------------------------------------------------
-
-
-def create_key(data_dir: Path, database_url: str) -> str:
-    return (
-        gateway_cli(data_dir, database_url, "keys", "create", "--name", "bench")
-        .strip()
-        .splitlines()[-1]
-        .strip()
-    )
 
 
 # --- report ---------------------------------------------------------------------------------
 
 
-def markdown_table(results: Sequence[CaseResult]) -> str:
-    rows = [
-        "| path | concurrency | requests | req/s | p50 ms | p99 ms | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        requests = f"{r.requests}" + (" (time cap)" if r.hit_time_cap else "")
-        rows.append(
-            f"| {r.path} | {r.concurrency} | {requests} | {r.requests_per_second:.1f} "
-            f"| {fmt(r.p50_ms)} | {fmt(r.p99_ms)} | {r.errors} |"
-        )
-    return "\n".join(rows)
-
-
 def report(
     results: Sequence[CaseResult], machine: dict[str, Any], workers: int, rss: PeakRss | None
 ) -> str:
-    lines = [markdown_table(results), ""]
-    lines.append(
-        f"Machine: nproc={machine['nproc']}, CPU: {machine['cpu']}, "
-        f"Python {machine['python']}, database: {machine['database']}"
+    table = markdown_table(
+        ["path", "concurrency", "requests", "req/s", "p50 ms", "p99 ms", "errors"],
+        [
+            [
+                r.path,
+                r.concurrency,
+                requests_cell(r.requests, r.hit_time_cap),
+                f"{r.requests_per_second:.1f}",
+                fmt(r.p50_ms),
+                fmt(r.p99_ms),
+                r.errors,
+            ]
+            for r in results
+        ],
     )
-    lines.append(f"Gateway: {workers} server process(es) behind one Envoy")
-    if rss is not None:
-        lines.append(rss.line())
-    for r in results:
-        if r.error_kinds:
-            kinds = ", ".join(f"{kind} x{count}" for kind, count in sorted(r.error_kinds.items()))
-            lines.append(f"Errors in {r.path}, concurrency {r.concurrency}: {kinds}")
-    return "\n".join(lines)
+    lines = [table, "", machine_line(machine), *gateway_lines(workers, rss)]
+    return "\n".join(lines + error_lines(results))
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -241,56 +195,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_gateway_arguments(parser)
     add_load_arguments(parser, requests=2000, warmup=200)
-    parser.add_argument(
-        "--concurrency",
-        type=positive_int,
-        nargs="+",
-        default=[1, 16],
-        help="concurrency levels (1 16)",
-    )
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write results as JSON")
+    add_concurrency_argument(parser)
+    add_json_argument(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        pg = PgServer.parse(args.database_url) if args.database_url else None
-    except ValueError as error:
-        print(f"key_status: error: {error}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, exit_on_sigterm)
-
-    with tempfile.TemporaryDirectory(prefix="bench-key-status-") as tmp:
-        data_dir = Path(tmp) / "data"
-        data_dir.mkdir()
-        with run_database(pg, data_dir) as database:
-            gateway = GatewayProcess(
-                data_dir=data_dir,
-                database_url=database.url,
-                extra_args=("--workers", str(args.workers)),
-            )
-            with running(gateway) as run:
-                key = create_key(data_dir, database.url)
-                results = asyncio.run(run_cases(gateway, key, args))
+    pg = begin("key_status", args.database_url)
+    with scratch("bench-key-status-") as tmp:
+        data_dir = tmp / "data"
+        with (
+            run_database(pg, data_dir) as database,
+            running_gateway(data_dir, database, args.workers) as run,
+        ):
+            key = create_key(data_dir, database.url)
+            results = asyncio.run(run_cases(run.gateway, key, args))
 
     machine = machine_info(database.label)
     print(report(results, machine, args.workers, run.peak_rss))
-    if args.json is not None:
-        payload = {
-            "benchmark": "key_status",
-            "settings": {
-                "requests": args.requests,
-                "warmup": args.warmup,
-                "time_cap_seconds": args.time_cap,
-                "concurrency": args.concurrency,
-                "workers": args.workers,
-            },
-            "machine": machine,
-            "peak_rss": None if run.peak_rss is None else asdict(run.peak_rss),
-            "results": [asdict(r) for r in results],
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    write_json(
+        args.json,
+        "key_status",
+        load_settings(args, workers=args.workers),
+        machine,
+        rss_json(run.peak_rss),
+        results=[asdict(r) for r in results],
+    )
     return 1 if any(r.errors for r in results) else 0
 
 

@@ -53,47 +53,60 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import math
-import signal
 import statistics
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import sqlalchemy as sa
 
-from bench.common import (
-    REQUEST_TIMEOUT,
+from bench.harness.cli import (
+    add_gateway_arguments,
+    add_json_argument,
+    add_load_arguments,
+    positive_int,
+)
+from bench.harness.load import (
     CaseResult,
+    LeanHttpClient,
+    bearer,
+    lean_call,
+    loopback_client,
+    measure,
+)
+from bench.harness.processes import (
     GatewayRun,
     PeakRss,
     PgServer,
     RunDatabase,
-    add_gateway_arguments,
-    add_load_arguments,
-    exit_on_sigterm,
-    fmt,
-    machine_info,
-    measure,
-    positive_int,
+    begin,
     run_database,
-    running,
+    running_gateway,
+    scratch,
 )
-from bench.transcription import (
+from bench.harness.report import (
+    TargetCheck,
+    fmt,
+    kinds,
+    load_settings,
+    machine_info,
+    machine_line,
+    markdown_table,
+    progress,
+    requests_cell,
+    rss_json,
+    write_json,
+)
+from bench.harness.stt import (
     AUDIO_NAME,
     BENCH_MODEL,
     PRICE_PER_SECOND,
     ROUTE,
     TRANSCRIPT,
-    LeanHttpClient,
-    TargetCheck,
-    lean_call,
     multipart_upload,
     running_fake_provider,
     write_catalog,
@@ -281,12 +294,8 @@ async def preflight(base_url: str, key: str, model: str) -> None:
     """One request through httpx, checked, so a broken setup fails loudly instead of as 100%
     errors; a paid request must have been billed."""
     upload = multipart_upload(model, fixture(AUDIO_NAME))
-    async with httpx.AsyncClient(trust_env=False, timeout=REQUEST_TIMEOUT) as client:
-        response = await client.post(
-            base_url + ROUTE,
-            content=upload.content,
-            headers={"Authorization": f"Bearer {key}", "Content-Type": upload.content_type},
-        )
+    async with loopback_client(base_url, bearer(key, upload.content_type)) as client:
+        response = await client.post(ROUTE, content=upload.content)
     try:
         body = response.json()
     except ValueError:
@@ -319,19 +328,18 @@ def gateway_under_test(
     fake_key: str,
     args: argparse.Namespace,
 ) -> Iterator[GatewayUnderTest]:
-    data_dir.mkdir()
     with run_database(pg, data_dir) as database:
         count = accounts_needed(args.requests, args.warmup, args.concurrency, args.rounds)
         keys = asyncio.run(create_accounts(database.url, count))
-        gateway = GatewayProcess(
-            data_dir=data_dir,
-            database_url=database.url,
-            extra_env={"GATEWAY_CATALOG": str(catalog), FAKE_KEY_ENV: fake_key},
-            extra_args=("--workers", str(args.workers)),
+        with running_gateway(
+            data_dir,
+            database,
+            args.workers,
+            {"GATEWAY_CATALOG": str(catalog), FAKE_KEY_ENV: fake_key},
             command=variant.command,
-        )
-        with running(gateway, f"the gateway, {variant.title}") as run:
-            yield GatewayUnderTest(variant, gateway, database, keys, run)
+            name=f"the gateway, {variant.title}",
+        ) as run:
+            yield GatewayUnderTest(variant, run.gateway, database, keys, run)
 
 
 async def run_cases(
@@ -364,11 +372,9 @@ async def run_cases(
                         args.time_cap,
                     )
                 cases.append(LimitsCase(model, under_test.variant.name, round_index, result))
-                print(
+                progress(
                     f"  done: {result.path} (round {round_index + 1}/{args.rounds}): "
-                    f"{result.requests_per_second} req/s, p50 {result.p50_ms} ms",
-                    file=sys.stderr,
-                    flush=True,
+                    f"{result.requests_per_second} req/s, p50 {result.p50_ms} ms"
                 )
     return cases
 
@@ -423,32 +429,34 @@ def target_checks(runs: Sequence[VariantRun], concurrency: int) -> list[TargetCh
     return checks
 
 
-def markdown_table(runs: Sequence[VariantRun]) -> str:
-    rows = [
-        "| model | limits | concurrency | requests | req/s (median) | req/s by round "
-        "| p50 ms | p99 ms | errors |",
-        "|---|---|---:|---:|---:|---|---:|---:|---:|",
-    ]
+def limits_table(runs: Sequence[VariantRun]) -> str:
+    rows = []
     for model, label in MODELS.items():
         for variant in (ENFORCED, NO_LIMITS):
             case = _case(runs, model, variant.name)
-            if case is None:
-                continue
-            requests = f"{case.requests}" + (" (time cap)" if case.hit_time_cap else "")
-            each = " / ".join(f"{c.served_per_second:.1f}" for c in case.rounds)
-            rows.append(
-                f"| {label} | {variant.name} | {case.concurrency} | {requests} "
-                f"| {case.served_per_second:.1f} | {each} | {fmt(case.median_ms('p50_ms'))} "
-                f"| {fmt(case.median_ms('p99_ms'))} | {case.errors} |"
-            )
-    return "\n".join(rows)
+            if case is not None:
+                rows.append(
+                    [
+                        label,
+                        variant.name,
+                        case.concurrency,
+                        requests_cell(case.requests, case.hit_time_cap),
+                        f"{case.served_per_second:.1f}",
+                        " / ".join(f"{c.served_per_second:.1f}" for c in case.rounds),
+                        fmt(case.median_ms("p50_ms")),
+                        fmt(case.median_ms("p99_ms")),
+                        case.errors,
+                    ]
+                )
+    columns = ["model", "limits", "concurrency", "requests", "req/s (median)", "req/s by round"]
+    return markdown_table([*columns, "p50 ms", "p99 ms", "errors"], rows, text=(0, 1, 5))
 
 
 def report(
     runs: Sequence[VariantRun], machine: dict[str, Any], args: argparse.Namespace, accounts: int
 ) -> str:
     lines = [
-        markdown_table(runs),
+        limits_table(runs),
         "",
         "Cost of the limit checks (median over the rounds of 1 - req/s with / without, "
         f"{args.rounds} rounds):",
@@ -469,9 +477,10 @@ def report(
     lines += [check.line("%") for check in target_checks(runs, args.concurrency)]
     lines += [
         "",
-        f"Machine: nproc={machine['nproc']}, CPU: {machine['cpu']}, "
-        f"Python {machine['python']}, database: {machine['database']} (one per gateway), "
-        "load generator: lean",
+        machine_line(
+            {**machine, "database": f"{machine['database']} (one per gateway)"},
+            "load generator: lean",
+        ),
         f"Gateways: {args.workers} server process(es) behind one Envoy each; {accounts} load "
         f"accounts (+1 for the preflight), {CREDITS_USD} credits and a {KEY_CAP_USD} USD key "
         "cap each, requests round-robin over their keys",
@@ -486,8 +495,7 @@ def report(
     for run in runs:
         for case in run.cases:
             if case.result.error_kinds:
-                kinds = ", ".join(f"{k} x{n}" for k, n in sorted(case.result.error_kinds.items()))
-                lines.append(f"Errors in {case.result.path}: {kinds}")
+                lines.append(f"Errors in {case.result.path}: {kinds(case.result.error_kinds)}")
     return "\n".join(lines)
 
 
@@ -519,34 +527,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         help="measurements of each gateway per model, taken in turn; medians are compared (3)",
     )
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write results as JSON")
+    add_json_argument(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        pg = PgServer.parse(args.database_url) if args.database_url else None
-    except ValueError as error:
-        print(f"limits: error: {error}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, exit_on_sigterm)
-
+    pg = begin("limits", args.database_url)
     with (
-        tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp,
+        scratch("bench-limits-") as tmp,
         running_fake_provider() as fake,
         contextlib.ExitStack() as started,
     ):
         catalog = write_catalog(
-            Path(tmp) / "catalog.toml",
+            tmp / "catalog.toml",
             fake.base_url,
             {PAID_MODEL: PRICE_PER_SECOND, FREE_MODEL: "0"},
         )
         gateways = [
             started.enter_context(
-                gateway_under_test(
-                    variant, pg, Path(tmp) / variant.name, catalog, fake.api_key, args
-                )
+                gateway_under_test(variant, pg, tmp / variant.name, catalog, fake.api_key, args)
             )
             for variant in VARIANTS
         ]
@@ -563,39 +563,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     accounts = accounts_needed(args.requests, args.warmup, args.concurrency, args.rounds)
     machine = machine_info(database)
     print(report(runs, machine, args, accounts))
-    if args.json is not None:
-        payload = {
-            "benchmark": "limits",
-            "settings": {
-                "requests": args.requests,
-                "warmup": args.warmup,
-                "time_cap_seconds": args.time_cap,
-                "concurrency": args.concurrency,
-                "rounds": args.rounds,
-                "workers": args.workers,
-                "client": "lean",
-                "models": {model: label for model, label in MODELS.items()},
-                "audio": f"tests/fixtures/{AUDIO_NAME}.wav",
-                "load_accounts": accounts,
-                "credits_usd_per_account": CREDITS_USD,
-                "key_cap_usd": KEY_CAP_USD,
-            },
-            "machine": machine,
-            "peak_rss": {
-                run.variant.name: None if run.peak_rss is None else asdict(run.peak_rss)
-                for run in runs
-            },
-            "counted_free_requests": {run.variant.name: run.counted_free for run in runs},
-            "results": [
-                summary.as_json()
-                for model in MODELS
-                for variant in VARIANTS
-                if (summary := _case(runs, model, variant.name)) is not None
-            ],
-            "throughput_cost": {model: throughput_cost(runs, model) for model in MODELS},
-            "targets": [asdict(check) for check in target_checks(runs, args.concurrency)],
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    write_json(
+        args.json,
+        "limits",
+        load_settings(
+            args,
+            rounds=args.rounds,
+            workers=args.workers,
+            client="lean",
+            models=dict(MODELS),
+            audio=f"tests/fixtures/{AUDIO_NAME}.wav",
+            load_accounts=accounts,
+            credits_usd_per_account=CREDITS_USD,
+            key_cap_usd=KEY_CAP_USD,
+        ),
+        machine,
+        {run.variant.name: rss_json(run.peak_rss) for run in runs},
+        counted_free_requests={run.variant.name: run.counted_free for run in runs},
+        results=[
+            summary.as_json()
+            for model in MODELS
+            for variant in VARIANTS
+            if (summary := _case(runs, model, variant.name)) is not None
+        ],
+        throughput_cost={model: throughput_cost(runs, model) for model in MODELS},
+        targets=[asdict(check) for check in target_checks(runs, args.concurrency)],
+    )
     return 1 if any(case.result.errors for run in runs for case in run.cases) else 0
 
 

@@ -12,7 +12,7 @@ with `gateway workspaces webhook-secret default`. Then:
    warm-up, then a bounded run (a fixed number of requests, cut off by a hard time cap). Only
    HTTP 202 counts; a 202 means the job row and its credit hold are committed
    (server/videos/jobs.py, submit_job). Latency percentiles are over the 202s. The load
-   generator is bench.transcription's lean keep-alive HTTP/1.1 client (httpx would cost more
+   generator is the lean keep-alive HTTP/1.1 client of bench/harness/load.py (httpx would cost more
    client CPU than the gateway takes per request). `bench/unserved` has one endpoint, an
    `openai` adapter at a port of 127.0.0.1 nobody listens on, whose `api_key_env` names a
    variable that is not set: the background worker cannot use it and fails each job at once
@@ -52,9 +52,7 @@ import argparse
 import asyncio
 import json
 import secrets
-import signal
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -69,30 +67,50 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
 
-from bench.common import (
+from bench.harness.cli import (
+    add_concurrency_argument,
+    add_gateway_arguments,
+    add_json_argument,
+    add_load_arguments,
+    count,
+    positive_int,
+)
+from bench.harness.load import (
     LOOPBACK,
-    REQUEST_TIMEOUT,
     Call,
     CaseResult,
-    PeakRss,
-    PgServer,
-    add_gateway_arguments,
-    exit_on_sigterm,
-    fmt,
-    gateway_cli,
-    machine_info,
+    LeanHttpClient,
+    bearer,
+    loopback_client,
     measure,
     percentile,
-    positive_int,
-    run_database,
-    running,
 )
-from bench.transcription import (
-    PRICE_PER_SECOND,
-    LeanHttpClient,
-    TargetCheck,
+from bench.harness.processes import (
+    PeakRss,
+    begin,
     create_funded_key,
+    gateway_cli,
+    last_line,
+    run_database,
+    running_gateway,
+    scratch,
 )
+from bench.harness.report import (
+    TargetCheck,
+    error_lines,
+    fmt,
+    gateway_lines,
+    kinds,
+    load_settings,
+    machine_info,
+    machine_line,
+    markdown_table,
+    progress,
+    requests_cell,
+    rss_json,
+    write_json,
+)
+from bench.harness.stt import PRICE_PER_SECOND
 from server.db.engine import create_engine
 from server.db.models import VideoJob
 from server.videos import jobs
@@ -342,12 +360,8 @@ class SubmitCase:
 
 async def submit_preflight(base_url: str, key: str, body: bytes) -> str:
     """One submission through httpx, checked, so a broken setup fails loudly."""
-    async with httpx.AsyncClient(trust_env=False, timeout=REQUEST_TIMEOUT) as client:
-        response = await client.post(
-            base_url + VIDEOS_ROUTE,
-            content=body,
-            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-        )
+    async with loopback_client(base_url, bearer(key, "application/json")) as client:
+        response = await client.post(VIDEOS_ROUTE, content=body)
     try:
         document = response.json()
     except ValueError:
@@ -394,12 +408,10 @@ async def run_submissions(
                 drained=drained,
             )
         )
-        print(
+        progress(
             f"  done: {SUBMIT_PATH}, concurrency {concurrency}: "
             f"{cases[-1].accepted_per_second} accepted/s, p50 {result.p50_ms} ms; "
-            f"worker backlog {backlog}, drained in {drain_seconds} s",
-            file=sys.stderr,
-            flush=True,
+            f"worker backlog {backlog}, drained in {drain_seconds} s"
         )
     return cases, accepted.count
 
@@ -506,12 +518,7 @@ async def run_webhook_jobs(
     runs = [_JobRun(index, f"/ok/bench-{index}") for index in range(args.webhook_jobs)]
     pending = iter(runs)
     hit_cap = False
-    async with httpx.AsyncClient(
-        base_url=gateway.base_url,
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=REQUEST_TIMEOUT,
-        trust_env=False,  # no proxies from the environment: talk to 127.0.0.1 only
-    ) as client:
+    async with loopback_client(gateway.base_url, bearer(key)) as client:
 
         async def worker() -> None:
             for run in pending:
@@ -633,11 +640,9 @@ async def run_all(
         if args.webhook_jobs > 0:
             runs, hit_cap = await run_webhook_jobs(gateway, key, receiver, hooks, args)
             webhooks = await analyse_webhooks(runs, hit_cap, fake, hooks, table, secret)
-            print(
+            progress(
                 f"  done: {WEBHOOK_INTERVAL}: {webhooks.delivered}/{webhooks.jobs} webhooks, "
-                f"p50 {webhooks.p50_ms} ms",
-                file=sys.stderr,
-                flush=True,
+                f"p50 {webhooks.p50_ms} ms"
             )
         return Results(cases, durable, webhooks, drained)
     finally:
@@ -659,37 +664,56 @@ def target_check(cases: Sequence[SubmitCase]) -> TargetCheck:
 
 
 def submissions_table(cases: Sequence[SubmitCase]) -> str:
-    rows = [
-        "| path | concurrency | requests | accepted (202) | accepted/s | p50 ms | p99 ms "
-        "| errors | worker backlog at end |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in cases:
-        r = c.result
-        requests = f"{r.requests}" + (" (time cap)" if r.hit_time_cap else "")
-        rows.append(
-            f"| {r.path} | {r.concurrency} | {requests} | {c.accepted} "
-            f"| {c.accepted_per_second:.1f} | {fmt(r.p50_ms)} | {fmt(r.p99_ms)} | {r.errors} "
-            f"| {c.backlog_at_end} |"
-        )
-    return "\n".join(rows)
+    return markdown_table(
+        [
+            "path",
+            "concurrency",
+            "requests",
+            "accepted (202)",
+            "accepted/s",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+            "worker backlog at end",
+        ],
+        [
+            [
+                c.result.path,
+                c.result.concurrency,
+                requests_cell(c.result.requests, c.result.hit_time_cap),
+                c.accepted,
+                f"{c.accepted_per_second:.1f}",
+                fmt(c.result.p50_ms),
+                fmt(c.result.p99_ms),
+                c.result.errors,
+                c.backlog_at_end,
+            ]
+            for c in cases
+        ],
+    )
 
 
 def webhooks_table(w: WebhookResult) -> str:
-    jobs_cell = f"{w.jobs}" + (" (time cap)" if w.hit_time_cap else "")
-    rows = [
-        "| interval | jobs | webhooks | p50 ms | p99 ms | max ms | bad signatures | missing |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, p50, p99, worst, count in (
-        (WEBHOOK_INTERVAL, w.p50_ms, w.p99_ms, w.max_ms, w.measured),
-        (WHOLE_JOB_INTERVAL, w.whole_p50_ms, w.whole_p99_ms, w.whole_max_ms, w.delivered),
-    ):
-        rows.append(
-            f"| {name} | {jobs_cell} | {count} | {fmt(p50)} | {fmt(p99)} | {fmt(worst)} "
-            f"| {w.signature_failures} | {w.missing} |"
-        )
-    return "\n".join(rows)
+    columns = ["interval", "jobs", "webhooks", "p50 ms", "p99 ms", "max ms", "bad signatures"]
+    return markdown_table(
+        [*columns, "missing"],
+        [
+            [
+                name,
+                requests_cell(w.jobs, w.hit_time_cap),
+                count,
+                fmt(p50),
+                fmt(p99),
+                fmt(worst),
+                w.signature_failures,
+                w.missing,
+            ]
+            for name, p50, p99, worst, count in (
+                (WEBHOOK_INTERVAL, w.p50_ms, w.p99_ms, w.max_ms, w.measured),
+                (WHOLE_JOB_INTERVAL, w.whole_p50_ms, w.whole_p99_ms, w.whole_max_ms, w.delivered),
+            )
+        ],
+    )
 
 
 def report(
@@ -727,14 +751,8 @@ def report(
             "duplicates",
             "",
         ]
-    lines.append(
-        f"Machine: nproc={machine['nproc']}, CPU: {machine['cpu']}, "
-        f"Python {machine['python']}, database: {machine['database']}, "
-        "load generator: lean keep-alive HTTP/1.1 client"
-    )
-    lines.append(f"Gateway: {args.workers} server process(es) behind one Envoy")
-    if rss is not None:
-        lines.append(rss.line())
+    lines.append(machine_line(machine, "load generator: lean keep-alive HTTP/1.1 client"))
+    lines += gateway_lines(args.workers, rss)
     lines.append(f"Worker: {note}")
     if results.durability is not None:
         d = results.durability
@@ -751,12 +769,9 @@ def report(
                 f"The worker had not finished the concurrency {c.result.concurrency} backlog "
                 f"after {c.drain_seconds} s"
             )
-        if c.result.error_kinds:
-            kinds = ", ".join(f"{k} x{n}" for k, n in sorted(c.result.error_kinds.items()))
-            lines.append(f"Errors in {c.result.path}, concurrency {c.result.concurrency}: {kinds}")
+        lines += error_lines([c.result])
     if results.webhooks is not None and results.webhooks.error_kinds:
-        kinds = ", ".join(f"{k} x{n}" for k, n in sorted(results.webhooks.error_kinds.items()))
-        lines.append(f"Errors in the webhook jobs: {kinds}")
+        lines.append(f"Errors in the webhook jobs: {kinds(results.webhooks.error_kinds)}")
     if not results.worker_drained_before_webhooks:
         lines.append("The worker still had submission jobs when the webhook jobs started")
     return "\n".join(lines)
@@ -774,13 +789,6 @@ def failed(results: Results) -> bool:
 # --- main -----------------------------------------------------------------------------------
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.videos",
@@ -789,28 +797,11 @@ def build_parser() -> argparse.ArgumentParser:
         "for the run.",
     )
     add_gateway_arguments(parser)
-    parser.add_argument(
-        "--requests",
-        type=_count,
-        default=2000,
-        help="measured submissions per case (2000); 0 skips part 1",
-    )
-    parser.add_argument(
-        "--warmup", type=int, default=200, help="warm-up submissions per case, not measured (200)"
-    )
-    parser.add_argument(
-        "--time-cap", type=float, default=60.0, help="hard time cap per case in seconds (60)"
-    )
-    parser.add_argument(
-        "--concurrency",
-        type=positive_int,
-        nargs="+",
-        default=[1, 16],
-        help="concurrency levels of the submissions (1 16)",
-    )
+    add_load_arguments(parser, requests=2000, warmup=200, noun="submissions", zero_skips="part 1")
+    add_concurrency_argument(parser, of=" of the submissions")
     parser.add_argument(
         "--webhook-jobs",
-        type=_count,
+        type=count,
         default=30,
         help="jobs for the completion -> webhook measurement (30); 0 skips part 2",
     )
@@ -832,70 +823,53 @@ def build_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="hard time cap of the whole webhook measurement in seconds (300)",
     )
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write results as JSON")
+    add_json_argument(parser)
     return parser
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "requests": args.requests,
-        "warmup": args.warmup,
-        "time_cap_seconds": args.time_cap,
-        "concurrency": args.concurrency,
-        "client": "lean",
-        "workers": args.workers,
-        "submission_model": UNSERVED_MODEL,
-        "webhook_jobs": args.webhook_jobs,
-        "webhook_parallel": args.webhook_parallel,
-        "webhook_timeout_seconds": args.webhook_timeout,
-        "webhook_time_cap_seconds": args.webhook_time_cap,
-        "webhook_model": PROVIDER_MODEL,
-    }
+    return load_settings(
+        args,
+        client="lean",
+        workers=args.workers,
+        submission_model=UNSERVED_MODEL,
+        webhook_jobs=args.webhook_jobs,
+        webhook_parallel=args.webhook_parallel,
+        webhook_timeout_seconds=args.webhook_timeout,
+        webhook_time_cap_seconds=args.webhook_time_cap,
+        webhook_model=PROVIDER_MODEL,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        pg = PgServer.parse(args.database_url) if args.database_url else None
-    except ValueError as error:
-        print(f"videos: error: {error}", file=sys.stderr)
-        return 2
-    signal.signal(signal.SIGTERM, exit_on_sigterm)
-
-    with tempfile.TemporaryDirectory(prefix="bench-videos-") as tmp:
-        data_dir = Path(tmp) / "data"
-        data_dir.mkdir()
+    pg = begin("videos", args.database_url)
+    with scratch("bench-videos-") as tmp:
+        data_dir = tmp / "data"
         hooks = TimedHooks()
-        receiver = WebhookReceiver(Path(tmp) / "webhook-ca.pem", received=hooks)
+        receiver = WebhookReceiver(tmp / "webhook-ca.pem", received=hooks)
         fake = TimedVideoProviders()
         with run_database(pg, data_dir) as database:
             try:
-                print("Starting the webhook receiver and the fake provider...", file=sys.stderr)
+                progress("Starting the webhook receiver and the fake provider...")
                 receiver.start()
                 fake.start()
-                catalog = write_catalog(Path(tmp) / "catalog.toml", f"{fake.base}/v1")
-                gateway = GatewayProcess(
-                    data_dir=data_dir,
-                    database_url=database.url,
-                    extra_env={
-                        "GATEWAY_CATALOG": str(catalog.path),
-                        FAKE_KEY_ENV: FAKE_PROVIDER_KEY,
-                        "GATEWAY_WEBHOOK_CA_BUNDLE": str(receiver.ca_file),
-                        "GATEWAY_WEBHOOK_ALLOW_PRIVATE": "1",
-                    },
-                    extra_args=("--workers", str(args.workers)),
-                )
-                with running(gateway) as run:
+                catalog = write_catalog(tmp / "catalog.toml", f"{fake.base}/v1")
+                environment = {
+                    "GATEWAY_CATALOG": str(catalog.path),
+                    FAKE_KEY_ENV: FAKE_PROVIDER_KEY,
+                    "GATEWAY_WEBHOOK_CA_BUNDLE": str(receiver.ca_file),
+                    "GATEWAY_WEBHOOK_ALLOW_PRIVATE": "1",
+                }
+                with running_gateway(data_dir, database, args.workers, environment) as run:
                     key = create_funded_key(data_dir, database.url)
-                    secret = (
+                    secret = last_line(
                         gateway_cli(
                             data_dir, database.url, "workspaces", "webhook-secret", WORKSPACE
                         )
-                        .strip()
-                        .splitlines()[-1]
                     )
                     results = asyncio.run(
-                        run_all(gateway, key, secret, fake, receiver, hooks, args)
+                        run_all(run.gateway, key, secret, fake, receiver, hooks, args)
                     )
             finally:
                 fake.stop()
@@ -904,22 +878,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info(database.label)
     note = worker_note(catalog)
     print(report(results, machine, note, args, run.peak_rss))
-    if args.json is not None:
-        payload = {
-            "benchmark": "videos",
-            "settings": _settings(args),
-            "machine": machine,
-            "peak_rss": None if run.peak_rss is None else asdict(run.peak_rss),
-            "worker_note": note,
-            "submissions": [
-                {**asdict(c.result), **{k: v for k, v in asdict(c).items() if k != "result"}}
-                for c in results.submissions
-            ],
-            "durability": None if results.durability is None else asdict(results.durability),
-            "webhooks": None if results.webhooks is None else asdict(results.webhooks),
-            "targets": [asdict(target_check(results.submissions))] if results.submissions else [],
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    write_json(
+        args.json,
+        "videos",
+        _settings(args),
+        machine,
+        rss_json(run.peak_rss),
+        worker_note=note,
+        submissions=[
+            {**asdict(c.result), **{k: v for k, v in asdict(c).items() if k != "result"}}
+            for c in results.submissions
+        ],
+        durability=None if results.durability is None else asdict(results.durability),
+        webhooks=None if results.webhooks is None else asdict(results.webhooks),
+        targets=[asdict(target_check(results.submissions))] if results.submissions else [],
+    )
     return 1 if failed(results) else 0
 
 
