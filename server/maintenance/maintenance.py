@@ -1,11 +1,12 @@
 """Housekeeping of the shared tables: one task per server process, every few seconds.
 
 Each step is a conditional statement over rows whose time has passed — a DELETE, or an
-UPDATE that re-checks the row's state — committed in batches, so any number of server
-processes may run it on one database: a row is deleted or expired by exactly one of them
-(on PostgreSQL the batch's rows are locked with `FOR UPDATE SKIP LOCKED`, so processes take
-different rows and never wait on each other; on SQLite the write lock orders them), and a
-step that finds nothing to do writes nothing.
+UPDATE that re-checks the row's state — so any number of server processes may run it on one
+database: a row is deleted or expired by exactly one of them, and a step that finds nothing
+to do changes nothing. Videos and rate windows go in batches of BATCH rows, each its own
+transaction (on PostgreSQL a batch's rows are locked with `FOR UPDATE SKIP LOCKED`, so
+processes take different rows and never wait on each other; on SQLite the write lock orders
+them); lapsed holds are few (only a crashed process's) and go in one statement.
 
 - `holds`: credit holds past their expiry (their request died with its process). A lapsed
   hold already stopped counting against the budget; deleting it keeps the table small.
