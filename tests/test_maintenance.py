@@ -187,7 +187,7 @@ async def test_videos_past_retention_expire_and_their_content_is_deleted(
 async def _windows(admin: Admin, subject: str) -> set[tuple[str, datetime]]:
     async with admin.sessions() as session:
         rows = (
-            await session.exec(
+            await session.exec(  # type: ignore[call-overload]
                 sa.select(_WINDOWS.c.period, _WINDOWS.c.window_start).where(
                     _WINDOWS.c.subject_id == subject
                 )
@@ -292,7 +292,7 @@ async def test_a_large_backlog_of_windows_is_pruned_in_batches(
         admin, "busy-account", [("minute", old + timedelta(minutes=i), 1) for i in range(backlog)]
     )
     assert (await maintenance.run_once(clock.now()))["rate_windows"] == backlog
-    assert await admin.count(RateWindow, RateWindow.subject_id == "busy-account") == 0  # type: ignore[arg-type]
+    assert await admin.count(RateWindow, RateWindow.subject_id == "busy-account") == 0
     assert rows_metric(metrics, "rate_windows") == backlog
 
 
@@ -373,7 +373,7 @@ async def test_two_processes_share_the_work_without_doing_anything_twice(
             expected
         )
     assert await admin.count(CreditHold) == 0
-    assert await admin.count(VideoJob, VideoJob.status == jobs.EXPIRED) == 6  # type: ignore[arg-type]
+    assert await admin.count(VideoJob, VideoJob.status == jobs.EXPIRED) == 6
     assert not any(content.exists(job_id, 0) for job_id in videos)
 
 

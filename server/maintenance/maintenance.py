@@ -203,7 +203,7 @@ class Maintenance:
             async with self._sessions() as session:
                 result = await session.exec(_STATEMENTS[_dialect(session)][task], params=params)
                 await session.commit()
-            rows = int(result.rowcount or 0)  # type: ignore[attr-defined]
+            rows = int(result.rowcount or 0)
             self._count(task, rows)
             total += rows
             if rows < BATCH:
