@@ -33,6 +33,7 @@ from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
 from server.jobs.video_worker import VideoWorker
 from server.limits.admission import EnforcedLimits, Limits
+from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
 from server.observability.monitor import DatabaseMonitor
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
@@ -76,6 +77,7 @@ class Core:
     content: ContentStore
     video_worker: VideoWorker
     webhooks: WebhookDispatcher
+    maintenance: Maintenance
     vault_master: MasterKey
     metrics: Metrics
     tracer: Tracer
@@ -158,6 +160,13 @@ def build_core(
             tracer=tracer,
         ),
         webhooks=webhooks,
+        maintenance=Maintenance(
+            sessions,
+            clock,
+            content,
+            metrics,
+            interval=settings.maintenance_interval_seconds,
+        ),
         vault_master=load_master_key(settings.data_dir),
         metrics=metrics,
         tracer=tracer,
@@ -241,8 +250,8 @@ async def serve(
     limits: Limits | None = None,
 ) -> None:
     """Migrate, serve until `stop` is set, then drain: report NOT_SERVING, stop claiming
-    jobs and webhooks (the current step finishes), let in-flight calls finish within the
-    shutdown grace, and close."""
+    jobs and webhooks and stop the housekeeping (the current step finishes), let in-flight
+    calls finish within the shutdown grace, and close."""
     # Taken ports are refused before anything else, naming the address and the flag.
     ensure_free(settings.grpc_host, settings.grpc_port, GRPC_PORT)
     ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
@@ -292,6 +301,7 @@ async def serve(
     background = [
         asyncio.create_task(core.video_worker.run(workers_stop)),
         asyncio.create_task(core.webhooks.run(workers_stop)),
+        asyncio.create_task(core.maintenance.run(workers_stop)),
         asyncio.create_task(monitor.run(workers_stop)),
     ]
     if started is not None:

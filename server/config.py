@@ -93,6 +93,7 @@ class Settings:
     catalog_file: str | None = None  # the operator's catalog, added to the built-in one
     job_lease_seconds: float = 120.0  # a dead worker's job is taken up again after this
     video_retention_seconds: float = 86400.0  # completed videos expire after this
+    maintenance_interval_seconds: float = 5.0  # how often housekeeping runs (maintenance/)
     webhook_ca_bundle: str | None = None  # an extra CA file trusted for webhook TLS
     webhook_allow_private: bool = False  # allow loopback/private webhook targets
     regional_hosts: frozenset[str] = frozenset()  # hostnames refused on vault routes
@@ -149,6 +150,7 @@ def load_settings(
         ("video_retention_seconds", "GATEWAY_VIDEO_RETENTION_SECONDS"),
         ("shutdown_grace_seconds", "GATEWAY_SHUTDOWN_GRACE_SECONDS"),
         ("health_interval_seconds", "GATEWAY_HEALTH_INTERVAL_SECONDS"),
+        ("maintenance_interval_seconds", "GATEWAY_MAINTENANCE_INTERVAL_SECONDS"),
     ):
         if name not in given and env.get(variable):
             given[name] = float(env[variable])

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from opentelemetry.trace import NoOpTracer, Tracer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from server.billing.holds import Hold, drop_hold, settle_hold, sweep_expired_holds
+from server.billing.holds import Hold, drop_hold, settle_hold
 from server.billing.money import usd_to_micros
 from server.clock import Clock
 from server.db.engine import SessionFactory
@@ -38,9 +38,6 @@ log = logging.getLogger("gateway.jobs")
 
 _JOBS = VideoJob.__table__  # type: ignore[attr-defined]
 _INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)  # type: ignore[attr-defined]
-
-
-UPKEEP_INTERVAL = timedelta(seconds=5)
 
 
 def poll_delay(attempts: int) -> timedelta:
@@ -75,7 +72,6 @@ class VideoWorker:
         self._lease = lease
         self._retention = retention
         self._idle_wait = idle_wait
-        self._next_upkeep: datetime | None = None
         self.owner = f"worker-{secrets.token_hex(6)}"
         self.wake = asyncio.Event()  # set on submit: no need to wait for the next poll
 
@@ -88,21 +84,9 @@ class VideoWorker:
     async def _work_once(self) -> bool:
         job = await self.claim()
         if job is None:
-            await self._upkeep()
             return False
         await self.step(job)
         return True
-
-    async def _upkeep(self) -> None:
-        """Housekeeping when idle, at most every UPKEEP_INTERVAL (each is a write): expire
-        completed videos, and delete credit holds of requests whose process died."""
-        now = self._clock.now()
-        if self._next_upkeep is not None and now < self._next_upkeep:
-            return
-        self._next_upkeep = now + UPKEEP_INTERVAL
-        await self.expire_completed()
-        async with self._sessions() as session:
-            await sweep_expired_holds(session, now)
 
     async def claim(self) -> VideoJob | None:
         now = self._clock.now()
@@ -325,24 +309,3 @@ class VideoWorker:
                 "created_at": now,
             },
         )
-
-    async def expire_completed(self) -> int:
-        """Completed jobs past their retention become `expired`; their content is deleted."""
-        now = self._clock.now()
-        async with self._sessions() as session:
-            expired = (
-                (
-                    await session.exec(
-                        sa.update(_JOBS)
-                        .where(_JOBS.c.status == jobs.COMPLETED, _JOBS.c.expires_at <= now)
-                        .values(status=jobs.EXPIRED, updated_at=now)
-                        .returning(_JOBS.c.id)
-                    )
-                )
-                .scalars()
-                .all()
-            )
-            await session.commit()
-        for job_id in expired:
-            await asyncio.to_thread(self._store.delete, job_id)
-        return len(expired)

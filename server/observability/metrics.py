@@ -88,6 +88,27 @@ class Metrics:
             "1 while the database answers this process, else 0",
             registry=r,
         )
+        self.maintenance_rows = Counter(
+            "gateway_maintenance_rows",
+            "Rows the housekeeping of this process deleted or expired, by task (holds: lapsed "
+            "credit holds, videos: videos past retention, rate_windows: ended free windows)",
+            ["task"],
+            registry=r,
+        )
+        self.maintenance_failures = Counter(
+            "gateway_maintenance_failures",
+            "Housekeeping steps of this process that failed, by task",
+            ["task"],
+            registry=r,
+        )
+        self.maintenance_last_run = Gauge(
+            "gateway_maintenance_last_run_timestamp_seconds",
+            "When the housekeeping of this process last completed every step (Unix time)",
+            registry=r,
+        )
+        for task in ("holds", "videos", "rate_windows"):  # exported from the start, at 0
+            self.maintenance_rows.labels(task)
+            self.maintenance_failures.labels(task)
 
     @contextmanager
     def provider_call(self, provider: str, operation: str) -> Iterator[None]:
