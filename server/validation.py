@@ -18,6 +18,18 @@ MAX_JSON_DEPTH = 32
 MAX_JSON_INT = 2**63 - 1
 
 
+def param_of(loc: tuple[str | int, ...]) -> str:
+    """A pydantic error location as the API names the field: ("frame_images", 1, "image_url")
+    is `frame_images[1].image_url`."""
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        else:
+            param += f".{part}" if param else str(part)
+    return param
+
+
 def text_problem(value: str) -> str | None:
     """Why `value` cannot be stored as text, or None."""
     if "\x00" in value:
