@@ -159,8 +159,8 @@ def request_error(error: ErrorDetails) -> GatewayError:
         sentence = str(error["msg"])
     elif error["type"] in _SENTENCES:
         kind = error["type"]
-        if kind == "too_long" and isinstance(error.get("input"), str):
-            kind = "string_too_long"  # a length declared after a validator
+        if kind in ("too_long", "too_short") and isinstance(error.get("input"), str):
+            kind = f"string_{kind}"  # a length declared after a validator
         numbers = {k: _number(v) for k, v in ctx.items()}
         sentence = _SENTENCES[kind].format(**numbers)
     else:
