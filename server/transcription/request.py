@@ -79,7 +79,7 @@ def _language(value: str) -> str:
     return value
 
 
-def _granularities(values: list[str]) -> tuple[str, ...]:
+def _granularities(values: list[Any]) -> tuple[str, ...]:
     if not all(value in GRANULARITIES for value in values):
         raise invalid("must be an array of 'word' and/or 'segment'")
     return tuple(dict.fromkeys(values)) or ("segment",)
@@ -99,7 +99,8 @@ class _Common(Shape):
         BeforeValidator(_empty_is_unset),
     ] = None
     temperature: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
-    timestamp_granularities: Annotated[list[str], AfterValidator(_granularities)] | None = None
+    # Items are checked by _granularities, so a wrong one names the array (any type).
+    timestamp_granularities: Annotated[list[Any], AfterValidator(_granularities)] | None = None
     provider: Provider | None = None
     trace: Trace | None = None
     session_id: BoundedId | None = None
