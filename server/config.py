@@ -1,12 +1,27 @@
-"""Operator settings: command-line flags over environment variables over defaults."""
+"""Operator settings: command-line flags over environment variables (GATEWAY_*) over
+defaults, declared as a pydantic-settings model; a wrong value is a SettingsError naming
+the variable."""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from server.hostnames import dns_name
 
@@ -19,22 +34,55 @@ class SettingsError(ValueError):
     """An operator setting is wrong; the message names it."""
 
 
-@dataclass(frozen=True)
-class EdgePolicy:
-    """What Envoy enforces before a request reaches a server: CORS, flood protection,
-    timeouts and header size. Generous defaults: normal use never meets them."""
+def _listed(value: Any) -> Any:
+    """A comma-separated variable as its items (blank items dropped)."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
 
-    cors_origins: tuple[str, ...] = (ANY_ORIGIN,)  # exact origins, or "*" for any
-    client_requests_per_second: int = 300  # per client address, sustained...
-    client_burst: int = 600  # ...and in a burst
-    global_requests_per_second: int = 5000  # all clients of one Envoy together
-    global_burst: int = 10000
-    headers_timeout_seconds: float = 10  # request headers must arrive within this (408)
-    request_timeout_seconds: float = 300  # the whole request, body included (408)
-    idle_timeout_seconds: float = 60  # no bytes either way for this long (408)
-    upstream_timeout_seconds: float = 300  # the server's answer (524 after it)
-    max_request_headers_kb: int = 60  # larger headers are refused (413)
-    max_connections: int = 10000  # open client connections per Envoy; more are refused
+
+def _origin(origin: str) -> str:
+    if origin != ANY_ORIGIN and not ORIGIN.match(origin):
+        raise ValueError(f"{origin!r} is not an origin like https://app.example.com")
+    return origin
+
+
+Origins = Annotated[tuple[Annotated[str, AfterValidator(_origin)], ...], BeforeValidator(_listed)]
+Hosts = Annotated[
+    frozenset[Annotated[str, AfterValidator(dns_name)]], NoDecode, BeforeValidator(_listed)
+]
+
+
+def _seconds(default: float, variable: str) -> Any:
+    return Field(default, gt=0, allow_inf_nan=False, alias=variable)
+
+
+class EdgePolicy(BaseModel):
+    """What Envoy enforces before a request reaches a server: CORS, flood protection,
+    timeouts and header size. Generous defaults: normal use never meets them. Each field
+    is read from the variable its alias names."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+    cors_origins: Origins = Field((ANY_ORIGIN,), alias="GATEWAY_CORS_ORIGINS")  # or "*": any
+    # per client address, sustained... and in a burst
+    client_requests_per_second: int = Field(300, gt=0, alias="GATEWAY_EDGE_CLIENT_RPS")
+    client_burst: int = Field(600, gt=0, alias="GATEWAY_EDGE_CLIENT_BURST")
+    # all clients of one Envoy together
+    global_requests_per_second: int = Field(5000, gt=0, alias="GATEWAY_EDGE_GLOBAL_RPS")
+    global_burst: int = Field(10000, gt=0, alias="GATEWAY_EDGE_GLOBAL_BURST")
+    # request headers must arrive within this (408)
+    headers_timeout_seconds: float = _seconds(10, "GATEWAY_EDGE_HEADERS_TIMEOUT_SECONDS")
+    # the whole request, body included (408)
+    request_timeout_seconds: float = _seconds(300, "GATEWAY_EDGE_REQUEST_TIMEOUT_SECONDS")
+    # no bytes either way for this long (408)
+    idle_timeout_seconds: float = _seconds(60, "GATEWAY_EDGE_IDLE_TIMEOUT_SECONDS")
+    # the server's answer (524 after it)
+    upstream_timeout_seconds: float = _seconds(300, "GATEWAY_EDGE_UPSTREAM_TIMEOUT_SECONDS")
+    # larger headers are refused (413)
+    max_request_headers_kb: int = Field(60, gt=0, alias="GATEWAY_EDGE_MAX_HEADERS_KB")
+    # open client connections per Envoy; more are refused
+    max_connections: int = Field(10000, gt=0, alias="GATEWAY_EDGE_MAX_CONNECTIONS")
 
     @property
     def any_origin(self) -> bool:
@@ -43,73 +91,91 @@ class EdgePolicy:
 
 DEFAULT_EDGE = EdgePolicy()
 
-_EDGE_VARIABLES = {
-    "client_requests_per_second": ("GATEWAY_EDGE_CLIENT_RPS", int),
-    "client_burst": ("GATEWAY_EDGE_CLIENT_BURST", int),
-    "global_requests_per_second": ("GATEWAY_EDGE_GLOBAL_RPS", int),
-    "global_burst": ("GATEWAY_EDGE_GLOBAL_BURST", int),
-    "headers_timeout_seconds": ("GATEWAY_EDGE_HEADERS_TIMEOUT_SECONDS", float),
-    "request_timeout_seconds": ("GATEWAY_EDGE_REQUEST_TIMEOUT_SECONDS", float),
-    "idle_timeout_seconds": ("GATEWAY_EDGE_IDLE_TIMEOUT_SECONDS", float),
-    "upstream_timeout_seconds": ("GATEWAY_EDGE_UPSTREAM_TIMEOUT_SECONDS", float),
-    "max_request_headers_kb": ("GATEWAY_EDGE_MAX_HEADERS_KB", int),
-    "max_connections": ("GATEWAY_EDGE_MAX_CONNECTIONS", int),
-}
+
+def _problem(error: ErrorDetails, name: str) -> str:
+    """One pydantic error as the sentence an operator reads, naming the variable."""
+    kind = error["type"]
+    if kind in ("int_parsing", "float_parsing", "int_from_float"):
+        return f"{name} must be a number, not {error['input']!r}"
+    if kind == "bool_parsing":
+        return f"{name} must be 1 or 0 (true or false), not {error['input']!r}"
+    if kind in ("greater_than", "greater_than_equal", "less_than_equal"):
+        return f"{name} {str(error['msg']).replace('Input should be', 'must be')}"
+    return f"{name}: {str(error['msg']).removeprefix('Value error, ')}"
+
+
+def settings_error(exc: ValidationError, name_of: Callable[[str], str] = str) -> SettingsError:
+    """The one adapter from a pydantic ValidationError to the operator's message; `name_of`
+    turns the field (the first part of the error's location) into what the operator set."""
+    return SettingsError(
+        "; ".join(
+            _problem(e, name_of(str(e["loc"][0])) if e["loc"] else "settings") for e in exc.errors()
+        )
+    )
 
 
 def edge_policy_from_environment(env: Mapping[str, str]) -> EdgePolicy:
-    values: dict[str, object] = {}
-    origins = env.get("GATEWAY_CORS_ORIGINS")
-    if origins:
-        listed = tuple(o.strip() for o in origins.split(",") if o.strip())
-        for origin in listed:
-            if origin != ANY_ORIGIN and not ORIGIN.match(origin):
-                raise SettingsError(
-                    f"GATEWAY_CORS_ORIGINS: {origin!r} is not an origin like https://app.example.com"
-                )
-        values["cors_origins"] = listed
-    for name, (variable, kind) in _EDGE_VARIABLES.items():
-        if env.get(variable):
-            try:
-                value = kind(env[variable])
-            except ValueError as exc:
-                raise SettingsError(f"{variable} must be a number, not {env[variable]!r}") from exc
-            if value <= 0:
-                raise SettingsError(f"{variable} must be greater than 0")
-            values[name] = value
-    return EdgePolicy(**values)  # type: ignore[arg-type]
+    """The edge policy the environment asks for; an empty variable means its default."""
+    names = {field.alias for field in EdgePolicy.model_fields.values()}
+    given = {name: value for name, value in env.items() if name in names and value}
+    try:
+        return EdgePolicy.model_validate(given)
+    except ValidationError as exc:
+        raise settings_error(exc) from None
 
 
-@dataclass(frozen=True)
-class Settings:
-    data_dir: Path
-    database_url: str
+def _variable(name: str) -> Any:
+    return AliasChoices(name, name.removeprefix("GATEWAY_").lower())
+
+
+class Settings(BaseSettings):
+    """The resolved settings. Each field reads GATEWAY_<FIELD> (or the variable its alias
+    names) unless given on the command line (init arguments win)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_",
+        env_ignore_empty=True,  # an empty variable is as good as unset
+        frozen=True,
+        extra="ignore",
+        populate_by_name=True,
+    )
+
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    database_url: str = ""  # empty: SQLite in data_dir
     grpc_host: str = "127.0.0.1"
-    grpc_port: int = 50051
+    grpc_port: int = Field(50051, ge=0, le=65535)
     http_host: str = "127.0.0.1"
-    http_port: int = 8080
-    envoy_admin_port: int = 0  # GATEWAY_ENVOY_ADMIN_PORT; 0: Envoy picks a free port
-    max_request_bytes: int = 50 * 1024 * 1024
-    catalog_file: str | None = None  # the operator's catalog, added to the built-in one
-    job_lease_seconds: float = 120.0  # a dead worker's job is taken up again after this
-    video_retention_seconds: float = 86400.0  # completed videos expire after this
-    maintenance_interval_seconds: float = 5.0  # how often housekeeping runs (maintenance/)
+    http_port: int = Field(8080, ge=0, le=65535)
+    envoy_admin_port: int = Field(0, ge=0, le=65535)  # 0: Envoy picks a free port
+    max_request_bytes: int = Field(50 * 1024 * 1024, gt=0)
+    # the operator's catalog, added to the built-in one
+    catalog_file: str | None = Field(None, validation_alias=_variable("GATEWAY_CATALOG"))
+    job_lease_seconds: float = Field(120.0, gt=0, allow_inf_nan=False)  # dead worker's job
+    video_retention_seconds: float = Field(86400.0, gt=0, allow_inf_nan=False)
+    # how often housekeeping runs (server/maintenance/)
+    maintenance_interval_seconds: float = Field(5.0, gt=0, allow_inf_nan=False)
     webhook_ca_bundle: str | None = None  # an extra CA file trusted for webhook TLS
     webhook_allow_private: bool = False  # allow loopback/private webhook targets
-    regional_hosts: frozenset[str] = frozenset()  # hostnames refused on vault routes
+    regional_hosts: Hosts = frozenset()  # hostnames refused on vault routes
     metrics_host: str = "127.0.0.1"
     # Prometheus /metrics of this process; 0 (the default): not served. Off unless asked
     # for, so that gateways and workers on one host never contend for one fixed port.
-    metrics_port: int = 0
-    shutdown_grace_seconds: float = 30.0  # in-flight requests may finish within this
-    health_interval_seconds: float = 2.0  # how often the database is pinged for health
+    metrics_port: int = Field(0, ge=0, le=65535)
+    shutdown_grace_seconds: float = Field(30.0, ge=0, allow_inf_nan=False)
+    health_interval_seconds: float = Field(2.0, gt=0, allow_inf_nan=False)
     # Worker processes for CPU-bound work (server.compute), per server process: audio
     # decoding before admission, and the local speech model with its queue (a request
     # finding both full is answered 429 with Retry-After, never left to stall others).
-    decode_workers: int = 2
-    local_stt_workers: int = 2
-    local_stt_queue: int = 2
-    edge: EdgePolicy = DEFAULT_EDGE
+    decode_workers: int = Field(2, ge=1)
+    local_stt_workers: int = Field(2, ge=1)
+    local_stt_queue: int = Field(2, ge=0)
+    edge: EdgePolicy = Field(default_factory=lambda: edge_policy_from_environment(os.environ))
+
+    @model_validator(mode="after")
+    def _database(self) -> Settings:
+        url = normalize_database_url(self.database_url or sqlite_url(self.data_dir))
+        object.__setattr__(self, "database_url", url)
+        return self
 
     @property
     def content_dir(self) -> Path:
@@ -131,46 +197,21 @@ def load_settings(
     **overrides: object,
 ) -> Settings:
     """Resolve settings; `None` means "not given on the command line"."""
-    env = os.environ
-    folder = Path(data_dir or env.get("GATEWAY_DATA_DIR") or DEFAULT_DATA_DIR)
-    url = database_url or env.get("GATEWAY_DATABASE_URL") or sqlite_url(folder)
     given = {k: v for k, v in overrides.items() if v is not None}
-    if "catalog_file" not in given and env.get("GATEWAY_CATALOG"):
-        given["catalog_file"] = env["GATEWAY_CATALOG"]
-    if "regional_hosts" not in given and env.get("GATEWAY_REGIONAL_HOSTS"):
-        given["regional_hosts"] = frozenset(
-            dns_name(h) for h in env["GATEWAY_REGIONAL_HOSTS"].split(",") if h.strip()
-        )
-    if "webhook_ca_bundle" not in given and env.get("GATEWAY_WEBHOOK_CA_BUNDLE"):
-        given["webhook_ca_bundle"] = env["GATEWAY_WEBHOOK_CA_BUNDLE"]
-    if "webhook_allow_private" not in given:
-        given["webhook_allow_private"] = env.get("GATEWAY_WEBHOOK_ALLOW_PRIVATE") == "1"
-    for name, variable in (
-        ("job_lease_seconds", "GATEWAY_JOB_LEASE_SECONDS"),
-        ("video_retention_seconds", "GATEWAY_VIDEO_RETENTION_SECONDS"),
-        ("shutdown_grace_seconds", "GATEWAY_SHUTDOWN_GRACE_SECONDS"),
-        ("health_interval_seconds", "GATEWAY_HEALTH_INTERVAL_SECONDS"),
-        ("maintenance_interval_seconds", "GATEWAY_MAINTENANCE_INTERVAL_SECONDS"),
-    ):
-        if name not in given and env.get(variable):
-            given[name] = float(env[variable])
-    for name, variable in (
-        ("decode_workers", "GATEWAY_DECODE_WORKERS"),
-        ("local_stt_workers", "GATEWAY_LOCAL_STT_WORKERS"),
-        ("local_stt_queue", "GATEWAY_LOCAL_STT_QUEUE"),
-    ):
-        if name not in given and env.get(variable):
-            given[name] = int(env[variable])
-    if "edge" not in given:
-        given["edge"] = edge_policy_from_environment(env)
-    if "metrics_host" not in given and env.get("GATEWAY_METRICS_HOST"):
-        given["metrics_host"] = env["GATEWAY_METRICS_HOST"]
-    if "metrics_port" not in given and env.get("GATEWAY_METRICS_PORT"):
-        given["metrics_port"] = int(env["GATEWAY_METRICS_PORT"])
-    if "envoy_admin_port" not in given and env.get("GATEWAY_ENVOY_ADMIN_PORT"):
-        given["envoy_admin_port"] = int(env["GATEWAY_ENVOY_ADMIN_PORT"])
+    if data_dir:
+        given["data_dir"] = Path(data_dir)
+    if database_url:
+        given["database_url"] = database_url
 
-    return Settings(data_dir=folder, database_url=normalize_database_url(url), **given)  # type: ignore[arg-type]
+    def name_of(field: str) -> str:
+        if field in given:  # a command-line flag
+            return f"--{field.replace('_', '-')}"
+        return field if field.startswith("GATEWAY_") else f"GATEWAY_{field.upper()}"
+
+    try:
+        return Settings(**given)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise settings_error(exc, name_of) from None
 
 
 def normalize_database_url(url: str) -> str:

@@ -6,16 +6,177 @@ holds and charges nothing; each failure is a 400 naming the field."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Iterable
+from typing import Annotated, Any, TypeVar
 
 from google.protobuf import struct_pb2
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
-from server.errors import bad_request
+from server.errors import GatewayError, bad_request
 
 # JSON values (trace) are at most this deep; integers fit a signed 64-bit integer (what
 # PostgreSQL's JSON, OTLP attributes and most JSON readers take exactly).
 MAX_JSON_DEPTH = 32
 MAX_JSON_INT = 2**63 - 1
+
+
+def param_of(loc: tuple[str | int, ...]) -> str:
+    """A pydantic error location as the API names the field: ("frame_images", 1, "image_url")
+    is `frame_images[1].image_url`."""
+    param = ""
+    for part in loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        else:
+            param += f".{part}" if param else str(part)
+    return param
+
+
+class Shape(BaseModel):
+    """A request's declared shape: the fields, their types and bounds. Parsed with
+    `parse_shape`, whose failures are the documented 400 naming `metadata.param`."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+
+ShapeT = TypeVar("ShapeT", bound=Shape)
+
+
+def invalid(message: str, at: str = "", **extra: Any) -> PydanticCustomError:
+    """A failure raised in a validator: `message` follows the field's name ("must be ...");
+    `at` names a member below the field validated (`audio_url.url`); `extra` goes to the
+    error's metadata (`allowed`)."""
+    return PydanticCustomError("invalid", message, {"at": at, "extra": extra})
+
+
+def _one_of(allowed: tuple[str, ...]) -> Any:
+    def check(value: str) -> str:
+        if value not in allowed:
+            raise invalid(f"must be one of {', '.join(allowed)}", allowed=list(allowed))
+        return value
+
+    return AfterValidator(check)
+
+
+def one_of(allowed: Iterable[str]) -> Any:
+    """A string that must be one of `allowed` (the 400 lists them in metadata.allowed)."""
+    return Annotated[str, _one_of(tuple(allowed))]
+
+
+def _storable(value: str) -> str:
+    problem = text_problem(value)
+    if problem is not None:
+        raise invalid(problem)
+    return value
+
+
+# Text a request may store: no NUL, no lone surrogate.
+StoredText = Annotated[str, AfterValidator(_storable)]
+
+MAX_ID_CHARS = 256
+# A session id or user: stored text of at most MAX_ID_CHARS characters.
+BoundedId = Annotated[StoredText, Field(max_length=MAX_ID_CHARS)]
+TRACE_STRING_KEYS = ("trace_id", "trace_name", "span_name", "generation_name", "parent_span_id")
+
+
+class Trace(Shape):
+    """`trace`: any JSON object; the keys an exporter reads must be strings."""
+
+    model_config = ConfigDict(extra="allow")
+
+    trace_id: str = ""
+    trace_name: str = ""
+    span_name: str = ""
+    generation_name: str = ""
+    parent_span_id: str = ""
+
+
+def _by_provider(options: dict[str, Any]) -> dict[str, Any]:
+    if not all(isinstance(value, dict) for value in options.values()):
+        raise invalid("must map provider slugs to objects")
+    return options
+
+
+class Provider(Shape):
+    """`provider`: options for each provider slug, passed on to that provider."""
+
+    options: Annotated[dict[str, Any], AfterValidator(_by_provider)] = {}
+
+
+class SessionHeader(Shape):
+    session: BoundedId = Field(alias="x-session-id")
+
+
+def header_session(value: str | None) -> str | None:
+    """The x-session-id header, held to the session_id rules (400 naming the header)."""
+    if value is None:
+        return None
+    return parse_shape(SessionHeader, {"x-session-id": value}).session
+
+
+_SENTENCES = {
+    "missing": "is required",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "dict_type": "must be an object",
+    "model_type": "must be an object",
+    "model_attributes_type": "must be an object",
+    "list_type": "must be an array",
+    "tuple_type": "must be an array",
+    "greater_than": "must be greater than {gt}",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than": "must be less than {lt}",
+    "less_than_equal": "must be at most {le}",
+    "string_too_short": "is required",
+    "string_too_long": "must be at most {max_length} characters",
+    "too_long": "must have at most {max_length} items",
+    "too_short": "must have at least {min_length} items",
+}
+
+
+def _number(value: Any) -> Any:
+    """A bound as written in a message: 0, not 0.0."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def request_error(error: ErrorDetails) -> GatewayError:
+    """THE adapter: one pydantic error as the documented 400, `metadata.param` naming the
+    field (`input_audio.format`, `frame_images[1].image_url.url`)."""
+    ctx: dict[str, Any] = dict(error.get("ctx") or {})
+    loc = tuple(error["loc"])
+    extra: dict[str, Any] = {}
+    if error["type"] == "invalid":
+        loc += tuple(part for part in str(ctx.get("at", "")).split(".") if part)
+        extra = ctx.get("extra") or {}
+        sentence = str(error["msg"])
+    elif error["type"] in _SENTENCES:
+        kind = error["type"]
+        if kind in ("too_long", "too_short") and isinstance(error.get("input"), str):
+            kind = f"string_{kind}"  # a length declared after a validator
+        numbers = {k: _number(v) for k, v in ctx.items()}
+        sentence = _SENTENCES[kind].format(**numbers)
+    else:
+        sentence = "is invalid: " + str(error["msg"]).removeprefix("Value error, ")
+    param = param_of(loc)
+    if not param:
+        return bad_request(f"The request {sentence}", **extra)
+    return bad_request(f"{param} {sentence}", param=param, **extra)
+
+
+def parse_shape(shape: type[ShapeT], data: Any, *, strict: bool | None = None) -> ShapeT:
+    """`data` as `shape`, or the 400 for its first failure (fields in declared order)."""
+    try:
+        return shape.model_validate(data, strict=strict)
+    except ValidationError as exc:
+        raise request_error(exc.errors()[0]) from None
 
 
 def text_problem(value: str) -> str | None:

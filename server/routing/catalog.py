@@ -7,19 +7,33 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+from server.config import SettingsError
+from server.validation import param_of
 
 BUILT_IN = Path(__file__).resolve().parent / "catalog.toml"
 MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._:-]*$")
-KINDS = ("stt", "video")
 STT_ADAPTERS = ("openai", "pocketsphinx")
 VIDEO_ADAPTERS = ("openai", "queue", "local")
 
 
-class CatalogError(ValueError):
-    """The catalog file is wrong; the message says where."""
+class CatalogError(SettingsError):
+    """The catalog file is wrong; the message says where (file, line, key)."""
 
 
 @dataclass(frozen=True)
@@ -61,39 +75,6 @@ class VideoCapabilities:
     passthrough: tuple[str, ...] = ()
 
 
-def _strings(value: Any, where: str) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise CatalogError(f"{where}: must be a list of strings")
-    return tuple(value)
-
-
-def _video_capabilities(table: dict[str, Any], where: str) -> VideoCapabilities:
-    durations = table.get("durations")
-    if durations is not None and (
-        not isinstance(durations, list) or not all(isinstance(d, int) and d >= 1 for d in durations)
-    ):
-        raise CatalogError(f"{where}: durations must be a list of integers >= 1")
-    return VideoCapabilities(
-        resolutions=_strings(table.get("resolutions"), f"{where} resolutions"),
-        aspect_ratios=_strings(table.get("aspect_ratios"), f"{where} aspect_ratios"),
-        sizes=_strings(table.get("sizes"), f"{where} sizes"),
-        durations=tuple(durations) if durations is not None else None,
-        frame_images=_strings(table.get("frame_images"), f"{where} frame_images"),
-        generate_audio=table.get("generate_audio"),
-        seed=table.get("seed"),
-        input_reference_types=_strings(table.get("input_reference_types"), where) or ("image_url",),
-        upscaling=bool(table.get("upscaling", False)),
-        prompt_optional_with_images=bool(table.get("prompt_optional_with_images", False)),
-        default_resolution=table.get("default_resolution"),
-        default_aspect_ratio=table.get("default_aspect_ratio"),
-        default_duration=table.get("default_duration"),
-        created=int(table.get("created", 0)),
-        passthrough=_strings(table.get("passthrough_parameters"), where) or (),
-    )
-
-
 @dataclass(frozen=True)
 class Model:
     id: str
@@ -120,70 +101,179 @@ class Catalog:
         return [m for m in self.models.values() if m.kind == kind]
 
 
-def _require(table: dict[str, Any], key: str, where: str) -> Any:
-    if key not in table:
-        raise CatalogError(f"{where}: missing {key!r}")
-    return table[key]
+def _model_id(value: str) -> str:
+    if not MODEL_ID.match(value):
+        raise ValueError("id must look like <provider_prefix>/<model_name>")
+    return value
 
 
-def _endpoint(table: dict[str, Any], kind: str, where: str) -> Endpoint:
-    adapter = _require(table, "adapter", where)
-    allowed = STT_ADAPTERS if kind == "stt" else VIDEO_ADAPTERS
-    if adapter not in allowed:
-        raise CatalogError(f"{where}: adapter must be one of {', '.join(allowed)}")
-    base_url = table.get("base_url")
-    if adapter in ("openai", "queue") and not base_url:
-        raise CatalogError(f"{where}: adapter {adapter!r} needs base_url")
-    return Endpoint(
-        provider=_require(table, "provider", where),
-        adapter=adapter,
-        base_url=base_url.rstrip("/") if base_url else None,
-        api_key_env=table.get("api_key_env"),
-        model=table.get("model"),
-        timeout_seconds=float(table.get("timeout_seconds", 120.0)),
+def _price(value: Any) -> Any:
+    # TOML gives a string ("0.001"), an integer or a float; a float goes through its text.
+    return (
+        Decimal(str(value))
+        if isinstance(value, int | float) and not isinstance(value, bool)
+        else value
     )
 
 
-def _model(table: dict[str, Any], where: str) -> Model:
-    model_id = _require(table, "id", where)
-    if not isinstance(model_id, str) or not MODEL_ID.match(model_id):
-        raise CatalogError(f"{where}: id must look like <provider_prefix>/<model_name>")
-    where = f"{where} ({model_id})"
-    kind = _require(table, "kind", where)
-    if kind not in KINDS:
-        raise CatalogError(f"{where}: kind must be one of {', '.join(KINDS)}")
-    try:
-        price = Decimal(str(_require(table, "price_per_second", where)))
-    except InvalidOperation as exc:
-        raise CatalogError(f"{where}: price_per_second must be a decimal string") from exc
-    if not price.is_finite() or price < 0:
-        raise CatalogError(f"{where}: price_per_second must be >= 0")
-    endpoints = table.get("endpoints") or []
-    if not endpoints:
-        raise CatalogError(f"{where}: at least one [[models.endpoints]] is needed")
-    return Model(
-        id=model_id,
-        name=table.get("name", model_id),
-        kind=kind,
-        price_per_second=price,
-        endpoints=tuple(
-            _endpoint(e, kind, f"{where} endpoint {i + 1}") for i, e in enumerate(endpoints)
-        ),
-        verbose_json=bool(table.get("verbose_json", False)),
-        video=_video_capabilities(table, where) if kind == "video" else None,
-    )
+def _tuple(values: list[Any] | None) -> tuple[Any, ...] | None:
+    return tuple(values) if values is not None else None
+
+
+class _Table(BaseModel):
+    """A TOML table: exact TOML types (no coercion), and no key that is not declared."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class _EndpointTable(_Table):
+    provider: str
+    adapter: Literal["openai", "pocketsphinx", "queue", "local"]
+    base_url: str | None = None
+    api_key_env: str | None = None
+    model: str | None = None
+    timeout_seconds: float = Field(default=120.0, gt=0)
+
+
+class _ModelTable(_Table):
+    id: Annotated[str, AfterValidator(_model_id)]
+    name: str | None = None
+    kind: Literal["stt", "video"]
+    price_per_second: Annotated[
+        Decimal, BeforeValidator(_price), Field(strict=False, ge=0, allow_inf_nan=False)
+    ]
+    verbose_json: bool = False
+    endpoints: list[_EndpointTable] = Field(min_length=1)
+    # What a video model accepts (kind = "video"); absent: the parameter is not supported.
+    resolutions: list[str] | None = None
+    aspect_ratios: list[str] | None = None
+    sizes: list[str] | None = None
+    durations: list[PositiveInt] | None = None
+    frame_images: list[str] | None = None
+    generate_audio: bool | None = None
+    seed: bool | None = None
+    input_reference_types: list[str] = ["image_url"]
+    upscaling: bool = False
+    prompt_optional_with_images: bool = False
+    default_resolution: str | None = None
+    default_aspect_ratio: str | None = None
+    default_duration: PositiveInt | None = None
+    created: int = 0
+    passthrough_parameters: list[str] = []
+
+    @model_validator(mode="after")
+    def _adapters_fit_kind(self) -> _ModelTable:
+        allowed = STT_ADAPTERS if self.kind == "stt" else VIDEO_ADAPTERS
+        for index, endpoint in enumerate(self.endpoints):
+            where = f"endpoints[{index}]"
+            if endpoint.adapter not in allowed:
+                raise ValueError(f"{where}.adapter must be one of {', '.join(allowed)}")
+            if endpoint.adapter in ("openai", "queue") and not endpoint.base_url:
+                raise ValueError(f"{where}: adapter {endpoint.adapter!r} needs base_url")
+        return self
+
+    def build(self) -> Model:
+        video = None
+        if self.kind == "video":
+            video = VideoCapabilities(
+                resolutions=_tuple(self.resolutions),
+                aspect_ratios=_tuple(self.aspect_ratios),
+                sizes=_tuple(self.sizes),
+                durations=_tuple(self.durations),
+                frame_images=_tuple(self.frame_images),
+                generate_audio=self.generate_audio,
+                seed=self.seed,
+                input_reference_types=tuple(self.input_reference_types) or ("image_url",),
+                upscaling=self.upscaling,
+                prompt_optional_with_images=self.prompt_optional_with_images,
+                default_resolution=self.default_resolution,
+                default_aspect_ratio=self.default_aspect_ratio,
+                default_duration=self.default_duration,
+                created=self.created,
+                passthrough=tuple(self.passthrough_parameters),
+            )
+        return Model(
+            id=self.id,
+            name=self.name or self.id,
+            kind=self.kind,
+            price_per_second=self.price_per_second,
+            endpoints=tuple(
+                Endpoint(
+                    provider=e.provider,
+                    adapter=e.adapter,
+                    base_url=e.base_url.rstrip("/") if e.base_url else None,
+                    api_key_env=e.api_key_env,
+                    model=e.model,
+                    timeout_seconds=e.timeout_seconds,
+                )
+                for e in self.endpoints
+            ),
+            verbose_json=self.verbose_json,
+            video=video,
+        )
+
+
+class _CatalogFile(_Table):
+    models: list[_ModelTable] = []
+
+
+_KEY = re.compile(r"""^\s*["']?([A-Za-z0-9_-]+)["']?\s*[=.]""")
+
+
+def _line_of(text: str, loc: tuple[str | int, ...]) -> int | None:
+    """The line of the TOML text that sets `loc` (a pydantic error location such as
+    ("models", 2, "endpoints", 0, "adapter")): tomllib keeps no positions, so the text is
+    scanned for the table headers ([[models]] counted per array) and keys."""
+    counts: dict[tuple[str, ...], int] = {}
+    context: tuple[str | int, ...] = ()
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.split("#", 1)[0].strip()
+        if stripped.startswith("["):
+            array = stripped.startswith("[[")
+            names = tuple(p.strip().strip("\"'") for p in stripped.strip("[]").split("."))
+            if array:
+                counts[names] = counts.get(names, 0) + 1
+                for deeper in [k for k in counts if k[: len(names)] == names and k != names]:
+                    del counts[deeper]
+            path: list[str | int] = []
+            for depth in range(1, len(names) + 1):
+                path.append(names[depth - 1])
+                if names[:depth] in counts:
+                    path.append(counts[names[:depth]] - 1)
+            context = tuple(path)
+            if context[: len(loc)] == loc:
+                return number
+            continue
+        key = _KEY.match(stripped)
+        if key and (*context, key.group(1)) == loc[: len(context) + 1]:
+            return number
+    return None
+
+
+def _problem(error: ErrorDetails) -> str:
+    if error["type"] == "extra_forbidden":
+        return "unknown key"
+    if error["type"] == "missing":
+        return "missing"
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 def _read(path: Path) -> dict[str, Model]:
     try:
-        document = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        text = path.read_text()
+        document = tomllib.loads(text)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise CatalogError(f"{path}: {exc}") from exc
-    models: dict[str, Model] = {}
-    for index, table in enumerate(document.get("models", [])):
-        model = _model(table, f"{path} model {index + 1}")
-        models[model.id] = model
-    return models
+    try:
+        parsed = _CatalogFile.model_validate(document)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            line = _line_of(text, error["loc"])
+            where = f"{path}, line {line}" if line is not None else str(path)
+            problems.append(f"{where}: {param_of(error['loc'])}: {_problem(error)}")
+        raise CatalogError("; ".join(problems)) from None
+    return {table.id: table.build() for table in parsed.models}
 
 
 def load_catalog(operator_file: str | os.PathLike[str] | None = None) -> Catalog:

@@ -8,24 +8,40 @@ import binascii
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from google.protobuf import json_format
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from server.errors import GatewayError, bad_request
 from server.transcription.media import MAX_AUDIO_BYTES, normalize_format
-from server.validation import check_json_value, check_struct, check_text
+from server.validation import (
+    BoundedId,
+    Provider,
+    Shape,
+    StoredText,
+    Trace,
+    check_json_value,
+    check_struct,
+    header_session,
+    invalid,
+    one_of,
+    parse_shape,
+)
 
-MAX_ID_CHARS = 256
 # RFC 2046 allows 70 characters; the multipart parser accepts up to 256.
 MAX_BOUNDARY_BYTES = 256
 RESPONSE_FORMATS = ("json", "verbose_json")
 GRANULARITIES = ("word", "segment")
+# The multipart form's text fields (the audio is the `file` part).
+FORM_FIELDS = (
+    *("model", "language", "response_format", "temperature"),
+    *("session_id", "user", "prompt"),
+)
 MODEL_ID = re.compile(r"^[^/\s]+/[^/\s].*$")
 LANGUAGE = re.compile(r"^[a-z]{2}$")
-TRACE_STRING_KEYS = ("trace_id", "trace_name", "span_name", "generation_name", "parent_span_id")
 
 
 @dataclass
@@ -50,106 +66,91 @@ class TranscriptionInput:
         return self.response_format == "verbose_json"
 
 
-def _string(value: Any, param: str, *, required: bool = False) -> str | None:
-    if value is None:
-        if required:
-            raise bad_request(f"{param} is required", param=param)
-        return None
-    if not isinstance(value, str):
-        raise bad_request(f"{param} must be a string", param=param)
-    check_text(value, param)  # NUL or a lone surrogate cannot be stored
-    if required and not value:
-        raise bad_request(f"{param} is required", param=param)
+def _model_id(value: str) -> str:
+    if not MODEL_ID.match(value):
+        raise invalid("must look like <provider_prefix>/<model_name>")
     return value
 
 
-def _bounded_id(value: Any, param: str) -> str | None:
-    text = _string(value, param)
-    if text is not None and len(text) > MAX_ID_CHARS:
-        raise bad_request(f"{param} must be at most {MAX_ID_CHARS} characters", param=param)
-    return text
+def _language(value: str) -> str:
+    value = value.lower()
+    if not LANGUAGE.match(value):
+        raise invalid("must be an ISO-639-1 code such as 'en'")
+    return value
 
 
-def _check_common(
-    *,
-    model: Any,
-    language: Any,
-    response_format: Any,
-    temperature: Any,
-    granularities: Any,
-    provider: Any,
-    session_id: Any,
-    header_session_id: str | None,
-    user: Any,
-    trace: Any,
-    prompt: Any,
-) -> dict[str, Any]:
-    model_id = _string(model, "model", required=True)
-    assert model_id is not None
-    if not MODEL_ID.match(model_id):
-        raise bad_request("model must look like <provider_prefix>/<model_name>", param="model")
-    lang = _string(language, "language")
-    if lang is not None:
-        lang = lang.lower()
-        if not LANGUAGE.match(lang):
-            raise bad_request("language must be an ISO-639-1 code such as 'en'", param="language")
-    fmt = _string(response_format, "response_format") or "json"
-    if fmt not in RESPONSE_FORMATS:
-        raise bad_request(
-            f"response_format must be one of {', '.join(RESPONSE_FORMATS)}",
-            param="response_format",
-        )
-    temp = None
-    if temperature is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, int | float):
-            raise bad_request("temperature must be a number", param="temperature")
-        if not 0 <= temperature <= 1:
-            raise bad_request("temperature must be between 0 and 1", param="temperature")
-        temp = float(temperature)
-    grains: tuple[str, ...] = ("segment",)
-    if granularities is not None:
-        if not isinstance(granularities, list) or not all(
-            isinstance(g, str) and g in GRANULARITIES for g in granularities
-        ):
-            raise bad_request(
-                "timestamp_granularities must be an array of 'word' and/or 'segment'",
-                param="timestamp_granularities",
-            )
-        grains = tuple(dict.fromkeys(granularities)) or ("segment",)
+def _granularities(values: list[Any]) -> tuple[str, ...]:
+    if not all(value in GRANULARITIES for value in values):
+        raise invalid("must be an array of 'word' and/or 'segment'")
+    return tuple(dict.fromkeys(values)) or ("segment",)
+
+
+def _empty_is_unset(value: Any) -> Any:
+    return None if value == "" else value
+
+
+class _Common(Shape):
+    """The members every form shares (JSON, multipart fields, the gRPC message)."""
+
+    model: Annotated[str, Field(min_length=1), AfterValidator(_model_id)]
+    language: Annotated[StoredText, AfterValidator(_language)] | None = None
+    response_format: Annotated[
+        one_of(RESPONSE_FORMATS) | None,  # type: ignore[valid-type]
+        BeforeValidator(_empty_is_unset),
+    ] = None
+    temperature: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    # Items are checked by _granularities, so a wrong one names the array (any type).
+    timestamp_granularities: Annotated[list[Any], AfterValidator(_granularities)] | None = None
+    provider: Provider | None = None
+    trace: Trace | None = None
+    session_id: BoundedId | None = None
+    user: BoundedId | None = None
+    prompt: StoredText | None = None
+
+
+def _common(shape: _Common, body: dict[str, Any], header_session_id: str | None) -> dict[str, Any]:
+    """The TranscriptionInput members of a parsed shape; the JSON values a request stores
+    (provider.options, trace) are checked member by member (NUL, NaN, depth)."""
     options: dict[str, Any] = {}
-    if provider is not None:
-        if not isinstance(provider, dict):
-            raise bad_request("provider must be an object", param="provider")
-        raw_options = provider.get("options", {})
-        if not isinstance(raw_options, dict) or not all(
-            isinstance(v, dict) for v in raw_options.values()
-        ):
-            raise bad_request(
-                "provider.options must map provider slugs to objects", param="provider.options"
-            )
-        options = check_json_value(raw_options, "provider.options")
+    if shape.provider is not None:
+        options = check_json_value(shape.provider.options, "provider.options")
+    trace = body.get("trace")
     if trace is not None:
-        if not isinstance(trace, dict):
-            raise bad_request("trace must be an object", param="trace")
         check_json_value(trace, "trace")  # stored with the generation record
-        for key in TRACE_STRING_KEYS:
-            if key in trace and not isinstance(trace[key], str):
-                raise bad_request(f"trace.{key} must be a string", param=f"trace.{key}")
-    session = _bounded_id(session_id, "session_id")
+    session = shape.session_id
     if session is None and header_session_id:
-        session = _bounded_id(header_session_id, "x-session-id")
+        session = header_session(header_session_id)
     return {
-        "model": model_id,
-        "language": lang,
-        "response_format": fmt,
-        "temperature": temp,
-        "timestamp_granularities": grains,
+        "model": shape.model,
+        "language": shape.language,
+        "response_format": shape.response_format or "json",
+        "temperature": shape.temperature,
+        "timestamp_granularities": shape.timestamp_granularities or ("segment",),
         "provider_options": options,
         "session_id": session,
-        "user": _bounded_id(user, "user"),
+        "user": shape.user,
         "trace": trace,
-        "prompt": _string(prompt, "prompt"),
+        "prompt": shape.prompt,
     }
+
+
+def _input_audio_url(data: Any) -> Any:
+    if isinstance(data, dict) and "url" in data and "data" not in data:
+        raise invalid("is not supported: send the audio as base64 in input_audio.data", at="url")
+    return data
+
+
+class _InputAudio(Shape):
+    data: Annotated[StoredText, Field(min_length=1)]
+    format: Annotated[StoredText, Field(min_length=1)]
+
+    _url = model_validator(mode="before")(_input_audio_url)
+
+
+class _JsonBody(_Common):
+    """POST /audio/transcriptions as JSON, base64 audio in input_audio."""
+
+    input_audio: _InputAudio
 
 
 def _check_size(audio: bytes, param: str) -> None:
@@ -178,32 +179,9 @@ def from_json(raw: bytes, header_session_id: str | None) -> TranscriptionInput:
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object")
     _unsupported_flags(body)
-    common = _check_common(
-        model=body.get("model"),
-        language=body.get("language"),
-        response_format=body.get("response_format"),
-        temperature=body.get("temperature"),
-        granularities=body.get("timestamp_granularities"),
-        provider=body.get("provider"),
-        session_id=body.get("session_id"),
-        header_session_id=header_session_id,
-        user=body.get("user"),
-        trace=body.get("trace"),
-        prompt=body.get("prompt"),
-    )
-    audio_in = body.get("input_audio")
-    if audio_in is None:
-        raise bad_request("input_audio is required", param="input_audio")
-    if not isinstance(audio_in, dict):
-        raise bad_request("input_audio must be an object {data, format}", param="input_audio")
-    if "url" in audio_in and "data" not in audio_in:
-        raise bad_request(
-            "input_audio.url is not supported: send the audio as base64 in input_audio.data",
-            param="input_audio.url",
-        )
-    data = _string(audio_in.get("data"), "input_audio.data", required=True)
-    claimed = _string(audio_in.get("format"), "input_audio.format", required=True)
-    assert data is not None and claimed is not None
+    shape = parse_shape(_JsonBody, body)
+    common = _common(shape, body, header_session_id)
+    data, claimed = shape.input_audio.data, shape.input_audio.format
     fmt = normalize_format(claimed, "input_audio.format")
     if len(data) > (MAX_AUDIO_BYTES * 4) // 3 + 4:
         raise GatewayError(
@@ -313,26 +291,12 @@ def from_multipart(
         values = fields.get(name)
         return values[-1] if values else None
 
-    temperature: Any = one("temperature")
-    if temperature is not None:
-        try:
-            temperature = float(temperature)
-        except ValueError as exc:
-            raise bad_request("temperature must be a number", param="temperature") from exc
+    form: dict[str, Any] = {name: one(name) for name in FORM_FIELDS if one(name) is not None}
     granularities = fields.get("timestamp_granularities[]") or fields.get("timestamp_granularities")
-    common = _check_common(
-        model=one("model"),
-        language=one("language"),
-        response_format=one("response_format"),
-        temperature=temperature,
-        granularities=granularities,
-        provider=None,
-        session_id=one("session_id"),
-        header_session_id=header_session_id,
-        user=one("user"),
-        trace=None,
-        prompt=one("prompt"),
-    )
+    if granularities:
+        form["timestamp_granularities"] = granularities
+    # Form fields are text: numbers are read from it (lax), the rest is declared alike.
+    common = _common(parse_shape(_Common, form, strict=False), form, header_session_id)
     filename, audio = upload
     _check_size(audio, "file")
     extension = filename.rsplit(".", 1)[1] if "." in filename else None
@@ -367,19 +331,9 @@ def from_message(request: Any, header_session_id: str | None) -> TranscriptionIn
     if request.HasField("provider") and request.provider.HasField("options"):
         check_struct(request.provider.options, "provider.options")
     as_dict = json_format.MessageToDict(request, preserving_proto_field_name=True)
-    common = _check_common(
-        model=request.model or None,
-        language=request.language if request.HasField("language") else None,
-        response_format=request.response_format if request.HasField("response_format") else None,
-        temperature=request.temperature if request.HasField("temperature") else None,
-        granularities=list(request.timestamp_granularities) or None,
-        provider=as_dict.get("provider"),
-        session_id=request.session_id if request.HasField("session_id") else None,
-        header_session_id=header_session_id,
-        user=request.user if request.HasField("user") else None,
-        trace=as_dict.get("trace"),
-        prompt=request.prompt if request.HasField("prompt") else None,
-    )
+    as_dict.pop("input_audio", None)  # bytes, read below
+    # Typed by the message already; lax for what MessageToDict writes as text (NaN).
+    common = _common(parse_shape(_Common, as_dict, strict=False), as_dict, header_session_id)
     if not request.HasField("input_audio") or not request.input_audio.data:
         raise bad_request("input_audio is required", param="input_audio")
     fmt = normalize_format(request.input_audio.format or "", "input_audio.format")

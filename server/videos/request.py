@@ -4,15 +4,28 @@ capabilities into the parameters a provider gets."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from google.protobuf import json_format
+from pydantic import AfterValidator, Field, model_validator
 
 from server.errors import bad_request
 from server.routing.catalog import Catalog, Model, VideoCapabilities
-from server.transcription.request import MAX_ID_CHARS, MODEL_ID, TRACE_STRING_KEYS
-from server.validation import check_struct, check_text
+from server.transcription.request import MODEL_ID
+from server.validation import (
+    BoundedId,
+    Provider,
+    Shape,
+    StoredText,
+    Trace,
+    check_struct,
+    header_session,
+    invalid,
+    one_of,
+    parse_shape,
+    text_problem,
+)
 from server.videos import options
 from server.webhooks.targets import check_callback_url
 
@@ -44,40 +57,95 @@ def _allowed(value: str, allowed: tuple[str, ...] | None, param: str, model: Mod
         )
 
 
-def _enum(value: str, allowed: tuple[str, ...], param: str) -> None:
-    if value not in allowed:
-        raise bad_request(
-            f"{param} must be one of {', '.join(allowed)}", param=param, allowed=list(allowed)
-        )
+def _model_id(value: str) -> str:
+    if not MODEL_ID.match(value):
+        raise invalid("must look like <provider_prefix>/<model_name>")
+    return value
 
 
-def _media_url(url: str, param: str) -> str:
-    if not url:
-        raise bad_request(f"{param} is required", param=param)
+def _media_url(url: str) -> str:
     if len(url) > MAX_URL_CHARS:
-        raise bad_request(f"{param} is too long", param=param)
-    check_text(url, param)
+        raise invalid("is too long")
+    problem = text_problem(url)
+    if problem is not None:
+        raise invalid(problem)
     scheme = urlsplit(url).scheme.lower() if "://" in url or url.startswith("data:") else ""
     if scheme not in ("https", "http", "data"):
-        raise bad_request(f"{param} must be an http(s) or data: URL", param=param)
+        raise invalid("must be an http(s) or data: URL")
     return url
 
 
-def _dimensions(request: Any, caps: VideoCapabilities, model: Model) -> dict[str, Any]:
-    resolution = request.resolution if request.HasField("resolution") else None
-    aspect = request.aspect_ratio if request.HasField("aspect_ratio") else None
+def _size(value: str) -> str:
+    if options.parse_size(value) is None:
+        raise invalid("must be <WIDTH>x<HEIGHT>, e.g. 1280x720")
+    return value
+
+
+class _MediaUrl(Shape):
+    url: Annotated[str, Field(min_length=1), AfterValidator(_media_url)]
+
+
+class _FrameImage(Shape):
+    type: one_of(("image_url",))  # type: ignore[valid-type]
+    frame_type: one_of(options.FRAME_TYPES)  # type: ignore[valid-type]
+    image_url: _MediaUrl = Field(default_factory=dict, validate_default=True)  # type: ignore[arg-type]
+
+
+class _InputReference(Shape):
+    """A union on `type`: only the member it names is read (and required)."""
+
+    type: one_of(options.REFERENCE_TYPES)  # type: ignore[valid-type]
+    image_url: _MediaUrl | None = None
+    audio_url: _MediaUrl | None = None
+    video_url: _MediaUrl | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_member(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("type") in options.REFERENCE_TYPES:
+            return {"type": data["type"], data["type"]: data.get(data["type"]) or {}}
+        return data
+
+    @property
+    def url(self) -> str:
+        member = getattr(self, self.type)
+        assert member is not None
+        return str(member.url)
+
+
+class _VideoShape(Shape):
+    """gateway.v1.CreateVideoRequest (POST /videos): what any model accepts."""
+
+    model: Annotated[str, Field(min_length=1), AfterValidator(_model_id)]
+    prompt: Annotated[StoredText, Field(max_length=MAX_PROMPT_CHARS)] = ""
+    resolution: one_of(options.RESOLUTIONS) | None = None  # type: ignore[valid-type]
+    aspect_ratio: one_of(options.ASPECT_RATIOS) | None = None  # type: ignore[valid-type]
+    size: Annotated[str, AfterValidator(_size)] | None = None
+    frame_images: list[_FrameImage] = Field([], max_length=MAX_FRAME_IMAGES)
+    input_references: list[_InputReference] = Field([], max_length=MAX_INPUT_REFERENCES)
+    duration: int | None = Field(None, ge=1)
+    generate_audio: bool | None = None
+    seed: int | None = None
+    creativity: int | None = None
+    upscale_factor: float | None = Field(None, gt=0, allow_inf_nan=False)
+    callback_url: str | None = None  # checked in full by check_callback_url
+    session_id: BoundedId | None = None
+    user: BoundedId | None = None
+    trace: Trace | None = None
+    provider: Provider | None = None
+
+
+def _dimensions(shape: _VideoShape, caps: VideoCapabilities, model: Model) -> dict[str, Any]:
+    resolution, aspect = shape.resolution, shape.aspect_ratio
     if resolution is not None:
-        _enum(resolution, options.RESOLUTIONS, "resolution")
         _allowed(resolution, caps.resolutions, "resolution", model)
     if aspect is not None:
-        _enum(aspect, options.ASPECT_RATIOS, "aspect_ratio")
         _allowed(aspect, caps.aspect_ratios, "aspect_ratio", model)
-    if request.HasField("size"):
-        size = options.parse_size(request.size)
-        if size is None:
-            raise bad_request("size must be <WIDTH>x<HEIGHT>, e.g. 1280x720", param="size")
+    if shape.size is not None:
+        size = options.parse_size(shape.size)
+        assert size is not None  # the shape's rule
         if caps.sizes is not None:
-            _allowed(request.size, caps.sizes, "size", model)
+            _allowed(shape.size, caps.sizes, "size", model)
         width, height = size
         size_resolution = options.resolution_of(width, height)
         size_aspect = options.aspect_of(width, height)
@@ -89,7 +157,7 @@ def _dimensions(request: Any, caps: VideoCapabilities, model: Model) -> dict[str
             or caps.aspect_ratios is None
             or size_aspect not in caps.aspect_ratios
         ):
-            raise bad_request(f"size {request.size} is not supported by {model.id}", param="size")
+            raise bad_request(f"size {shape.size} is not supported by {model.id}", param="size")
         if (resolution is not None and resolution != size_resolution) or (
             aspect is not None and aspect != size_aspect
         ):
@@ -109,71 +177,51 @@ def _dimensions(request: Any, caps: VideoCapabilities, model: Model) -> dict[str
     return {"width": width, "height": height, "resolution": resolution, "aspect_ratio": aspect}
 
 
-def _frames(request: Any, caps: VideoCapabilities, model: Model) -> list[dict[str, str]]:
+def _frames(shape: _VideoShape, caps: VideoCapabilities, model: Model) -> list[dict[str, str]]:
     frames = []
     seen: set[str] = set()
-    if len(request.frame_images) > MAX_FRAME_IMAGES:
-        raise bad_request(f"at most {MAX_FRAME_IMAGES} frame_images", param="frame_images")
-    for index, frame in enumerate(request.frame_images):
-        param = f"frame_images[{index}]"
-        if frame.type != "image_url":
-            raise bad_request(f"{param}.type must be image_url", param=f"{param}.type")
-        _enum(frame.frame_type, options.FRAME_TYPES, f"{param}.frame_type")
-        _allowed(frame.frame_type, caps.frame_images, f"{param}.frame_type", model)
+    for index, frame in enumerate(shape.frame_images):
+        param = f"frame_images[{index}].frame_type"
+        _allowed(frame.frame_type, caps.frame_images, param, model)
         if frame.frame_type in seen:
-            raise bad_request(f"more than one {frame.frame_type}", param=f"{param}.frame_type")
+            raise bad_request(f"more than one {frame.frame_type}", param=param)
         seen.add(frame.frame_type)
-        url = _media_url(frame.image_url.url, f"{param}.image_url.url")
-        frames.append({"frame_type": frame.frame_type, "url": url})
+        frames.append({"frame_type": frame.frame_type, "url": frame.image_url.url})
     return frames
-
-
-def _references(request: Any, caps: VideoCapabilities) -> list[dict[str, str]]:
-    if len(request.input_references) > MAX_INPUT_REFERENCES:
-        raise bad_request(
-            f"at most {MAX_INPUT_REFERENCES} input_references", param="input_references"
-        )
-    kept = []
-    for index, reference in enumerate(request.input_references):
-        param = f"input_references[{index}]"
-        _enum(reference.type, options.REFERENCE_TYPES, f"{param}.type")
-        member = getattr(reference, reference.type)
-        url = _media_url(member.url, f"{param}.{reference.type}.url")
-        # Audio and video references only go to providers that honour them.
-        if reference.type in caps.input_reference_types:
-            kept.append({"type": reference.type, "url": url})
-    return kept
 
 
 def parse_video_request(
     request: Any, catalog: Catalog, header_session_id: str | None
 ) -> VideoInput:
-    """Validate a gateway.v1.CreateVideoRequest; every failure is a 400 naming the field."""
-    if not request.model:
-        raise bad_request("model is required", param="model")
-    if not MODEL_ID.match(request.model):
-        raise bad_request("model must look like <provider_prefix>/<model_name>", param="model")
-    model = catalog.get(request.model)
+    """Validate a gateway.v1.CreateVideoRequest; every failure is a 400 naming the field:
+    its shape first (_VideoShape), then what the model supports."""
+    # Before the message becomes a dict, which fails on NaN in a Struct.
+    if request.HasField("trace"):
+        check_struct(request.trace, "trace")
+    if request.HasField("provider") and request.provider.HasField("options"):
+        check_struct(request.provider.options, "provider.options")
+    fields = json_format.MessageToDict(request, preserving_proto_field_name=True)
+    shape = parse_shape(_VideoShape, fields, strict=False)  # int64 arrives as text
+    model = catalog.get(shape.model)
     if model is None or model.kind != "video" or model.video is None:
-        raise bad_request(f"Unknown video model {request.model!r}", param="model")
+        raise bad_request(f"Unknown video model {shape.model!r}", param="model")
     caps = model.video
-    dims = _dimensions(request, caps, model)
-    frames = _frames(request, caps, model)
-    references = _references(request, caps)
+    dims = _dimensions(shape, caps, model)
+    frames = _frames(shape, caps, model)
+    # Audio and video references only go to providers that honour them.
+    references = [
+        {"type": r.type, "url": r.url}
+        for r in shape.input_references
+        if r.type in caps.input_reference_types
+    ]
 
-    prompt = request.prompt if request.HasField("prompt") else ""
     has_images = bool(frames) or any(r["type"] == "image_url" for r in references)
-    if not prompt.strip() and not (caps.prompt_optional_with_images and has_images):
+    if not shape.prompt.strip() and not (caps.prompt_optional_with_images and has_images):
         raise bad_request("prompt is required for this model", param="prompt")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise bad_request(f"prompt must be at most {MAX_PROMPT_CHARS} characters", param="prompt")
-    check_text(prompt, "prompt")
 
-    duration = request.duration if request.HasField("duration") else caps.default_duration
+    duration = shape.duration if shape.duration is not None else caps.default_duration
     if duration is None:
         duration = (caps.durations or (5,))[0]
-    if duration < 1:
-        raise bad_request("duration must be at least 1", param="duration")
     if caps.durations is not None and duration not in caps.durations:
         raise bad_request(
             f"duration {duration} is not supported by {model.id}; allowed: "
@@ -182,65 +230,42 @@ def parse_video_request(
         )
 
     generate_audio = (
-        request.generate_audio if request.HasField("generate_audio") else bool(caps.generate_audio)
+        shape.generate_audio if shape.generate_audio is not None else bool(caps.generate_audio)
     )
     if generate_audio and not caps.generate_audio:
         raise bad_request(f"{model.id} cannot generate audio", param="generate_audio")
 
     params: dict[str, Any] = {
-        "prompt": prompt,
+        "prompt": shape.prompt,
         "duration": duration,
         "generate_audio": generate_audio,
         "frame_images": frames,
         "input_references": references,
         **dims,
     }
-    if request.HasField("seed"):
-        params["seed"] = request.seed
+    if shape.seed is not None:
+        params["seed"] = shape.seed
     for name in ("creativity", "upscale_factor"):
-        if request.HasField(name):
+        value = getattr(shape, name)
+        if value is not None:
             if not caps.upscaling:
                 raise bad_request(
                     f"{name} is only for video upscaling models; {model.id} generates video",
                     param=name,
                 )
-            params[name] = getattr(request, name)
-    if "upscale_factor" in params and not params["upscale_factor"] > 0:
-        raise bad_request("upscale_factor must be greater than 0", param="upscale_factor")
+            params[name] = value
 
-    callback = (
-        check_callback_url(request.callback_url) if request.HasField("callback_url") else None
-    )
-    session = request.session_id if request.HasField("session_id") else None
+    callback = check_callback_url(shape.callback_url) if shape.callback_url is not None else None
+    session = shape.session_id
     if session is None and header_session_id:
-        session = header_session_id
-    session_param = "session_id" if request.HasField("session_id") else "x-session-id"
-    for name, value in ((session_param, session), ("user", request.user or None)):
-        if value is not None and len(value) > MAX_ID_CHARS:
-            raise bad_request(f"{name} must be at most {MAX_ID_CHARS} characters", param=name)
-        if value is not None:
-            check_text(value, name)  # stored with the job and its generation record
-    if request.HasField("trace"):
-        check_struct(request.trace, "trace")  # before MessageToDict, which fails on NaN
-    trace = json_format.MessageToDict(request.trace) if request.HasField("trace") else None
-    for key in TRACE_STRING_KEYS:
-        if trace is not None and key in trace and not isinstance(trace[key], str):
-            raise bad_request(f"trace.{key} must be a string", param=f"trace.{key}")
-    provider_options: dict[str, Any] = {}
-    if request.HasField("provider") and request.provider.HasField("options"):
-        check_struct(request.provider.options, "provider.options")
-        provider_options = json_format.MessageToDict(request.provider.options)
-        if not all(isinstance(v, dict) for v in provider_options.values()):
-            raise bad_request(
-                "provider.options must map provider slugs to objects", param="provider.options"
-            )
+        session = header_session(header_session_id)
     return VideoInput(
         model=model,
         params=params,
         duration=duration,
         callback_url=callback,
         session_id=session,
-        user=request.user if request.HasField("user") else None,
-        trace=trace,
-        provider_options=provider_options,
+        user=shape.user,
+        trace=fields.get("trace"),
+        provider_options=shape.provider.options if shape.provider else {},
     )
