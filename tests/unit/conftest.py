@@ -12,10 +12,14 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlmodel import SQLModel
 
 from server.clock import ManualClock
 from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
+from server.db.models import Account  # noqa: F401 (registers every table on the metadata)
 from server.observability.metrics import Metrics
 from tests.conftest import Databases
 from tests.support.admin import Admin
@@ -82,11 +86,29 @@ async def domain(
     await _close(built)
 
 
+@pytest_asyncio.fixture(scope="session")
+async def unit_pg_url(databases: Databases) -> str:
+    """One migrated PostgreSQL database for the layer, emptied before each test that uses
+    it (creating and dropping one per test would cost a second or two each)."""
+    return await databases.new("postgres")
+
+
+async def _emptied(url: str) -> str:
+    tables = ", ".join(f'"{t.name}"' for t in SQLModel.metadata.sorted_tables)
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(sa.text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    finally:
+        await engine.dispose()
+    return url
+
+
 @pytest_asyncio.fixture(params=["sqlite", "postgres"])
 async def any_domain(
     request: pytest.FixtureRequest,
     migrated_sqlite: Path,
-    databases: Databases,
+    unit_pg_url: str,
     clock: ManualClock,
     tmp_path: Path,
 ) -> AsyncIterator[Domain]:
@@ -96,7 +118,7 @@ async def any_domain(
         shutil.copyfile(migrated_sqlite, path)
         url = f"sqlite+aiosqlite:///{path}"
     else:
-        url = await databases.new("postgres")
+        url = await _emptied(unit_pg_url)
     built = await _domain(url, request.param, clock, tmp_path)
     yield built
     await _close(built)
