@@ -1,0 +1,48 @@
+"""Deterministic signals that a gateway in a subprocess has processed past a point: what a
+test waits for instead of sleeping and then asserting that nothing (more) happened."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.eventually import eventually
+from tests.support.processes import GatewayProcess
+
+
+async def finished_calls(gateway: GatewayProcess, route: str) -> int:
+    """The calls of `route` ("POST /api/v1/audio/transcriptions") the server has finished,
+    whatever their status: the request counter is incremented as a call's handler ends —
+    after a cancelled call has released its hold and recorded its failure."""
+    async with httpx.AsyncClient() as client:
+        response = await client.get(gateway.metrics_url)
+    response.raise_for_status()
+    total = 0.0
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == "gateway_requests_total" and sample.labels.get("route") == route:
+                total += sample.value
+    return int(total)
+
+
+async def all_calls_finished(
+    gateway: GatewayProcess, route: str, count: int, within: float = 30.0
+) -> None:
+    """Wait until the server has finished `count` calls of `route` in all."""
+
+    async def done() -> bool:
+        return await finished_calls(gateway, route) >= count
+
+    await eventually(done, within=within, message=f"{count} calls of {route} finished")
+
+
+async def logged_past(gateway: GatewayProcess, within: float = 10.0) -> None:
+    """Wait until the server has written its log lines for every request answered before
+    this call: one more request's access log line has arrived (the server logs a call before
+    its answer goes out, and its output is read in order)."""
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"{gateway.base_url}/key")  # 401, and logged
+    request_id = response.headers["x-request-id"]
+    await eventually(
+        lambda: request_id in gateway.log(), within=within, message="the marker request logged"
+    )
