@@ -10,19 +10,29 @@ from tests.support.eventually import eventually
 from tests.support.processes import GatewayProcess
 
 
-async def finished_calls(gateway: GatewayProcess, route: str) -> int:
-    """The calls of `route` ("POST /api/v1/audio/transcriptions") the server has finished,
-    whatever their status: the request counter is incremented as a call's handler ends —
-    after a cancelled call has released its hold and recorded its failure."""
+async def metric_total(gateway: GatewayProcess, name: str, **labels: str) -> int:
+    """The sum of the gateway's `name` samples whose labels include `labels`."""
     async with httpx.AsyncClient() as client:
         response = await client.get(gateway.metrics_url)
     response.raise_for_status()
     total = 0.0
     for family in text_string_to_metric_families(response.text):
         for sample in family.samples:
-            if sample.name == "gateway_requests_total" and sample.labels.get("route") == route:
+            if sample.name == name and labels.items() <= sample.labels.items():
                 total += sample.value
     return int(total)
+
+
+async def finished_calls(gateway: GatewayProcess, route: str) -> int:
+    """The calls of `route` ("POST /api/v1/audio/transcriptions") whose handler has ended on
+    the server, whatever their status (a call whose deadline passed before a handler ran is
+    not counted)."""
+    return await metric_total(gateway, "gateway_requests_total", route=route)
+
+
+async def admitted(gateway: GatewayProcess) -> int:
+    """Billable requests the gateway's limits admitted (a hold was placed)."""
+    return await metric_total(gateway, "gateway_admissions_total", outcome="admitted")
 
 
 async def all_calls_finished(
