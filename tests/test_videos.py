@@ -23,6 +23,7 @@ from server.db.models import LedgerEntry, VideoJob
 from server.errors import GatewayError
 from tests.conftest import Stack
 from tests.support.admin import Admin, IssuedKey
+from tests.support.eventually import eventually
 from tests.support.processes import GatewayProcess
 
 
@@ -41,15 +42,17 @@ async def submit(stack: Stack, issued: IssuedKey, body: dict[str, Any]) -> httpx
 async def wait_for(
     stack: Stack, issued: IssuedKey, job_id: str, *statuses: str, within: float = 30.0
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + within
     async with httpx.AsyncClient() as client:
-        while True:
+
+        async def reached() -> dict[str, Any] | None:
             job = (
                 await client.get(f"{stack.base_url}/videos/{job_id}", headers=issued.headers)
             ).json()
-            if job["status"] in statuses or time.monotonic() > deadline:
-                return job  # type: ignore[no-any-return]
-            await asyncio.sleep(0.1)
+            return job if job["status"] in statuses else None  # type: ignore[no-any-return]
+
+        return await eventually(
+            reached, within=within, interval=0.1, message=f"{job_id} {statuses}"
+        )
 
 
 def mp4_facts(data: bytes) -> tuple[str, int, int, float]:
@@ -433,23 +436,22 @@ async def test_a_killed_server_resumes_its_job_and_charges_once(tmp_path: Path) 
                 },
             )
         job_id = response.json()["id"]
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        async def running() -> bool:
             async with admin.sessions() as session:
                 job = await session.get(VideoJob, job_id, populate_existing=True)
-            if job is not None and job.status == "in_progress":
-                break
-            await asyncio.sleep(0.02)
+            return job is not None and job.status == "in_progress"
+
+        await eventually(running, within=20, interval=0.02, message="the job is running")
         assert first.process is not None
         envoy_pids = _child_pids(first.process.pid)
         first.process.kill()  # no cleanup at all
         first.process.wait(10)
-        for pid in envoy_pids:  # Envoy follows its parent (PR_SET_PDEATHSIG)
-            for _ in range(100):
-                if not _alive(pid):
-                    break
-                await asyncio.sleep(0.05)
-            assert not _alive(pid), "Envoy outlived the gateway"
+        await eventually(  # Envoy follows its parent (PR_SET_PDEATHSIG)
+            lambda: not any(_alive(pid) for pid in envoy_pids),
+            within=5,
+            message="Envoy exited with the gateway",
+        )
         async with admin.sessions() as session:
             job = await session.get(VideoJob, job_id, populate_existing=True)
         assert job is not None and job.status == "in_progress"  # killed mid-job
@@ -458,16 +460,16 @@ async def test_a_killed_server_resumes_its_job_and_charges_once(tmp_path: Path) 
         await asyncio.to_thread(second.start)
         try:
             async with httpx.AsyncClient(timeout=30) as client:
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline:
+
+                async def ended() -> dict[str, Any] | None:
                     body = (
                         await client.get(
                             f"{second.base_url}/videos/{job_id}", headers=issued.headers
                         )
                     ).json()
-                    if body["status"] in ("completed", "failed"):
-                        break
-                    await asyncio.sleep(0.2)
+                    return body if body["status"] in ("completed", "failed") else None
+
+                body = await eventually(ended, within=60, interval=0.2, message="the job ended")
                 assert body["status"] == "completed", body
                 content = await client.get(
                     f"{second.base_url}/videos/{job_id}/content", headers=issued.headers
