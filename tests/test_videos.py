@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -67,9 +66,11 @@ def mp4_facts(data: bytes) -> tuple[str, int, int, float]:
 
 
 async def test_sdk_generate_poll_download_and_list(stack: Stack, funded: IssuedKey) -> None:
-    def flow() -> tuple[Any, Any, bytes, list[str]]:
-        with OpenRouter(api_key=funded.key, server_url=stack.base_url) as sdk:
-            job = sdk.video_generation.generate(
+    # The SDK is synchronous: each call runs in a thread, the waiting in the event loop.
+    with OpenRouter(api_key=funded.key, server_url=stack.base_url) as sdk:
+        videos = sdk.video_generation
+        job = await asyncio.to_thread(
+            lambda: videos.generate(
                 model="local/renderer",
                 prompt="a lighthouse in a storm",
                 duration=2,
@@ -77,16 +78,17 @@ async def test_sdk_generate_poll_download_and_list(stack: Stack, funded: IssuedK
                 aspect_ratio="16:9",
                 seed=7,
             )
-            deadline = time.monotonic() + 30
-            done = sdk.video_generation.get_generation(job_id=job.id)
-            while done.status != "completed" and time.monotonic() < deadline:
-                time.sleep(0.1)
-                done = sdk.video_generation.get_generation(job_id=job.id)
-            content = sdk.video_generation.get_video_content(job_id=job.id, index=0).read()
-            models = [m.id for m in sdk.video_generation.list_videos_models().data]
-            return job, done, content, models
+        )
 
-    job, done, content, models = await asyncio.to_thread(flow)
+        async def completed() -> Any:
+            done = await asyncio.to_thread(lambda: videos.get_generation(job_id=job.id))
+            return done if done.status == "completed" else None
+
+        done = await eventually(completed, within=30, interval=0.1, message="the job completed")
+        content = await asyncio.to_thread(
+            lambda: videos.get_video_content(job_id=job.id, index=0).read()
+        )
+        models = [m.id for m in (await asyncio.to_thread(videos.list_videos_models)).data]
     assert job.status == "pending" and job.polling_url == f"/api/v1/videos/{job.id}"
     assert done.status == "completed" and done.generation_id
     assert done.usage.cost == 0.002 and done.usage.is_byok is False  # 2 s x 0.001
