@@ -19,10 +19,11 @@ from tests.support.domain import VIDEO_BYTES, Domain
 PRICE_MICROS = 100_000  # 0.05 USD/s for 2 s
 
 
-def _worker(domain: Domain, store: ContentStore, **kw: object) -> VideoWorker:
-    return VideoWorker(
-        domain.sessions, domain.clock, domain.catalog, domain.video_adapters(), store, **kw
-    )  # type: ignore[arg-type]
+def _worker(
+    domain: Domain, store: ContentStore, lease: timedelta = timedelta(minutes=2)
+) -> VideoWorker:
+    adapters = domain.video_adapters()
+    return VideoWorker(domain.sessions, domain.clock, domain.catalog, adapters, store, lease=lease)
 
 
 async def _submit(domain: Domain, issued: IssuedKey, model: str) -> str:
