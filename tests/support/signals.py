@@ -23,27 +23,9 @@ async def metric_total(gateway: GatewayProcess, name: str, **labels: str) -> int
     return int(total)
 
 
-async def finished_calls(gateway: GatewayProcess, route: str) -> int:
-    """The calls of `route` ("POST /api/v1/audio/transcriptions") whose handler has ended on
-    the server, whatever their status (a call whose deadline passed before a handler ran is
-    not counted)."""
-    return await metric_total(gateway, "gateway_requests_total", route=route)
-
-
 async def admitted(gateway: GatewayProcess) -> int:
     """Billable requests the gateway's limits admitted (a hold was placed)."""
     return await metric_total(gateway, "gateway_admissions_total", outcome="admitted")
-
-
-async def all_calls_finished(
-    gateway: GatewayProcess, route: str, count: int, within: float = 30.0
-) -> None:
-    """Wait until the server has finished `count` calls of `route` in all."""
-
-    async def done() -> bool:
-        return await finished_calls(gateway, route) >= count
-
-    await eventually(done, within=within, message=f"{count} calls of {route} finished")
 
 
 async def logged_past(gateway: GatewayProcess, within: float = 10.0) -> None:
