@@ -12,10 +12,11 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from server.db.models import LedgerEntry, UsageCounter
+from server.db.models import LedgerEntry, UsageCounter, WebhookDelivery
 from tests.conftest import Stack
 from tests.support.admin import IssuedKey
 from tests.support.audio import b64, fixture
+from tests.support.eventually import eventually
 from tests.support.processes import GatewayProcess
 
 PRICEY = {"model": "fake/pricey", "input_audio": {"data": b64(fixture()), "format": "wav"}}
@@ -152,18 +153,17 @@ async def test_two_processes_never_run_one_video_job_twice(
             )
         )
         ids = [r.json()["id"] for r in submitted]
-        deadline = asyncio.get_running_loop().time() + 90
-        while True:
+
+        async def finished() -> list[str]:
             states = [
                 (await client.get(f"{stack.base_url}/videos/{i}", headers=issued.headers)).json()[
                     "status"
                 ]
                 for i in ids
             ]
-            if all(s in ("completed", "failed") for s in states):
-                break
-            assert asyncio.get_running_loop().time() < deadline, states
-            await asyncio.sleep(0.5)
+            return states if all(s in ("completed", "failed") for s in states) else []
+
+        states = await eventually(finished, within=90, message="every job finished")
     assert states == ["completed"] * len(ids)
     assert stack.fake_video is not None
     sent = [
@@ -181,11 +181,25 @@ async def test_two_processes_never_run_one_video_job_twice(
             )
         ).one()[0]
     assert charges == len(ids)
-    deadline = asyncio.get_running_loop().time() + 30
-    while len(stack.webhooks.hooks(f"/exact/{unique}")) < len(ids):
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.2)
-    await asyncio.sleep(1)  # a duplicate would come now
+
+    async def settled() -> list[WebhookDelivery]:
+        # Every delivery recorded as ended: none is sent again, so no duplicate can follow.
+        async with stack.admin.sessions() as session:
+            rows = (
+                (
+                    await session.exec(
+                        sa.select(WebhookDelivery).where(WebhookDelivery.job_id.in_(ids))  # type: ignore[attr-defined]
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        return (
+            list(rows) if len(rows) == len(ids) and all(r.status != "pending" for r in rows) else []
+        )
+
+    deliveries = await eventually(settled, within=30, message="every webhook delivered")
+    assert [(d.status, d.attempts) for d in deliveries] == [("delivered", 1)] * len(ids)
     hooks = stack.webhooks.hooks(f"/exact/{unique}")
     delivered = sorted(json.loads(h.body)["data"]["id"] for h in hooks)
     assert delivered == sorted(ids)  # each job's webhook exactly once

@@ -18,7 +18,7 @@ from server.config import EdgePolicy
 from server.contract import DESCRIPTOR_SET, SERVICES, keys_pb2, keys_pb2_grpc
 from server.db.engine import create_engine, session_factory
 from tests.support.admin import Admin
-from tests.support.processes import GatewayProcess, free_port
+from tests.support.processes import GatewayProcess, free_port, refusing_port
 
 
 async def _envoy(tmp_path: Path, upstream_port: int, timeout_s: int = 300) -> EnvoyProcess:
@@ -42,7 +42,7 @@ def _url(envoy: EnvoyProcess, path: str) -> str:
 
 
 async def test_unreachable_server_is_503_without_reset_reason(tmp_path: Path) -> None:
-    envoy = await _envoy(tmp_path, free_port())  # nothing listens there
+    envoy = await _envoy(tmp_path, refusing_port())  # nothing listens there
     try:
         async with httpx.AsyncClient() as client:
             response = await client.get(_url(envoy, "/api/v1/key"))

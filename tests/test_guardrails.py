@@ -4,7 +4,6 @@ the CLI, enforced on transcriptions, video jobs and the model listing with 403
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from openrouter import OpenRouter
 from server.db.models import CreditHold, LedgerEntry, VideoJob
 from tests.conftest import Stack
 from tests.support.admin import IssuedKey
+from tests.support.eventually import eventually
 from tests.test_transcription import audio_body
 
 
@@ -206,16 +206,15 @@ async def _outside_key(stack: Stack) -> IssuedKey:
 
 
 async def _finished(stack: Stack, key: IssuedKey, job_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
     async with httpx.AsyncClient() as client:
-        while True:
+
+        async def ended() -> dict[str, Any] | None:
             job = (
                 await client.get(f"{stack.base_url}/videos/{job_id}", headers=key.headers)
             ).json()
-            if job["status"] in ("completed", "failed"):
-                return job  # type: ignore[no-any-return]
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.2)
+            return job if job["status"] in ("completed", "failed") else None
+
+        return await eventually(ended, within=60, interval=0.2, message=f"{job_id} ended")
 
 
 async def test_the_video_worker_uses_only_allowed_providers(stack: Stack, team: Workspace) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -20,11 +19,13 @@ from server.billing.holds import (
 from server.billing.money import usd_to_micros
 from server.clock import ManualClock
 from server.contract import audio_pb2, audio_pb2_grpc
-from server.db.models import CreditHold, LedgerEntry, UsageCounter
+from server.db.models import CreditHold, Generation, LedgerEntry, UsageCounter
 from server.errors import GatewayError
 from tests.conftest import Stack
 from tests.support.admin import Admin, IssuedKey
 from tests.support.audio import fixture
+from tests.support.eventually import eventually
+from tests.support.signals import admitted
 
 
 async def _hold(admin: Admin, issued: IssuedKey, usd: str, **kw: object) -> object:
@@ -156,11 +157,8 @@ async def test_lapsed_holds_are_swept(admin_db: Admin) -> None:
 # --- cancellation paths over gRPC (the real server, a slow fake provider) ----------------
 
 
-async def _no_hold_left(stack: Stack, account: str, within: float = 10) -> None:
-    deadline = time.monotonic() + within
-    while await stack.admin.count(CreditHold, CreditHold.account_id == account) != 0:
-        assert time.monotonic() < deadline, "a cancelled call left its hold behind"
-        await asyncio.sleep(0.1)
+async def _no_hold_left(stack: Stack, account: str) -> None:
+    assert await stack.admin.count(CreditHold, CreditHold.account_id == account) == 0
 
 
 def _request() -> audio_pb2.TranscriptionRequest:
@@ -174,13 +172,28 @@ async def test_grpc_deadlines_release_the_hold(stack: Stack, funded: IssuedKey) 
     while its hold commits, during the provider call — leave no hold and no charge."""
     account = funded.workspace.account_id
     metadata = (("authorization", f"Bearer {funded.key}"),)
+    admitted_before = await admitted(stack.gateway)
+    provider_calls_before = len(stack.fake_stt.calls_for("slow-2"))
+    timeouts = (0.02, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8, 1.2)
     async with grpc.aio.insecure_channel(stack.grpc_target) as channel:
         stub = audio_pb2_grpc.AudioStub(channel)
-        for timeout in (0.02, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8, 1.2):
+        for timeout in timeouts:
             with pytest.raises(grpc.aio.AioRpcError) as failure:
                 await stub.CreateTranscription(_request(), metadata=metadata, timeout=timeout)
             assert failure.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await asyncio.sleep(2.5)  # past the slow provider's answer: nothing may arrive late
+
+    async def every_admitted_call_ended() -> bool:
+        # An admitted call's last write is its generation record (after its hold is released
+        # or settled): once every admitted call has one, none can still hold or charge —
+        # a late provider answer included.
+        calls = await admitted(stack.gateway) - admitted_before
+        return await stack.admin.count(Generation, Generation.account_id == account) == calls
+
+    await eventually(every_admitted_call_ended, within=30, message="every admitted call ended")
+    at_provider = len(stack.fake_stt.calls_for("slow-2")) - provider_calls_before
+    assert await admitted(stack.gateway) - admitted_before >= at_provider > 0
+    completed = (Generation.account_id == account, Generation.status != "failed")
+    assert await stack.admin.count(Generation, *completed) == 0
     await _no_hold_left(stack, account)
     charges = (LedgerEntry.account_id == account, LedgerEntry.kind == "charge")
     assert await stack.admin.count(LedgerEntry, *charges) == 0
@@ -194,16 +207,25 @@ async def test_a_grpc_client_cancel_releases_the_hold(stack: Stack, funded: Issu
         call = audio_pb2_grpc.AudioStub(channel).CreateTranscription(
             _request(), metadata=metadata, timeout=30
         )
-        deadline = time.monotonic() + 10
-        while len(stack.fake_stt.calls_for("slow-2")) == calls_before:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await eventually(
+            lambda: len(stack.fake_stt.calls_for("slow-2")) > calls_before,
+            within=10,
+            message="the call reached the provider",
+        )
         assert await stack.admin.count(CreditHold, CreditHold.account_id == account) == 1
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-    await asyncio.sleep(2.5)
+    # The cancelled call's last write is its (failed) generation record: once it is there,
+    # the hold is released and no late answer can charge the call.
+    await eventually(
+        lambda: stack.admin.count(Generation, Generation.account_id == account),
+        within=30,
+        message="the cancelled call recorded its failure",
+    )
     await _no_hold_left(stack, account)
+    charges = (LedgerEntry.account_id == account, LedgerEntry.kind == "charge")
+    assert await stack.admin.count(LedgerEntry, *charges) == 0
 
 
 async def test_finish_uncancelled_completes_its_work_through_cancellations() -> None:

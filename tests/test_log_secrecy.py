@@ -17,6 +17,7 @@ from tests.conftest import Databases, OwnGateway, own_gateway
 from tests.fakes.openai_stt import FakeSttProvider
 from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.raw_http import exchange
+from tests.support.signals import logged_past
 
 FRAGMENT = 12  # any run of this many characters of the key is a leak
 
@@ -124,7 +125,7 @@ async def test_a_malformed_authorization_value_never_logs_the_key(gateway: OwnGa
         + key.encode()
         + b"\xe9\r\nConnection: close\r\n\r\n",
     )
-    await asyncio.sleep(1)  # let the server's log lines be written
+    await logged_past(gateway.gateway)  # the server's lines for those calls are all in
     output = "".join(gateway.gateway.output)
     assert _leaks(output, key) == [], output[-3000:]
     gateway.terminate()

@@ -7,7 +7,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,8 @@ from tests.fakes.otlp_collector import OtlpCollector
 from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.admin import Admin, IssuedKey
 from tests.support.catalog import write_test_catalog
-from tests.support.processes import GatewayProcess, free_port
+from tests.support.eventually import eventually
+from tests.support.processes import GatewayProcess, refusing_port
 from tests.support.tcp_proxy import TcpProxy
 from tests.test_transcription import audio_body
 
@@ -139,12 +139,11 @@ async def test_json_logs_carry_the_request_id_envoy_returns(
         response = await client.get(f"{stack.base_url}/key", headers=funded.headers)
     request_id = response.headers["x-request-id"]
     assert request_id
-    deadline = time.monotonic() + 5
-    while True:
-        matching = [e for e in log_entries(stack.gateway) if e.get("request_id") == request_id]
-        if matching or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.05)
+    matching = await eventually(
+        lambda: [e for e in log_entries(stack.gateway) if e.get("request_id") == request_id],
+        within=5,
+        message="the request's access log line",
+    )
     assert len(matching) == 1, "one access log line per request"
     entry = matching[0]
     assert entry["route"] == "GET /api/v1/key"
@@ -160,10 +159,11 @@ async def test_a_direct_grpc_callers_request_id_is_logged(stack: Stack, funded: 
             keys_pb2.GetCurrentKeyRequest(),
             metadata=(*funded.metadata, ("x-request-id", "batch-7.item-42")),
         )
-    deadline = time.monotonic() + 5
-    while not any(e.get("request_id") == "batch-7.item-42" for e in log_entries(stack.gateway)):
-        assert time.monotonic() < deadline, "the caller's request id was not logged"
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: any(e.get("request_id") == "batch-7.item-42" for e in log_entries(stack.gateway)),
+        within=5,
+        message="the caller's request id logged",
+    )
 
 
 # --- traces --------------------------------------------------------------------------------------
@@ -231,13 +231,12 @@ async def test_a_generation_span_carries_trace_session_and_user(
             headers=issued.headers,
         )
     assert response.status_code == 200, response.text
-    [generation] = collector.wait_for("transcribe-door")
-    [step] = collector.wait_for("stt-step")
-    [server_span] = [
-        s
-        for s in collector.wait_for("POST /api/v1/audio/transcriptions")
-        if s.attributes.get("gateway.request_id") == response.headers["x-request-id"]
-    ]
+    [generation] = await collector.wait_for("transcribe-door")
+    [step] = await collector.wait_for("stt-step")
+    [server_span] = await collector.wait_for(
+        "POST /api/v1/audio/transcriptions",
+        where=lambda s: s.attributes.get("gateway.request_id") == response.headers["x-request-id"],
+    )
     # In the caller's trace, under its parent span, wrapped by the span_name span.
     assert step.trace_id == generation.trace_id == W3C_TRACE_ID
     assert step.parent_span_id == W3C_PARENT
@@ -274,8 +273,8 @@ async def test_requests_sharing_a_free_form_trace_id_share_a_trace(
                 headers=issued.headers,
             )
             assert response.status_code == 200
-    [first] = collector.wait_for("shared-0")
-    [second] = collector.wait_for("shared-1")
+    [first] = await collector.wait_for("shared-0")
+    [second] = await collector.wait_for("shared-1")
     assert first.trace_id == second.trace_id
     assert first.parent_span_id == second.parent_span_id != ""
 
@@ -293,16 +292,14 @@ async def test_a_failed_generation_and_the_callers_traceparent(
             headers={**issued.headers, "traceparent": traceparent},
         )
     assert response.status_code == 502
-    [doomed] = collector.wait_for("doomed")
+    [doomed] = await collector.wait_for("doomed")
     assert doomed.status_code == 2  # STATUS_CODE_ERROR
     assert doomed.attributes["gateway.generation.status"] == "failed"
     # No trace_id in the body: the generation is a child of the rpc, in the caller's trace.
     assert doomed.trace_id == "ab" * 16
-    [server_span] = [
-        s
-        for s in collector.wait_for("POST /api/v1/audio/transcriptions")
-        if s.span_id == doomed.parent_span_id
-    ]
+    [server_span] = await collector.wait_for(
+        "POST /api/v1/audio/transcriptions", where=lambda s: s.span_id == doomed.parent_span_id
+    )
     assert server_span.parent_span_id == "cd" * 8
     assert server_span.status_code == 2
 
@@ -325,7 +322,7 @@ async def test_a_finished_video_job_is_a_generation_span(
             headers=issued.headers,
         )
     assert submitted.status_code == 202, submitted.text
-    [span] = collector.wait_for("render-lighthouse", within=60)
+    [span] = await collector.wait_for("render-lighthouse", within=60)
     assert span.attributes["gen_ai.operation.name"] == "video_generation"
     assert span.attributes["session.id"] == "video-session"
     assert span.attributes["gateway.generation.status"] == "completed"
@@ -342,11 +339,19 @@ async def _health(target: str) -> int:
     return reply.status
 
 
+async def _not_serving(target: str) -> bool:
+    """The server reports NOT_SERVING (it sets that as it stops), or no longer answers."""
+    try:
+        return await _health(target) != health_pb2.HealthCheckResponse.SERVING
+    except grpc.aio.AioRpcError:
+        return True
+
+
 async def _until_health(target: str, wanted: int, within: float = 20) -> None:
-    deadline = time.monotonic() + within
-    while (status := await _health(target)) != wanted:
-        assert time.monotonic() < deadline, f"health stayed {status}, wanted {wanted}"
-        await asyncio.sleep(0.2)
+    async def reached() -> bool:
+        return await _health(target) == wanted
+
+    await eventually(reached, within=within, interval=0.2, message=f"health {wanted}")
 
 
 async def test_health_follows_database_reachability(databases: Databases, tmp_path: Path) -> None:
@@ -404,12 +409,17 @@ async def test_sigterm_lets_requests_in_flight_finish_and_charges_them(
                     headers=headers,
                 )
             )
-            deadline = time.monotonic() + 10
-            while len(fake_stt.calls_for("slow-2")) == calls_before:  # at the provider now
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.05)
+            await eventually(
+                lambda: len(fake_stt.calls_for("slow-2")) > calls_before,
+                within=10,
+                message="the call is at the provider",
+            )
             stopping.terminate()
-            await asyncio.sleep(0.5)
+            await eventually(
+                lambda: _not_serving(stopping.gateway.grpc_target),
+                within=10,
+                message="the gateway began to stop",
+            )
             try:
                 late = await client.get(f"{base_url}/key", headers=headers)
                 assert late.status_code == 503, "a stopping gateway takes no new requests"
@@ -441,10 +451,9 @@ async def test_sigterm_finishes_the_video_step_in_hand(
         assert submitted.status_code == 202
         job_id = submitted.json()["id"]
         taken = sa.and_(VideoJob.id == job_id, VideoJob.status != "pending")
-        deadline = time.monotonic() + 20
-        while not await stopping.count(VideoJob, taken):  # the worker renders it now
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await eventually(  # the worker renders it now
+            lambda: stopping.count(VideoJob, taken), within=20, interval=0.02, message="job taken"
+        )
         stopping.terminate()
         assert await stopping.exit_code(within=60) == 0
         async with stopping.admin.sessions() as session:
@@ -466,5 +475,5 @@ def test_gateway_health_command_for_container_checks(stack: Stack) -> None:
 
     serving = health(stack.grpc_target)
     assert serving.returncode == 0 and "SERVING" in serving.stdout
-    nobody = health(f"127.0.0.1:{free_port()}")
+    nobody = health(f"127.0.0.1:{refusing_port()}")
     assert nobody.returncode == 1 and "unreachable" in nobody.stdout

@@ -26,6 +26,7 @@ from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.admin import Admin, IssuedKey
 from tests.support.audio import DAMAGED, b64, damaged, retimed, sample, speech
 from tests.support.catalog import write_test_catalog
+from tests.support.eventually import eventually
 from tests.support.processes import GatewayProcess
 
 
@@ -315,11 +316,17 @@ async def test_sigterm_drains_local_transcriptions_and_ends_the_worker_processes
                 )
                 for _ in range(2)
             ]
-            for _ in range(300):  # until both recognitions are in worker processes
-                pool_workers = await asyncio.to_thread(_pool_workers, gateway.process.pid)
-                if len(pool_workers) >= len(warm) + 2 or any(c.done() for c in calls):
-                    break
-                await asyncio.sleep(0.1)
+            pid = gateway.process.pid
+
+            async def recognising() -> tuple[list[int]] | None:
+                # Both recognitions are in worker processes (or a call ended first).
+                workers = await asyncio.to_thread(_pool_workers, pid)
+                started = len(workers) >= len(warm) + 2 or any(c.done() for c in calls)
+                return (workers,) if started else None
+
+            (pool_workers,) = await eventually(
+                recognising, within=30, interval=0.1, message="recognitions in workers"
+            )
             assert len(pool_workers) >= len(warm) + 2, gateway.log()
             assert not any(c.done() for c in calls)
             gateway.process.send_signal(signal.SIGTERM)
@@ -331,8 +338,8 @@ async def test_sigterm_drains_local_transcriptions_and_ends_the_worker_processes
     finally:
         await engine.dispose()
         await asyncio.to_thread(gateway.stop)
-    for _ in range(50):  # the processes are reaped as the server exits
-        if not await asyncio.to_thread(_alive, pool_workers):
-            break
-        await asyncio.sleep(0.1)
-    assert not await asyncio.to_thread(_alive, pool_workers)
+
+    async def reaped() -> bool:  # the processes are reaped as the server exits
+        return not await asyncio.to_thread(_alive, pool_workers)
+
+    await eventually(reaped, within=5, interval=0.1, message="the pool's processes exited")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from server.db.models import LedgerEntry, VideoJob
 from server.errors import GatewayError
 from tests.conftest import Stack
 from tests.support.admin import Admin, IssuedKey
+from tests.support.eventually import eventually
 from tests.support.processes import GatewayProcess
 
 
@@ -41,15 +41,17 @@ async def submit(stack: Stack, issued: IssuedKey, body: dict[str, Any]) -> httpx
 async def wait_for(
     stack: Stack, issued: IssuedKey, job_id: str, *statuses: str, within: float = 30.0
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + within
     async with httpx.AsyncClient() as client:
-        while True:
+
+        async def reached() -> dict[str, Any] | None:
             job = (
                 await client.get(f"{stack.base_url}/videos/{job_id}", headers=issued.headers)
             ).json()
-            if job["status"] in statuses or time.monotonic() > deadline:
-                return job  # type: ignore[no-any-return]
-            await asyncio.sleep(0.1)
+            return job if job["status"] in statuses else None  # type: ignore[no-any-return]
+
+        return await eventually(
+            reached, within=within, interval=0.1, message=f"{job_id} {statuses}"
+        )
 
 
 def mp4_facts(data: bytes) -> tuple[str, int, int, float]:
@@ -64,9 +66,11 @@ def mp4_facts(data: bytes) -> tuple[str, int, int, float]:
 
 
 async def test_sdk_generate_poll_download_and_list(stack: Stack, funded: IssuedKey) -> None:
-    def flow() -> tuple[Any, Any, bytes, list[str]]:
-        with OpenRouter(api_key=funded.key, server_url=stack.base_url) as sdk:
-            job = sdk.video_generation.generate(
+    # The SDK is synchronous: each call runs in a thread, the waiting in the event loop.
+    with OpenRouter(api_key=funded.key, server_url=stack.base_url) as sdk:
+        videos = sdk.video_generation
+        job = await asyncio.to_thread(
+            lambda: videos.generate(
                 model="local/renderer",
                 prompt="a lighthouse in a storm",
                 duration=2,
@@ -74,16 +78,17 @@ async def test_sdk_generate_poll_download_and_list(stack: Stack, funded: IssuedK
                 aspect_ratio="16:9",
                 seed=7,
             )
-            deadline = time.monotonic() + 30
-            done = sdk.video_generation.get_generation(job_id=job.id)
-            while done.status != "completed" and time.monotonic() < deadline:
-                time.sleep(0.1)
-                done = sdk.video_generation.get_generation(job_id=job.id)
-            content = sdk.video_generation.get_video_content(job_id=job.id, index=0).read()
-            models = [m.id for m in sdk.video_generation.list_videos_models().data]
-            return job, done, content, models
+        )
 
-    job, done, content, models = await asyncio.to_thread(flow)
+        async def completed() -> Any:
+            done = await asyncio.to_thread(lambda: videos.get_generation(job_id=job.id))
+            return done if done.status == "completed" else None
+
+        done = await eventually(completed, within=30, interval=0.1, message="the job completed")
+        content = await asyncio.to_thread(
+            lambda: videos.get_video_content(job_id=job.id, index=0).read()
+        )
+        models = [m.id for m in (await asyncio.to_thread(videos.list_videos_models)).data]
     assert job.status == "pending" and job.polling_url == f"/api/v1/videos/{job.id}"
     assert done.status == "completed" and done.generation_id
     assert done.usage.cost == 0.002 and done.usage.is_byok is False  # 2 s x 0.001
@@ -433,23 +438,22 @@ async def test_a_killed_server_resumes_its_job_and_charges_once(tmp_path: Path) 
                 },
             )
         job_id = response.json()["id"]
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        async def running() -> bool:
             async with admin.sessions() as session:
                 job = await session.get(VideoJob, job_id, populate_existing=True)
-            if job is not None and job.status == "in_progress":
-                break
-            await asyncio.sleep(0.02)
+            return job is not None and job.status == "in_progress"
+
+        await eventually(running, within=20, interval=0.02, message="the job is running")
         assert first.process is not None
         envoy_pids = _child_pids(first.process.pid)
         first.process.kill()  # no cleanup at all
         first.process.wait(10)
-        for pid in envoy_pids:  # Envoy follows its parent (PR_SET_PDEATHSIG)
-            for _ in range(100):
-                if not _alive(pid):
-                    break
-                await asyncio.sleep(0.05)
-            assert not _alive(pid), "Envoy outlived the gateway"
+        await eventually(  # Envoy follows its parent (PR_SET_PDEATHSIG)
+            lambda: not any(_alive(pid) for pid in envoy_pids),
+            within=5,
+            message="Envoy exited with the gateway",
+        )
         async with admin.sessions() as session:
             job = await session.get(VideoJob, job_id, populate_existing=True)
         assert job is not None and job.status == "in_progress"  # killed mid-job
@@ -458,16 +462,16 @@ async def test_a_killed_server_resumes_its_job_and_charges_once(tmp_path: Path) 
         await asyncio.to_thread(second.start)
         try:
             async with httpx.AsyncClient(timeout=30) as client:
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline:
+
+                async def ended() -> dict[str, Any] | None:
                     body = (
                         await client.get(
                             f"{second.base_url}/videos/{job_id}", headers=issued.headers
                         )
                     ).json()
-                    if body["status"] in ("completed", "failed"):
-                        break
-                    await asyncio.sleep(0.2)
+                    return body if body["status"] in ("completed", "failed") else None
+
+                body = await eventually(ended, within=60, interval=0.2, message="the job ended")
                 assert body["status"] == "completed", body
                 content = await client.get(
                     f"{second.base_url}/videos/{job_id}/content", headers=issued.headers

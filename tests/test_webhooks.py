@@ -3,7 +3,6 @@ receiver with a test CA; retries, 410, and the address rules."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from datetime import UTC, datetime
@@ -20,6 +19,7 @@ from server.webhooks.targets import RefusedTarget, resolve_target
 from tests.conftest import Stack
 from tests.fakes.webhook_receiver import ReceivedHook
 from tests.support.admin import Admin, IssuedKey
+from tests.support.eventually import eventually
 
 
 @pytest.fixture
@@ -30,13 +30,27 @@ async def funded(stack: Stack, unique: str) -> IssuedKey:
 
 
 async def hooks_for(stack: Stack, path: str, count: int, within: float = 20) -> list[ReceivedHook]:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    def arrived() -> list[ReceivedHook]:
         hooks = stack.webhooks.hooks(path)
-        if len(hooks) >= count:
-            return hooks
-        await asyncio.sleep(0.1)
-    return stack.webhooks.hooks(path)
+        return hooks if len(hooks) >= count else []
+
+    return await eventually(arrived, within=within, message=f"{count} webhooks to {path}")
+
+
+async def settled_delivery(stack: Stack, job_id: str, within: float = 20) -> WebhookDelivery:
+    """The job's delivery once the dispatcher has recorded its end (delivered, stopped or
+    failed): from then on it is never sent again, so no further hook can arrive."""
+
+    async def ended() -> WebhookDelivery | None:
+        async with stack.admin.sessions() as session:
+            row = (
+                await session.exec(
+                    sa.select(WebhookDelivery).where(WebhookDelivery.job_id == job_id)
+                )
+            ).scalar_one_or_none()
+        return row if row is not None and row.status != "pending" else None
+
+    return await eventually(ended, within=within, message=f"the webhook of {job_id} settled")
 
 
 async def submit(stack: Stack, issued: IssuedKey, **body: object) -> str:
@@ -69,7 +83,8 @@ async def test_completed_job_sends_one_verifiable_signed_webhook(
     assert payload["data"]["usage"] == {"cost": 0.001, "is_byok": False}
     with pytest.raises(Exception):  # noqa: B017 (any verification failure)
         Webhook(secret).verify(hook.body + b" ", hook.headers)
-    await asyncio.sleep(1)
+    delivery = await settled_delivery(stack, job_id)
+    assert (delivery.status, delivery.attempts) == ("delivered", 1)
     assert len(stack.webhooks.hooks(path)) == 1  # delivered once
 
 
@@ -99,14 +114,9 @@ async def test_410_stops_and_errors_are_retried_with_the_same_id(
     await submit(stack, funded, model="local/renderer", callback_url=stack.webhooks.url(flaky))
     first, retried = await hooks_for(stack, flaky, 2, within=30)  # retry after ~5 s
     assert first.headers["webhook-id"] == retried.headers["webhook-id"]
+    stopped = await settled_delivery(stack, gone_job)
+    assert (stopped.status, stopped.attempts, stopped.last_status) == ("stopped", 1, 410)
     assert len(stack.webhooks.hooks(gone)) == 1
-    async with stack.admin.sessions() as session:
-        (status,) = (
-            await session.exec(
-                sa.select(WebhookDelivery.status).where(WebhookDelivery.job_id == gone_job)
-            )
-        ).one()
-    assert status == "stopped"
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ receives. It decodes the real protobuf export requests (POST /v1/traces) into sp
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -12,6 +12,8 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from tests.support.eventually import eventually
 
 
 def _value(value: AnyValue) -> Any:
@@ -85,15 +87,21 @@ class OtlpCollector:
         with self._lock:
             self.spans.extend(received)
 
-    def wait_for(self, name: str, count: int = 1, within: float = 15.0) -> list[ReceivedSpan]:
-        """The spans named `name`, once at least `count` of them arrived."""
-        deadline = time.monotonic() + within
-        while True:
+    async def wait_for(
+        self,
+        name: str,
+        count: int = 1,
+        within: float = 15.0,
+        where: Callable[[ReceivedSpan], bool] | None = None,
+    ) -> list[ReceivedSpan]:
+        """The spans named `name` (and matching `where`), once at least `count` arrived."""
+
+        def arrived() -> list[ReceivedSpan]:
             with self._lock:
-                found = [s for s in self.spans if s.name == name]
-            if len(found) >= count or time.monotonic() > deadline:
-                return found
-            time.sleep(0.05)
+                found = [s for s in self.spans if s.name == name and (where is None or where(s))]
+            return found if len(found) >= count else []
+
+        return await eventually(arrived, within=within, message=f"{count} {name!r} span(s)")
 
 
 def _span(span: Span, service_name: str) -> ReceivedSpan:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.processes import free_port
+from tests.support.processes import refusing_port
 
 FAKE_KEY_ENV = "FAKE_STT_KEY"
 
@@ -81,7 +81,7 @@ def write_test_catalog(path: Path, base_url: str, video_base: str | None = None)
     def e(upstream: str, provider: str = "fakeai", **kw: object) -> str:
         return fake_endpoint(base_url, upstream, provider, **kw)  # type: ignore[arg-type]
 
-    down = fake_endpoint(f"http://127.0.0.1:{free_port()}/v1", "ok", "downai")
+    down = fake_endpoint(f"http://127.0.0.1:{refusing_port()}/v1", "ok", "downai")
     models = [
         _model("fake/ok", [e("ok")]),
         _model("fake/tokens", [e("tokens")]),

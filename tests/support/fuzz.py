@@ -4,7 +4,6 @@ charged nothing for what it refused."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -24,6 +23,7 @@ from jsonschema_rs import Draft202012Validator  # schemathesis's own validator
 
 from server.db.models import CreditHold, LedgerEntry
 from tests.support.admin import Admin, IssuedKey
+from tests.support.eventually import eventually
 
 if TYPE_CHECKING:
     from tests.conftest import Stack
@@ -374,21 +374,18 @@ def _dechunk(payload: bytes) -> bytes:
 
 async def wait_for_jobs(stack: Stack, issued: IssuedKey, jobs: list[str]) -> int:
     """Poll the accepted jobs to a terminal state; how many completed (each charged once)."""
-    completed = 0
-    deadline = time.monotonic() + 60
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT) as client:
-        for job in jobs:
-            while True:
-                response = await client.get(
-                    f"{stack.base_url}/videos/{job}", headers=issued.headers
-                )
-                status = response.json()["status"]
-                if status in ("completed", "failed", "cancelled", "expired"):
-                    completed += status in ("completed", "expired")
-                    break
-                assert time.monotonic() < deadline, f"job {job} still {status}"
-                await asyncio.sleep(0.2)
-    return completed
+
+        async def ended(job: str) -> str | None:
+            response = await client.get(f"{stack.base_url}/videos/{job}", headers=issued.headers)
+            status = str(response.json()["status"])
+            return status if status in ("completed", "failed", "cancelled", "expired") else None
+
+        finals = [
+            await eventually(lambda: ended(job), within=60, interval=0.2, message=f"job {job}")  # noqa: B023
+            for job in jobs
+        ]
+    return sum(status in ("completed", "expired") for status in finals)
 
 
 def server_errors_since(output: list[str], mark: int) -> str:

@@ -23,6 +23,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+_REFUSING: list[socket.socket] = []
+
+
+def refusing_port() -> int:
+    """A loopback port where connections are refused, for as long as the tests run: it is
+    bound by this process and never listened on, so nothing else can take it (a port from
+    free_port() is only free until someone binds it)."""
+    if not _REFUSING:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        _REFUSING.append(sock)
+    return int(_REFUSING[0].getsockname()[1])
+
+
 def _ephemeral_floor() -> int:
     try:
         low = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]

@@ -1,5 +1,6 @@
 """A TCP proxy on loopback that a test can cut: the database "goes away" (open connections
-reset, new ones refused) and comes back on the same port."""
+reset, new ones refused) and comes back on the same port. It binds port 0 and reads the
+port back: nothing can take it between the choice and the bind."""
 
 from __future__ import annotations
 
@@ -7,13 +8,11 @@ import contextlib
 import socket
 import threading
 
-from tests.support.processes import free_port
-
 
 class TcpProxy:
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
-        self.port = free_port()
+        self.port = 0  # chosen by the system at the first start(), and kept after a cut
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -22,6 +21,7 @@ class TcpProxy:
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
+        self.port = int(listener.getsockname()[1])
         listener.listen(64)
         self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()

@@ -1,0 +1,247 @@
+"""The domain objects built in-process, for the fast test layer (tests/unit): a migrated
+database, a ManualClock, the real catalog parser on a small catalog, and providers played by
+an `httpx.MockTransport` that scripts each one by host name and records what it was sent."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import sqlalchemy as sa
+from opentelemetry.trace import NoOpTracer
+from sqlmodel import SQLModel
+
+from server.auth import Authenticator, Principal
+from server.clock import ManualClock
+from server.compute import ComputePool
+from server.db.engine import SessionFactory
+from server.db.models import LedgerEntry, UsageCounter
+from server.limits.admission import EnforcedLimits
+from server.observability.metrics import Metrics
+from server.providers.openai_stt import OpenAISttAdapter
+from server.providers.openai_video import OpenAIVideoAdapter
+from server.routing.catalog import Catalog, load_catalog
+from server.transcription.service import Transcriber
+from tests.support.admin import Admin, IssuedKey
+
+T = TypeVar("T")
+PROVIDER_KEY_ENV = "UNIT_PROVIDER_KEY"
+PROVIDER_KEY = "unit-provider-secret"
+
+# Hosts script the providers: stt-ok answers, stt-429 rate-limits, stt-500 fails; the video
+# host runs jobs whose provider model is "ok" (completes on the second poll) or "fail".
+UNIT_CATALOG = f"""
+[[models]]
+id = "unit/ok"
+kind = "stt"
+price_per_second = "0.01"
+[[models.endpoints]]
+provider = "alpha"
+adapter = "openai"
+base_url = "http://stt-ok.test/v1/"
+api_key_env = "{PROVIDER_KEY_ENV}"
+model = "whisper-a"
+
+[[models]]
+id = "unit/fallback-429"
+kind = "stt"
+price_per_second = "0.01"
+[[models.endpoints]]
+provider = "alpha"
+adapter = "openai"
+base_url = "http://stt-429.test/v1"
+api_key_env = "{PROVIDER_KEY_ENV}"
+[[models.endpoints]]
+provider = "beta"
+adapter = "openai"
+base_url = "http://stt-ok.test/v1"
+api_key_env = "{PROVIDER_KEY_ENV}"
+
+[[models]]
+id = "unit/all-fail"
+kind = "stt"
+price_per_second = "0.01"
+[[models.endpoints]]
+provider = "alpha"
+adapter = "openai"
+base_url = "http://stt-500.test/v1"
+api_key_env = "{PROVIDER_KEY_ENV}"
+[[models.endpoints]]
+provider = "beta"
+adapter = "openai"
+base_url = "http://stt-429.test/v1"
+api_key_env = "{PROVIDER_KEY_ENV}"
+
+[[models]]
+id = "unitvideo/ok"
+kind = "video"
+price_per_second = "0.05"
+resolutions = ["480p"]
+aspect_ratios = ["16:9"]
+durations = [2]
+[[models.endpoints]]
+provider = "vidco"
+adapter = "openai"
+base_url = "http://video.test/v1"
+api_key_env = "{PROVIDER_KEY_ENV}"
+model = "ok"
+
+[[models]]
+id = "unitvideo/fail"
+kind = "video"
+price_per_second = "0.05"
+resolutions = ["480p"]
+aspect_ratios = ["16:9"]
+durations = [2]
+[[models.endpoints]]
+provider = "vidco"
+adapter = "openai"
+base_url = "http://video.test/v1"
+api_key_env = "{PROVIDER_KEY_ENV}"
+model = "fail"
+"""
+
+VIDEO_BYTES = b"\x00\x00\x00\x18ftypmp42 not really a video"
+
+
+def write_unit_catalog(folder: Path) -> Path:
+    path = folder / "catalog.toml"
+    path.write_text(UNIT_CATALOG)
+    return path
+
+
+@dataclass
+class ScriptedProviders:
+    """Every provider and webhook target, in-process. `requests` is what each was sent."""
+
+    requests: list[httpx.Request] = field(default_factory=list)
+    video_jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    webhook_answers: dict[str, list[int]] = field(default_factory=dict)  # path -> statuses
+
+    def sent_to(self, host: str) -> list[httpx.Request]:
+        return [r for r in self.requests if r.url.host == host]
+
+    def webhooks(self, path: str) -> list[httpx.Request]:
+        return [r for r in self.requests if r.url.path == path]
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        request.read()
+        self.requests.append(request)
+        host = request.url.host
+        if host.startswith("stt-") or host == "video.test":
+            if request.headers.get("authorization") != f"Bearer {PROVIDER_KEY}":
+                return _error(401, "bad key", "invalid_api_key")
+        if host == "stt-ok.test":
+            return httpx.Response(200, json={"text": "in-process transcript"})
+        if host == "stt-429.test":
+            return _error(429, "slow down", "rate_limit_exceeded", {"Retry-After": "7"})
+        if host == "stt-500.test":
+            return _error(500, "upstream broke", "server_error")
+        if host == "video.test":
+            return self._video(request)
+        # A webhook target: the scripted statuses of its path, in turn; then 200.
+        answers = self.webhook_answers.get(request.url.path, [])
+        return httpx.Response(answers.pop(0) if answers else 200)
+
+    def _video(self, request: httpx.Request) -> httpx.Response:
+        parts = request.url.path.strip("/").split("/")  # v1 videos [id [content]]
+        if request.method == "POST":
+            job_id = f"pv_{len(self.video_jobs) + 1}"
+            self.video_jobs[job_id] = {"model": json.loads(request.content)["model"], "polls": 0}
+            return httpx.Response(200, json={"id": job_id, "status": "queued"})
+        job = self.video_jobs[parts[2]]
+        if parts[-1] == "content":
+            return httpx.Response(200, content=VIDEO_BYTES)
+        job["polls"] += 1
+        if job["polls"] < 2:
+            return httpx.Response(200, json={"id": parts[2], "status": "in_progress"})
+        if job["model"] == "fail":
+            body = {"id": parts[2], "status": "failed", "error": {"message": "content policy"}}
+            return httpx.Response(200, json=body)
+        return httpx.Response(200, json={"id": parts[2], "status": "completed"})
+
+
+def _error(
+    status: int, message: str, code: str, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    body = {"error": {"message": message, "type": code, "code": code}}
+    return httpx.Response(status, json=body, headers=headers)
+
+
+class InlinePool:
+    """A ComputePool that runs its work in this process (audio decoding in unit tests)."""
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+
+@dataclass
+class Domain:
+    """What app.build_core wires, built here from its parts."""
+
+    sessions: SessionFactory
+    clock: ManualClock
+    catalog: Catalog
+    providers: ScriptedProviders
+    http: httpx.AsyncClient
+    metrics: Metrics
+    admin: Admin
+    dialect: str
+
+    @property
+    def limits(self) -> EnforcedLimits:
+        return EnforcedLimits(self.metrics)
+
+    def transcriber(self) -> Transcriber:
+        adapters = {"openai": OpenAISttAdapter(self.http)}
+        decoder: ComputePool = InlinePool()  # type: ignore[assignment]
+        return Transcriber(
+            self.catalog, adapters, self.clock, self.limits, self.metrics, NoOpTracer(), decoder
+        )
+
+    def video_adapters(self) -> dict[str, OpenAIVideoAdapter]:
+        return {"openai": OpenAIVideoAdapter(self.http)}
+
+    async def principal(self, issued: IssuedKey) -> Principal:
+        async with self.sessions() as session:
+            return await Authenticator(self.clock).authenticate(session, issued.metadata)
+
+    async def funded_key(self, name: str, usd: str = "10", **key: Any) -> IssuedKey:
+        workspace = await self.admin.workspace(name)
+        if usd != "0":
+            await self.admin.credits(workspace, usd)
+        return await self.admin.key(workspace, **key)
+
+    async def rows(self, table: type[SQLModel], *where: Any) -> list[Any]:
+        async with self.sessions() as session:
+            return list((await session.exec(sa.select(table).where(*where))).scalars().all())
+
+    async def count(self, table: type[SQLModel], *where: Any) -> int:
+        return await self.admin.count(table, *where)
+
+    async def charges(self, account_id: str) -> list[int]:
+        """The account's ledger charges, in micros."""
+        rows = await self.rows(
+            LedgerEntry, LedgerEntry.account_id == account_id, LedgerEntry.kind == "charge"
+        )
+        return [row.amount_micros for row in rows]
+
+    async def counted_spend(self, subject_id: str, period: str = "all") -> int:
+        rows = await self.rows(
+            UsageCounter, UsageCounter.subject_id == subject_id, UsageCounter.period == period
+        )
+        return sum(row.spend_micros for row in rows)
+
+
+def unit_catalog(folder: Path) -> Catalog:
+    return load_catalog(write_unit_catalog(folder))
+
+
+def start_clock() -> ManualClock:
+    """A ManualClock at the current second (webhook signatures are checked against real time)."""
+    return ManualClock(datetime.now().astimezone().replace(microsecond=0))

@@ -1,0 +1,124 @@
+"""The in-process layer: the domain objects (Transcriber, VideoWorker, the webhook
+dispatcher, admission, the catalog) built here, on a migrated database, a ManualClock and
+providers played by httpx.MockTransport. No subprocess, no Envoy, no sockets (PostgreSQL
+aside): `pytest tests/unit` runs alone in seconds."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlmodel import SQLModel
+
+from server.clock import ManualClock
+from server.db.engine import create_engine, session_factory
+from server.db.migrate import upgrade
+from server.db.models import Account  # noqa: F401 (registers every table on the metadata)
+from server.observability.metrics import Metrics
+from tests.conftest import Databases
+from tests.support.admin import Admin
+from tests.support.domain import (
+    PROVIDER_KEY,
+    PROVIDER_KEY_ENV,
+    Domain,
+    ScriptedProviders,
+    start_clock,
+    unit_catalog,
+)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One migrated SQLite file; each test gets a copy (a copy is faster than migrating)."""
+    path = tmp_path_factory.mktemp("unit-template") / "gateway.db"
+    await upgrade(f"sqlite+aiosqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return start_clock()
+
+
+async def _domain(url: str, dialect: str, clock: ManualClock, folder: Path) -> Domain:
+    engine = create_engine(url)
+    sessions = session_factory(engine)
+    providers = ScriptedProviders()
+    http = httpx.AsyncClient(transport=httpx.MockTransport(providers.handle))
+    return Domain(
+        sessions=sessions,
+        clock=clock,
+        catalog=unit_catalog(folder),
+        providers=providers,
+        http=http,
+        metrics=Metrics(),
+        admin=Admin(sessions, clock),
+        dialect=dialect,
+    )
+
+
+async def _close(domain: Domain) -> None:
+    await domain.http.aclose()
+    bind = domain.sessions.kw["bind"]
+    await bind.dispose()
+
+
+@pytest.fixture(autouse=True)
+def provider_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PROVIDER_KEY_ENV, PROVIDER_KEY)
+
+
+@pytest_asyncio.fixture
+async def domain(
+    migrated_sqlite: Path, clock: ManualClock, tmp_path: Path
+) -> AsyncIterator[Domain]:
+    """The domain on a fresh SQLite database."""
+    path = tmp_path / "gateway.db"
+    shutil.copyfile(migrated_sqlite, path)
+    built = await _domain(f"sqlite+aiosqlite:///{path}", "sqlite", clock, tmp_path)
+    yield built
+    await _close(built)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def unit_pg_url(databases: Databases) -> str:
+    """One migrated PostgreSQL database for the layer, emptied before each test that uses
+    it (creating and dropping one per test would cost a second or two each)."""
+    return await databases.new("postgres")
+
+
+async def _emptied(url: str) -> str:
+    tables = ", ".join(f'"{t.name}"' for t in SQLModel.metadata.sorted_tables)
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(sa.text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    finally:
+        await engine.dispose()
+    return url
+
+
+@pytest_asyncio.fixture(params=["sqlite", "postgres"])
+async def any_domain(
+    request: pytest.FixtureRequest,
+    migrated_sqlite: Path,
+    unit_pg_url: str,
+    clock: ManualClock,
+    tmp_path: Path,
+) -> AsyncIterator[Domain]:
+    """The domain on each backend: for what the dialect decides (leases, counting)."""
+    if request.param == "sqlite":
+        path = tmp_path / "gateway.db"
+        shutil.copyfile(migrated_sqlite, path)
+        url = f"sqlite+aiosqlite:///{path}"
+    else:
+        url = await _emptied(unit_pg_url)
+    built = await _domain(url, request.param, clock, tmp_path)
+    yield built
+    await _close(built)

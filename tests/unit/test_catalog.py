@@ -1,0 +1,130 @@
+"""The catalog parser on a small operator file: what it reads, and the entries it refuses
+(naming where)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from server.routing.catalog import CatalogError, load_catalog
+from tests.support.domain import PROVIDER_KEY_ENV, unit_catalog
+
+
+def test_the_unit_catalog_parses_with_endpoints_in_fallback_order(tmp_path: Path) -> None:
+    catalog = unit_catalog(tmp_path)
+    model = catalog.get("unit/fallback-429")
+    assert model is not None
+    assert (model.kind, model.price_per_second) == ("stt", Decimal("0.01"))
+    assert [e.provider for e in model.endpoints] == ["alpha", "beta"]
+    assert model.endpoints[0].base_url == "http://stt-429.test/v1"
+    assert model.endpoints[0].api_key_env == PROVIDER_KEY_ENV
+    assert model.endpoints[0].model is None and model.upstream_name == "fallback-429"
+    ok = catalog.get("unit/ok")
+    assert ok is not None and ok.endpoints[0].base_url == "http://stt-ok.test/v1"  # no "/"
+    video = catalog.get("unitvideo/ok")
+    assert video is not None and video.video is not None
+    assert (video.video.durations, video.video.resolutions) == ((2,), ("480p",))
+    assert {m.id for m in catalog.of_kind("video")} >= {"unitvideo/ok", "unitvideo/fail"}
+    # The built-in models are still there next to the operator's.
+    assert set(load_catalog().models) <= set(catalog.models)
+
+
+def test_an_operator_entry_replaces_the_built_in_one_of_the_same_id(tmp_path: Path) -> None:
+    model_id = load_catalog().of_kind("stt")[0].id
+    path = tmp_path / "catalog.toml"
+    path.write_text(
+        f'[[models]]\nid = "{model_id}"\nkind = "stt"\nprice_per_second = "42"\n'
+        '[[models.endpoints]]\nprovider = "mine"\nadapter = "pocketsphinx"\n'
+    )
+    replaced = load_catalog(path).get(model_id)
+    assert replaced is not None
+    assert replaced.price_per_second == Decimal(42)
+    assert [e.provider for e in replaced.endpoints] == ["mine"]
+
+
+ENDPOINT = '[[models.endpoints]]\nprovider = "p"\nadapter = "openai"\nbase_url = "http://x.test"\n'
+
+
+def _model(body: str, endpoint: str = ENDPOINT) -> str:
+    return f"[[models]]\n{body}\n{endpoint}"
+
+
+BAD = {
+    "id without a provider prefix": (
+        _model('id = "noslash"\nkind = "stt"\nprice_per_second = "1"'),
+        "id must look like <provider_prefix>/<model_name>",
+    ),
+    "missing kind": (_model('id = "a/b"\nprice_per_second = "1"'), "missing 'kind'"),
+    "unknown kind": (
+        _model('id = "a/b"\nkind = "chat"\nprice_per_second = "1"'),
+        "kind must be one of stt, video",
+    ),
+    "price not a decimal": (
+        _model('id = "a/b"\nkind = "stt"\nprice_per_second = "cheap"'),
+        "price_per_second must be a decimal string",
+    ),
+    "negative price": (
+        _model('id = "a/b"\nkind = "stt"\nprice_per_second = "-1"'),
+        "price_per_second must be >= 0",
+    ),
+    "infinite price": (
+        _model('id = "a/b"\nkind = "stt"\nprice_per_second = "Infinity"'),
+        "price_per_second must be >= 0",
+    ),
+    "no endpoints": (
+        '[[models]]\nid = "a/b"\nkind = "stt"\nprice_per_second = "1"\n',
+        "at least one [[models.endpoints]] is needed",
+    ),
+    "video adapter on an stt model": (
+        _model(
+            'id = "a/b"\nkind = "stt"\nprice_per_second = "1"',
+            '[[models.endpoints]]\nprovider = "p"\nadapter = "local"\n',
+        ),
+        "adapter must be one of openai, pocketsphinx",
+    ),
+    "openai adapter without base_url": (
+        _model(
+            'id = "a/b"\nkind = "stt"\nprice_per_second = "1"',
+            '[[models.endpoints]]\nprovider = "p"\nadapter = "openai"\n',
+        ),
+        "adapter 'openai' needs base_url",
+    ),
+    "endpoint without provider": (
+        _model(
+            'id = "a/b"\nkind = "stt"\nprice_per_second = "1"',
+            '[[models.endpoints]]\nadapter = "openai"\nbase_url = "http://x.test"\n',
+        ),
+        "endpoint 1: missing 'provider'",
+    ),
+    "video durations not integers": (
+        _model(
+            'id = "a/v"\nkind = "video"\nprice_per_second = "1"\ndurations = [0, "4"]',
+            '[[models.endpoints]]\nprovider = "p"\nadapter = "local"\n',
+        ),
+        "durations must be a list of integers >= 1",
+    ),
+    "video resolutions not strings": (
+        _model(
+            'id = "a/v"\nkind = "video"\nprice_per_second = "1"\nresolutions = [480]',
+            '[[models.endpoints]]\nprovider = "p"\nadapter = "local"\n',
+        ),
+        "resolutions: must be a list of strings",
+    ),
+    "not TOML": ("[[models]\nid = ", ""),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_entries_are_refused_naming_where(tmp_path: Path, name: str) -> None:
+    text, expected = BAD[name]
+    path = tmp_path / "catalog.toml"
+    path.write_text(text)
+    with pytest.raises(CatalogError) as refused:
+        load_catalog(path)
+    message = str(refused.value)
+    assert message.startswith(str(path))
+    assert expected in message
+    if expected and name != "not TOML":
+        assert "model 1" in message

@@ -1,0 +1,86 @@
+"""Transcriber in-process: admission, routing with fallback, settlement, release."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.db.models import CreditHold, Generation
+from server.errors import GatewayError
+from server.transcription.request import TranscriptionInput
+from server.transcription.service import TranscriptionResult
+from tests.support.admin import IssuedKey
+from tests.support.audio import fixture
+from tests.support.domain import Domain
+
+
+def _input(model: str) -> TranscriptionInput:
+    return TranscriptionInput(
+        model=model,
+        audio=fixture("hello"),
+        claimed_format="wav",
+        filename="hello.wav",
+        audio_param="file",
+    )
+
+
+async def _transcribe(domain: Domain, issued: IssuedKey, model: str) -> TranscriptionResult:
+    async with domain.sessions() as session:
+        principal = await domain.principal(issued)
+        return await domain.transcriber().transcribe(session, principal, _input(model))
+
+
+async def test_success_charges_once_and_the_counters_match_the_ledger(domain: Domain) -> None:
+    issued = await domain.funded_key("stt-ok")
+    account = issued.workspace.account_id
+    result = await _transcribe(domain, issued, "unit/ok")
+    assert result.transcript.text == "in-process transcript"
+    assert result.provider == "alpha"
+    assert result.cost_micros > 0
+    (sent,) = domain.providers.sent_to("stt-ok.test")
+    assert sent.url.path == "/v1/audio/transcriptions"  # the catalog's trailing / is dropped
+    assert b'name="model"\r\n\r\nwhisper-a' in sent.content  # the endpoint's model name
+    assert await domain.charges(account) == [result.cost_micros]
+    assert await domain.counted_spend(account) == result.cost_micros
+    assert await domain.counted_spend(issued.hash) == result.cost_micros
+    assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
+    (generation,) = await domain.rows(Generation, Generation.account_id == account)
+    assert (generation.id, generation.status) == (result.generation_id, "completed")
+    assert generation.cost_micros == result.cost_micros
+
+
+async def test_a_provider_429_falls_back_to_the_next_endpoint(domain: Domain) -> None:
+    issued = await domain.funded_key("stt-429")
+    result = await _transcribe(domain, issued, "unit/fallback-429")
+    assert result.provider == "beta"
+    assert len(domain.providers.sent_to("stt-429.test")) == 1
+    assert len(domain.providers.sent_to("stt-ok.test")) == 1
+    assert await domain.charges(issued.workspace.account_id) == [result.cost_micros]
+    assert domain.metrics.fallbacks.labels("unit/fallback-429", "alpha")._value.get() == 1
+
+
+async def test_when_every_provider_fails_the_hold_is_released_and_nothing_charged(
+    domain: Domain,
+) -> None:
+    issued = await domain.funded_key("stt-fail")
+    account = issued.workspace.account_id
+    with pytest.raises(GatewayError) as failure:
+        await _transcribe(domain, issued, "unit/all-fail")
+    # The last provider's answer (a 429) is the caller's, naming that provider.
+    assert failure.value.status == 429
+    assert (failure.value.metadata or {}).get("provider_name") == "beta"
+    assert len(domain.providers.sent_to("stt-500.test")) == 1
+    assert len(domain.providers.sent_to("stt-429.test")) == 1
+    assert await domain.charges(account) == []
+    assert await domain.counted_spend(account) == 0
+    assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
+    (generation,) = await domain.rows(Generation, Generation.account_id == account)
+    assert (generation.status, generation.cost_micros) == ("failed", 0)
+
+
+async def test_an_unfunded_account_is_refused_before_any_provider_call(domain: Domain) -> None:
+    issued = await domain.funded_key("stt-broke", usd="0")
+    with pytest.raises(GatewayError) as refused:
+        await _transcribe(domain, issued, "unit/ok")
+    assert refused.value.status == 402
+    assert (refused.value.metadata or {}).get("limit_source") == "credits"
+    assert domain.providers.requests == []
