@@ -56,33 +56,33 @@ BAD = {
         _model('id = "noslash"\nkind = "stt"\nprice_per_second = "1"'),
         "id must look like <provider_prefix>/<model_name>",
     ),
-    "missing kind": (_model('id = "a/b"\nprice_per_second = "1"'), "missing 'kind'"),
+    "missing kind": (_model('id = "a/b"\nprice_per_second = "1"'), "models[0].kind: missing"),
     "unknown kind": (
         _model('id = "a/b"\nkind = "chat"\nprice_per_second = "1"'),
-        "kind must be one of stt, video",
+        "models[0].kind: Input should be 'stt' or 'video'",
     ),
     "price not a decimal": (
         _model('id = "a/b"\nkind = "stt"\nprice_per_second = "cheap"'),
-        "price_per_second must be a decimal string",
+        "models[0].price_per_second: Input should be a valid decimal",
     ),
     "negative price": (
         _model('id = "a/b"\nkind = "stt"\nprice_per_second = "-1"'),
-        "price_per_second must be >= 0",
+        "models[0].price_per_second: Input should be greater than or equal to 0",
     ),
     "infinite price": (
         _model('id = "a/b"\nkind = "stt"\nprice_per_second = "Infinity"'),
-        "price_per_second must be >= 0",
+        "models[0].price_per_second: Input should be a finite number",
     ),
     "no endpoints": (
         '[[models]]\nid = "a/b"\nkind = "stt"\nprice_per_second = "1"\n',
-        "at least one [[models.endpoints]] is needed",
+        "models[0].endpoints: missing",
     ),
     "video adapter on an stt model": (
         _model(
             'id = "a/b"\nkind = "stt"\nprice_per_second = "1"',
             '[[models.endpoints]]\nprovider = "p"\nadapter = "local"\n',
         ),
-        "adapter must be one of openai, pocketsphinx",
+        "endpoints[0].adapter must be one of openai, pocketsphinx",
     ),
     "openai adapter without base_url": (
         _model(
@@ -96,21 +96,21 @@ BAD = {
             'id = "a/b"\nkind = "stt"\nprice_per_second = "1"',
             '[[models.endpoints]]\nadapter = "openai"\nbase_url = "http://x.test"\n',
         ),
-        "endpoint 1: missing 'provider'",
+        "models[0].endpoints[0].provider: missing",
     ),
     "video durations not integers": (
         _model(
             'id = "a/v"\nkind = "video"\nprice_per_second = "1"\ndurations = [0, "4"]',
             '[[models.endpoints]]\nprovider = "p"\nadapter = "local"\n',
         ),
-        "durations must be a list of integers >= 1",
+        "models[0].durations[0]: Input should be greater than 0",
     ),
     "video resolutions not strings": (
         _model(
             'id = "a/v"\nkind = "video"\nprice_per_second = "1"\nresolutions = [480]',
             '[[models.endpoints]]\nprovider = "p"\nadapter = "local"\n',
         ),
-        "resolutions: must be a list of strings",
+        "models[0].resolutions[0]: Input should be a valid string",
     ),
     "not TOML": ("[[models]\nid = ", ""),
 }
@@ -127,4 +127,4 @@ def test_bad_entries_are_refused_naming_where(tmp_path: Path, name: str) -> None
     assert message.startswith(str(path))
     assert expected in message
     if expected and name != "not TOML":
-        assert "model 1" in message
+        assert "models[0]" in message
