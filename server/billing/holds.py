@@ -257,7 +257,7 @@ async def place_hold(
     if on_sqlite:
         await _lock_account(session, account_id)
     row = (
-        await session.exec(
+        await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
             _BUDGET,
             params={"account_id": account_id, "key_hash": key_hash, "now": now, **params},
         )

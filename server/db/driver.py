@@ -131,5 +131,5 @@ async def _run(
             raise
     # No transaction begun yet on asyncpg: SQLAlchemy's path begins it.
     params = list(rows) if many else rows[0]
-    result = await session.exec(statement, params=params)  # type: ignore[call-overload]
+    result = await session.exec(statement, params=params)  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
     return list(result.all()) if result.returns_rows else []

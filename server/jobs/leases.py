@@ -37,7 +37,7 @@ async def claim_one(
     )
     if session.get_bind().dialect.name == "postgresql":
         due = due.with_for_update(skip_locked=True)
-    row_id = (await session.exec(due)).scalar_one_or_none()
+    row_id = (await session.exec(due)).scalar_one_or_none()  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
     if row_id is None:
         await session.rollback()
         return None
