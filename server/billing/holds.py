@@ -312,7 +312,7 @@ async def sweep_expired_holds(session: AsyncSession, now: datetime) -> int:
     """Delete holds whose request died with its process (they already stopped counting)."""
     result = await session.exec(_DELETE_EXPIRED, params={"now": now})
     await session.commit()
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    return int(result.rowcount or 0)
 
 
 async def settle_hold(

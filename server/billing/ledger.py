@@ -41,7 +41,7 @@ async def add_credits(
         )
         .values(credits_purchased_micros=Account.credits_purchased_micros + amount_micros)
     )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if result.rowcount != 1:
         find = sa.select(col(Account.id)).where(col(Account.id) == account_id)
         exists = (await session.exec(find)).first()  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
         if exists is None:

@@ -19,7 +19,7 @@ class PeriodStarts:
     month: date
 
     def of(self, period: str) -> date:
-        return getattr(self, period)  # type: ignore[no-any-return]
+        return getattr(self, period)
 
 
 def period_starts(now: datetime) -> PeriodStarts:

@@ -47,6 +47,6 @@ async def claim_one(
         .values(lease_owner=owner, lease_expires_at=now + lease, **(extra_values or {}))
     )
     await session.commit()
-    if claimed.rowcount != 1:  # type: ignore[attr-defined]
+    if claimed.rowcount != 1:
         return None
     return await session.get(model, row_id, populate_existing=True)

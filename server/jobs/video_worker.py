@@ -254,7 +254,7 @@ class VideoWorker:
                 )
                 .values(**values)
             )
-            if done.rowcount != 1:  # type: ignore[attr-defined]
+            if done.rowcount != 1:
                 await session.rollback()  # the lease was lost: another worker owns the job
                 return
             if job.hold_id:

@@ -206,7 +206,7 @@ async def delete_secret(session: AsyncSession, scope: Scope, name: str) -> None:
             table.c.name == name,
         )
     )
-    if result.rowcount == 0:  # type: ignore[attr-defined]
+    if result.rowcount == 0:
         raise not_found(f"Secret {name!r} not found")
 
 
