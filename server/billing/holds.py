@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -188,7 +188,7 @@ def _reserve_statement() -> sa.Insert:
         amount <= balance - b.c.held,
         sa.or_(b.c.limit.is_(None), amount <= key_left - b.c.held_on_key),
     )
-    values = sa.select(
+    values: sa.Select = sa.select(
         sa.bindparam("id"),
         sa.bindparam("account_id"),
         sa.bindparam("key_hash"),
@@ -278,7 +278,7 @@ async def place_hold(
     return hold
 
 
-def refusal(row: sa.Row[Any], amount_micros: int, is_byok: bool) -> GatewayError | None:
+def refusal(row: sa.Row, amount_micros: int, is_byok: bool) -> GatewayError | None:
     """Why the budget `row` cannot take `amount_micros`, or None when it can."""
     purchased, spent, held, held_on_key, limit, byok_in_limit, key_used = row
     balance = purchased - spent
