@@ -137,7 +137,7 @@ TARGET_RPS = 500.0
 TARGET_CONCURRENCY = 16
 TARGET_NPROC = 2
 
-_JOBS = VideoJob.__table__  # type: ignore[attr-defined]
+_JOBS = VideoJob.__table__
 _OPEN = (jobs.PENDING, jobs.IN_PROGRESS)
 
 

@@ -50,10 +50,10 @@ def insufficient(source: str, message: str, retry_after: int | None = None) -> G
     return GatewayError(402, message, {"limit_source": source}, retry_after_seconds=retry_after)
 
 
-_HOLDS = CreditHold.__table__  # type: ignore[attr-defined]
-_COUNTERS = UsageCounter.__table__  # type: ignore[attr-defined]
-_ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
-_KEYS = ApiKey.__table__  # type: ignore[attr-defined]
+_HOLDS = CreditHold.__table__
+_COUNTERS = UsageCounter.__table__
+_ACCOUNTS = Account.__table__
+_KEYS = ApiKey.__table__
 
 # Serializes the holds of one account. PostgreSQL: a row lock that conflicts only with itself
 # (not with the key-share locks of foreign keys) and writes no new row version. SQLite has no

@@ -13,7 +13,7 @@ from server.billing.usage import ACCOUNT, KEY, add_usages
 from server.db.driver import fetch_rows, insert_statement
 from server.db.models import Account, LedgerEntry
 
-_INSERT_ENTRY = insert_statement(LedgerEntry.__table__, generated=("id",))  # type: ignore[attr-defined]
+_INSERT_ENTRY = insert_statement(LedgerEntry.__table__, generated=("id",))
 
 PURCHASE = "purchase"
 CHARGE = "charge"

@@ -30,7 +30,7 @@ class PeriodUsage:
         return cls(spend=dict(zero), byok=dict(zero))
 
 
-_TABLE = UsageCounter.__table__  # type: ignore[attr-defined]
+_TABLE = UsageCounter.__table__
 
 # Built once: the statement is compiled and cached, each read only binds values.
 _CURRENT_COUNTERS = sa.select(

@@ -25,7 +25,7 @@ IGNORED_PROVIDERS = "ignored_providers"
 MAX_COST_PER_REQUEST = "max_cost_per_request"
 MAX_VIDEO_DURATION = "max_video_duration"
 
-_GUARDRAILS = Guardrail.__table__  # type: ignore[attr-defined]
+_GUARDRAILS = Guardrail.__table__
 _OF_WORKSPACE = (
     sa.select(Guardrail)
     .where(_GUARDRAILS.c.workspace_id == sa.bindparam("workspace_id"))

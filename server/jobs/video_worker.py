@@ -36,8 +36,8 @@ from server.videos.content import ContentStore
 
 log = logging.getLogger("gateway.jobs")
 
-_JOBS = VideoJob.__table__  # type: ignore[attr-defined]
-_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)  # type: ignore[attr-defined]
+_JOBS = VideoJob.__table__
+_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)
 
 
 def poll_delay(attempts: int) -> timedelta:

@@ -52,7 +52,7 @@ class FreeModelDailyRequests:
 
 # --- the gate ---------------------------------------------------------------------------------
 
-_WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
+_WINDOWS = RateWindow.__table__
 MINUTE, DAY = "minute", "day"
 # The daily cap of requests that are counted but not gated (exempt, BYOK): never reached.
 _UNCAPPED = 2**31 - 1

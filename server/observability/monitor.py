@@ -18,9 +18,9 @@ from server.observability.metrics import Metrics
 
 log = logging.getLogger("gateway.monitor")
 
-_HOLDS = CreditHold.__table__  # type: ignore[attr-defined]
-_JOBS = VideoJob.__table__  # type: ignore[attr-defined]
-_DELIVERIES = WebhookDelivery.__table__  # type: ignore[attr-defined]
+_HOLDS = CreditHold.__table__
+_JOBS = VideoJob.__table__
+_DELIVERIES = WebhookDelivery.__table__
 QUEUED_JOB_STATES = ("pending", "in_progress")
 
 _PING = sa.text("SELECT 1")

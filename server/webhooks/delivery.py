@@ -33,8 +33,8 @@ RETRY_SCHEDULE = (
     timedelta(hours=10),
     timedelta(hours=10),
 )
-_DELIVERIES = WebhookDelivery.__table__  # type: ignore[attr-defined]
-_WORKSPACES = Workspace.__table__  # type: ignore[attr-defined]
+_DELIVERIES = WebhookDelivery.__table__
+_WORKSPACES = Workspace.__table__
 
 
 def new_secret() -> str:
