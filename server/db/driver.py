@@ -55,7 +55,7 @@ def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
     known = _compiled.get(key)
     if known is not None and known[0] is statement:
         return known[1]
-    result = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+    result = statement.compile(dialect=dialect)  # type: ignore[attr-defined]  # sa.Executable declares no compile(); all ours have it
     names = tuple(result.positiontup or ())
     binds = {name: result.binds[name] for name in names}
     compiled = _Compiled(

@@ -121,7 +121,7 @@ class Guardrails:
 async def guardrails_of(session: AsyncSession, workspace_id: str) -> Guardrails:
     rows: Sequence[Guardrail] = (
         (
-            await session.exec(_OF_WORKSPACE, params={"workspace_id": workspace_id})  # type: ignore[call-overload]
+            await session.exec(_OF_WORKSPACE, params={"workspace_id": workspace_id})  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
         )
         .scalars()
         .all()

@@ -133,7 +133,7 @@ async def list_guardrails(
         .offset(offset)
         .limit(limit)
     )
-    return list((await session.exec(statement)).scalars().all())  # type: ignore[call-overload]
+    return list((await session.exec(statement)).scalars().all())  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
 
 
 def refuse_unsupported(name: str) -> GatewayError:
