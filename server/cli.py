@@ -696,7 +696,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging_from_environment()
     try:
-        return asyncio.run(args.run(args))
+        code: int = asyncio.run(args.run(args))
+        return code
     except GatewayError as error:
         print(f"gateway: error: {error.message}", file=sys.stderr)
         return 2

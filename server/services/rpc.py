@@ -63,7 +63,8 @@ def rich_status(error: GatewayError) -> status_pb2.Status:
 
 def status_details(error: GatewayError) -> bytes:
     """The rich status, serialized (grpc-status-details-bin)."""
-    return rich_status(error).SerializeToString()
+    serialized: bytes = rich_status(error).SerializeToString()  # google.rpc is untyped
+    return serialized
 
 
 async def abort_with(context: grpc.aio.ServicerContext, error: GatewayError) -> None:
