@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-import grpc  # type: ignore[import-untyped, unused-ignore]  # stubs: types-grpcio
+import grpc
 import httpx
 
 from bench.harness.cli import (

@@ -202,7 +202,7 @@ async def create_accounts(database_url: str, count: int) -> BenchKeys:
 
 async def counted_free_requests(database_url: str) -> int:
     """What the per-minute windows of the free-model limit counted, over all accounts."""
-    windows = RateWindow.__table__  # type: ignore[attr-defined]
+    windows = RateWindow.__table__
     engine = create_engine(database_url)
     try:
         async with engine.connect() as connection:

@@ -78,7 +78,7 @@ async def _serving(target: str, within: float) -> None:
         health = health_pb2_grpc.HealthStub(channel)
         while True:
             with contextlib.suppress(grpc.aio.AioRpcError):
-                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                reply = await health.Check(health_pb2.HealthCheckRequest(), timeout=1)  # type: ignore[attr-defined]  # typeshed's HealthStub declares no methods
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             if time.monotonic() > deadline:

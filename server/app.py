@@ -43,6 +43,8 @@ from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
 from server.providers.queue_video import QueueVideoAdapter
+from server.providers.stt import SttAdapter
+from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
 from server.services.guardrails import GuardrailsService
@@ -119,11 +121,11 @@ def build_core(
     local_stt = ComputePool(
         "local speech-to-text", settings.local_stt_workers, queue=settings.local_stt_queue
     )
-    stt_adapters = {
+    stt_adapters: dict[str, SttAdapter] = {
         "openai": OpenAISttAdapter(http),
         "pocketsphinx": PocketsphinxAdapter(local_stt),
     }
-    video_adapters = {
+    video_adapters: dict[str, VideoAdapter] = {
         "local": LocalVideoAdapter(),
         "openai": OpenAIVideoAdapter(http),
         "queue": QueueVideoAdapter(http),

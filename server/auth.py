@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.orm.attributes import set_committed_value
+from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts.keys import KEY_PATTERN, hash_key, hashes_match
@@ -22,9 +23,9 @@ LAST_USED_GRANULARITY = timedelta(minutes=1)
 # Built once: compiled and cached; each request only binds the hash.
 _PRINCIPAL_BY_HASH = (
     sa.select(ApiKey, Workspace, Account)
-    .join(Workspace, Workspace.id == ApiKey.workspace_id)  # type: ignore[arg-type]
-    .join(Account, Account.id == Workspace.account_id)  # type: ignore[arg-type]
-    .where(ApiKey.hash == sa.bindparam("hash"))  # type: ignore[arg-type]
+    .join(Workspace, col(Workspace.id) == ApiKey.workspace_id)
+    .join(Account, col(Account.id) == Workspace.account_id)
+    .where(col(ApiKey.hash) == sa.bindparam("hash"))
 )
 
 
@@ -66,7 +67,7 @@ class Authenticator:
             raise unauthorized("Invalid API key")
         presented = hash_key(token)
         now = self._clock.now()
-        row = (await session.exec(_PRINCIPAL_BY_HASH, params={"hash": presented})).one_or_none()
+        row = (await session.exec(_PRINCIPAL_BY_HASH, params={"hash": presented})).one_or_none()  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
         if row is None or not hashes_match(row[0].hash, presented):
             raise unauthorized("Invalid API key")
         key, workspace, account = row
@@ -76,9 +77,7 @@ class Authenticator:
             raise unauthorized("API key has expired")
         if key.last_used_at is None or now - key.last_used_at >= LAST_USED_GRANULARITY:
             await session.exec(
-                sa.update(ApiKey)
-                .where(ApiKey.hash == key.hash)  # type: ignore[arg-type]
-                .values(last_used_at=now)
+                sa.update(ApiKey).where(col(ApiKey.hash) == key.hash).values(last_used_at=now)
             )
             await session.commit()
             # Reflect the stored value without marking the row dirty again.

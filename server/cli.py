@@ -190,7 +190,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
 
     async with grpc.aio.insecure_channel(args.grpc_target) as channel:
         try:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(
+            reply = await health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]  # typeshed's HealthStub declares no methods
                 health_pb2.HealthCheckRequest(), timeout=args.timeout
             )
         except grpc.aio.AioRpcError as error:
@@ -696,7 +696,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging_from_environment()
     try:
-        return asyncio.run(args.run(args))
+        code: int = asyncio.run(args.run(args))
+        return code
     except GatewayError as error:
         print(f"gateway: error: {error.message}", file=sys.stderr)
         return 2

@@ -209,7 +209,7 @@ def load_settings(
         return field if field.startswith("GATEWAY_") else f"GATEWAY_{field.upper()}"
 
     try:
-        return Settings(**given)  # type: ignore[arg-type]
+        return Settings(**given)  # type: ignore[arg-type]  # **overrides: object; pydantic checks each field
     except ValidationError as exc:
         raise settings_error(exc, name_of) from None
 

@@ -19,7 +19,7 @@ from types import FrameType
 from typing import NoReturn, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg  # type: ignore[import-untyped]
+import asyncpg
 
 from bench.harness.load import LOOPBACK
 from server.config import sqlite_url

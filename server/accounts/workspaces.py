@@ -8,7 +8,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import select
+from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.db.models import Account, Intern, Workspace
@@ -115,8 +115,8 @@ async def account_of(session: AsyncSession, workspace: Workspace) -> Account:
 
 
 async def workspace_ids_of_account(session: AsyncSession, account_id: str) -> list[str]:
-    rows = await session.exec(
-        sa.select(Workspace.id).where(Workspace.account_id == account_id)  # type: ignore[arg-type]
+    rows = await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
+        sa.select(col(Workspace.id)).where(col(Workspace.account_id) == account_id)
     )
     return [row[0] for row in rows]
 

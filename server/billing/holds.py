@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -50,10 +50,10 @@ def insufficient(source: str, message: str, retry_after: int | None = None) -> G
     return GatewayError(402, message, {"limit_source": source}, retry_after_seconds=retry_after)
 
 
-_HOLDS = CreditHold.__table__  # type: ignore[attr-defined]
-_COUNTERS = UsageCounter.__table__  # type: ignore[attr-defined]
-_ACCOUNTS = Account.__table__  # type: ignore[attr-defined]
-_KEYS = ApiKey.__table__  # type: ignore[attr-defined]
+_HOLDS = CreditHold.__table__
+_COUNTERS = UsageCounter.__table__
+_ACCOUNTS = Account.__table__
+_KEYS = ApiKey.__table__
 
 # Serializes the holds of one account. PostgreSQL: a row lock that conflicts only with itself
 # (not with the key-share locks of foreign keys) and writes no new row version. SQLite has no
@@ -188,7 +188,7 @@ def _reserve_statement() -> sa.Insert:
         amount <= balance - b.c.held,
         sa.or_(b.c.limit.is_(None), amount <= key_left - b.c.held_on_key),
     )
-    values = sa.select(
+    values: sa.Select = sa.select(
         sa.bindparam("id"),
         sa.bindparam("account_id"),
         sa.bindparam("key_hash"),
@@ -257,7 +257,7 @@ async def place_hold(
     if on_sqlite:
         await _lock_account(session, account_id)
     row = (
-        await session.exec(
+        await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
             _BUDGET,
             params={"account_id": account_id, "key_hash": key_hash, "now": now, **params},
         )
@@ -278,7 +278,7 @@ async def place_hold(
     return hold
 
 
-def refusal(row: sa.Row[Any], amount_micros: int, is_byok: bool) -> GatewayError | None:
+def refusal(row: sa.Row, amount_micros: int, is_byok: bool) -> GatewayError | None:
     """Why the budget `row` cannot take `amount_micros`, or None when it can."""
     purchased, spent, held, held_on_key, limit, byok_in_limit, key_used = row
     balance = purchased - spent
@@ -312,7 +312,7 @@ async def sweep_expired_holds(session: AsyncSession, now: datetime) -> int:
     """Delete holds whose request died with its process (they already stopped counting)."""
     result = await session.exec(_DELETE_EXPIRED, params={"now": now})
     await session.commit()
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    return int(result.rowcount or 0)
 
 
 async def settle_hold(

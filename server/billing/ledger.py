@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import sqlalchemy as sa
+from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.money import MAX_MICROS, AmountError
@@ -12,7 +13,7 @@ from server.billing.usage import ACCOUNT, KEY, add_usages
 from server.db.driver import fetch_rows, insert_statement
 from server.db.models import Account, LedgerEntry
 
-_INSERT_ENTRY = insert_statement(LedgerEntry.__table__, generated=("id",))  # type: ignore[attr-defined]
+_INSERT_ENTRY = insert_statement(LedgerEntry.__table__, generated=("id",))
 
 PURCHASE = "purchase"
 CHARGE = "charge"
@@ -35,14 +36,14 @@ async def add_credits(
     result = await session.exec(
         sa.update(Account)
         .where(
-            Account.id == account_id,  # type: ignore[arg-type]
-            Account.credits_purchased_micros <= MAX_MICROS - amount_micros,  # type: ignore[operator]
+            col(Account.id) == account_id,
+            col(Account.credits_purchased_micros) <= MAX_MICROS - amount_micros,
         )
         .values(credits_purchased_micros=Account.credits_purchased_micros + amount_micros)
     )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        find = sa.select(Account.id).where(Account.id == account_id)  # type: ignore[arg-type]
-        exists = (await session.exec(find)).first()
+    if result.rowcount != 1:
+        find = sa.select(col(Account.id)).where(col(Account.id) == account_id)
+        exists = (await session.exec(find)).first()  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
         if exists is None:
             raise LookupError(f"no account {account_id}")
         raise AmountError("would take the account's credits beyond 1000000000 USD (1e9)")

@@ -19,7 +19,8 @@ class PeriodStarts:
     month: date
 
     def of(self, period: str) -> date:
-        return getattr(self, period)  # type: ignore[no-any-return]
+        start: date = getattr(self, period)
+        return start
 
 
 def period_starts(now: datetime) -> PeriodStarts:

@@ -30,7 +30,7 @@ class PeriodUsage:
         return cls(spend=dict(zero), byok=dict(zero))
 
 
-_TABLE = UsageCounter.__table__  # type: ignore[attr-defined]
+_TABLE = UsageCounter.__table__
 
 # Built once: the statement is compiled and cached, each read only binds values.
 _CURRENT_COUNTERS = sa.select(
@@ -60,7 +60,7 @@ async def read_usages(
     primary-key rows per subject at most, whatever the history."""
     starts = period_starts(now)
     params = {f"{period}_start": starts.of(period) for period in PERIODS}
-    rows = await session.exec(
+    rows = await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
         _CURRENT_COUNTERS, params={"subject_ids": [sid for _, sid in subjects], **params}
     )
     usages = {subject: PeriodUsage.empty() for subject in subjects}

@@ -55,7 +55,7 @@ def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
     known = _compiled.get(key)
     if known is not None and known[0] is statement:
         return known[1]
-    result = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+    result = statement.compile(dialect=dialect)  # type: ignore[attr-defined]  # sa.Executable declares no compile(); all ours have it
     names = tuple(result.positiontup or ())
     binds = {name: result.binds[name] for name in names}
     compiled = _Compiled(
@@ -131,5 +131,5 @@ async def _run(
             raise
     # No transaction begun yet on asyncpg: SQLAlchemy's path begins it.
     params = list(rows) if many else rows[0]
-    result = await session.exec(statement, params=params)  # type: ignore[call-overload]
+    result = await session.exec(statement, params=params)  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
     return list(result.all()) if result.returns_rows else []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlmodel import Field, SQLModel
@@ -30,7 +30,17 @@ class UtcDateTime(sa.types.TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-class Account(SQLModel, table=True):
+if TYPE_CHECKING:
+
+    class TableModel(SQLModel):
+        # SQLAlchemy sets __table__ on each table=True model; SQLModel does not declare it.
+        __table__: ClassVar[sa.Table]
+
+else:
+    TableModel = SQLModel  # at run time the models are plain SQLModel subclasses
+
+
+class Account(TableModel, table=True):
     __tablename__ = "accounts"
 
     id: str = Field(primary_key=True, max_length=40)
@@ -43,7 +53,7 @@ class Account(SQLModel, table=True):
     created_at: datetime = Field(sa_type=UtcDateTime)
 
 
-class Workspace(SQLModel, table=True):
+class Workspace(TableModel, table=True):
     __tablename__ = "workspaces"
 
     id: str = Field(primary_key=True, max_length=40)
@@ -57,7 +67,7 @@ class Workspace(SQLModel, table=True):
     created_at: datetime = Field(sa_type=UtcDateTime)
 
 
-class Intern(SQLModel, table=True):
+class Intern(TableModel, table=True):
     __tablename__ = "interns"
     __table_args__ = (sa.UniqueConstraint("workspace_id", "name"),)
 
@@ -67,7 +77,7 @@ class Intern(SQLModel, table=True):
     created_at: datetime = Field(sa_type=UtcDateTime)
 
 
-class ApiKey(SQLModel, table=True):
+class ApiKey(TableModel, table=True):
     """An API key, stored as the SHA-256 of the key; the key itself is never stored."""
 
     __tablename__ = "api_keys"
@@ -91,7 +101,7 @@ class ApiKey(SQLModel, table=True):
     last_used_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
 
 
-class UsageCounter(SQLModel, table=True):
+class UsageCounter(TableModel, table=True):
     """Spend of one key or one account in one period, so reading usage is O(1).
 
     `period` is `all` (period_start 1970-01-01), `day`, `week` (Monday) or `month` (the 1st).
@@ -107,7 +117,7 @@ class UsageCounter(SQLModel, table=True):
     byok_micros: int = Field(default=0, sa_type=sa.BigInteger)
 
 
-class LedgerEntry(SQLModel, table=True):
+class LedgerEntry(TableModel, table=True):
     """The audit trail: one row per purchase or charge; reconciles with the counters."""
 
     __tablename__ = "ledger_entries"
@@ -122,7 +132,7 @@ class LedgerEntry(SQLModel, table=True):
     created_at: datetime = Field(sa_type=UtcDateTime)
 
 
-class CreditHold(SQLModel, table=True):
+class CreditHold(TableModel, table=True):
     """Credits reserved by a request still running. Expired holds (a crashed process) no
     longer count and are swept."""
 
@@ -138,7 +148,7 @@ class CreditHold(SQLModel, table=True):
     expires_at: datetime = Field(sa_type=UtcDateTime)
 
 
-class Generation(SQLModel, table=True):
+class Generation(TableModel, table=True):
     """One request's record for observability. Never audio, prompts or secret values."""
 
     __tablename__ = "generations"
@@ -162,7 +172,7 @@ class Generation(SQLModel, table=True):
     created_at: datetime = Field(sa_type=UtcDateTime, index=True)
 
 
-class VideoJob(SQLModel, table=True):
+class VideoJob(TableModel, table=True):
     """An asynchronous video generation job. The worker that holds the lease runs it."""
 
     __tablename__ = "video_jobs"
@@ -199,7 +209,7 @@ class VideoJob(SQLModel, table=True):
     expires_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
 
 
-class WebhookDelivery(SQLModel, table=True):
+class WebhookDelivery(TableModel, table=True):
     """The outbox: one row per event to deliver, retried with backoff until done."""
 
     __tablename__ = "webhook_deliveries"
@@ -221,7 +231,7 @@ class WebhookDelivery(SQLModel, table=True):
     delivered_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
 
 
-class VaultKey(SQLModel, table=True):
+class VaultKey(TableModel, table=True):
     """One vault's data key (a workspace's, or one intern's), wrapped by the master key."""
 
     __tablename__ = "vault_keys"
@@ -232,7 +242,7 @@ class VaultKey(SQLModel, table=True):
     created_at: datetime = Field(sa_type=UtcDateTime)
 
 
-class VaultSecret(SQLModel, table=True):
+class VaultSecret(TableModel, table=True):
     """A host-bound secret: only ciphertext is stored. `scope` is "workspace" or the intern
     id, so the name is unique per scope (NULLs would not be)."""
 
@@ -251,7 +261,7 @@ class VaultSecret(SQLModel, table=True):
     updated_at: datetime = Field(sa_type=UtcDateTime)
 
 
-class RateWindow(SQLModel, table=True):
+class RateWindow(TableModel, table=True):
     """`:free` requests of one account in one fixed UTC window: `period` "minute" (the
     per-minute limit) or "day" (the daily limit; window_start is midnight UTC)."""
 
@@ -263,7 +273,7 @@ class RateWindow(SQLModel, table=True):
     count: int = 0
 
 
-class Guardrail(SQLModel, table=True):
+class Guardrail(TableModel, table=True):
     """A workspace's policy: every guardrail of a workspace applies to its requests."""
 
     __tablename__ = "guardrails"

@@ -25,7 +25,7 @@ IGNORED_PROVIDERS = "ignored_providers"
 MAX_COST_PER_REQUEST = "max_cost_per_request"
 MAX_VIDEO_DURATION = "max_video_duration"
 
-_GUARDRAILS = Guardrail.__table__  # type: ignore[attr-defined]
+_GUARDRAILS = Guardrail.__table__
 _OF_WORKSPACE = (
     sa.select(Guardrail)
     .where(_GUARDRAILS.c.workspace_id == sa.bindparam("workspace_id"))
@@ -121,7 +121,7 @@ class Guardrails:
 async def guardrails_of(session: AsyncSession, workspace_id: str) -> Guardrails:
     rows: Sequence[Guardrail] = (
         (
-            await session.exec(_OF_WORKSPACE, params={"workspace_id": workspace_id})  # type: ignore[call-overload]
+            await session.exec(_OF_WORKSPACE, params={"workspace_id": workspace_id})  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
         )
         .scalars()
         .all()

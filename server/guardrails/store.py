@@ -18,7 +18,7 @@ from server.routing.catalog import Catalog
 MAX_NAME_CHARS = 255
 MAX_DESCRIPTION_CHARS = 1000
 MAX_LIST_ITEMS = 500
-_GUARDRAILS = Guardrail.__table__  # type: ignore[attr-defined]
+_GUARDRAILS = Guardrail.__table__
 
 # Members of the OpenRouter guardrail this gateway does not enforce: setting one is refused
 # rather than silently ignored. (Spending limits are per key here: `limit` on /keys.)
@@ -133,7 +133,7 @@ async def list_guardrails(
         .offset(offset)
         .limit(limit)
     )
-    return list((await session.exec(statement)).scalars().all())  # type: ignore[call-overload]
+    return list((await session.exec(statement)).scalars().all())  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
 
 
 def refuse_unsupported(name: str) -> GatewayError:

@@ -7,10 +7,11 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlmodel import SQLModel
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-RowT = TypeVar("RowT", bound=SQLModel)
+from server.db.models import TableModel
+
+RowT = TypeVar("RowT", bound=TableModel)
 
 
 async def claim_one(
@@ -27,7 +28,7 @@ async def claim_one(
     """The oldest due, unleased row that is `ready`, leased to `owner`; None when there is
     none or another process won it. On PostgreSQL rows being claimed elsewhere are skipped
     (`FOR UPDATE SKIP LOCKED`); everywhere the conditional UPDATE decides who owns it."""
-    table = model.__table__  # type: ignore[attr-defined]
+    table = model.__table__
     free = sa.or_(table.c.lease_expires_at.is_(None), table.c.lease_expires_at < now)
     due = (
         sa.select(table.c.id)
@@ -37,7 +38,7 @@ async def claim_one(
     )
     if session.get_bind().dialect.name == "postgresql":
         due = due.with_for_update(skip_locked=True)
-    row_id = (await session.exec(due)).scalar_one_or_none()
+    row_id = (await session.exec(due)).scalar_one_or_none()  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
     if row_id is None:
         await session.rollback()
         return None
@@ -47,6 +48,6 @@ async def claim_one(
         .values(lease_owner=owner, lease_expires_at=now + lease, **(extra_values or {}))
     )
     await session.commit()
-    if claimed.rowcount != 1:  # type: ignore[attr-defined]
+    if claimed.rowcount != 1:
         return None
     return await session.get(model, row_id, populate_existing=True)

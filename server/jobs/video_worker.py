@@ -36,8 +36,8 @@ from server.videos.content import ContentStore
 
 log = logging.getLogger("gateway.jobs")
 
-_JOBS = VideoJob.__table__  # type: ignore[attr-defined]
-_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)  # type: ignore[attr-defined]
+_JOBS = VideoJob.__table__
+_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)
 
 
 def poll_delay(attempts: int) -> timedelta:
@@ -254,7 +254,7 @@ class VideoWorker:
                 )
                 .values(**values)
             )
-            if done.rowcount != 1:  # type: ignore[attr-defined]
+            if done.rowcount != 1:
                 await session.rollback()  # the lease was lost: another worker owns the job
                 return
             if job.hold_id:

@@ -52,7 +52,7 @@ class FreeModelDailyRequests:
 
 # --- the gate ---------------------------------------------------------------------------------
 
-_WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
+_WINDOWS = RateWindow.__table__
 MINUTE, DAY = "minute", "day"
 # The daily cap of requests that are counted but not gated (exempt, BYOK): never reached.
 _UNCAPPED = 2**31 - 1
@@ -104,7 +104,7 @@ def _day_start(now: datetime) -> datetime:
 async def free_requests_today(session: AsyncSession, account_id: str, now: datetime) -> int:
     """The account's `:free` requests counted in the current UTC day."""
     row = (
-        await session.exec(
+        await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
             _COUNT,
             params={"subject_id": account_id, "period": DAY, "window_start": _day_start(now)},
         )
@@ -163,7 +163,7 @@ async def admit_free_request(
     if MINUTE not in counted:
         if not counted:  # nothing counted: the minute is full, or the balance is not positive
             row = (
-                await session.exec(
+                await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
                     _COUNT,
                     params={"subject_id": account_id, "period": MINUTE, "window_start": minute},
                 )

@@ -54,8 +54,8 @@ WINDOW_GRACE = timedelta(minutes=1)
 HOLDS, VIDEOS, RATE_WINDOWS = "holds", "videos", "rate_windows"
 TASKS = (HOLDS, VIDEOS, RATE_WINDOWS)
 
-_JOBS = VideoJob.__table__  # type: ignore[attr-defined]
-_WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
+_JOBS = VideoJob.__table__
+_WINDOWS = RateWindow.__table__
 
 _NOW = sa.bindparam("now", type_=UtcDateTime)
 _PAST_RETENTION = sa.and_(_JOBS.c.status == jobs.COMPLETED, _JOBS.c.expires_at <= _NOW)

@@ -8,7 +8,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.db.driver import fetch_rows, insert_statement
 from server.db.models import Generation
 
-_INSERT_GENERATION = insert_statement(Generation.__table__)  # type: ignore[attr-defined]
+_INSERT_GENERATION = insert_statement(Generation.__table__)
 
 
 async def store_generation(session: AsyncSession, record: Generation) -> None:

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -75,7 +75,7 @@ class QueueVideoAdapter:
         if not urls or not all(isinstance(u, str) for u in urls):
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
         videos = []
-        for url in urls:
+        for url in cast(list[str], urls):  # all str: checked just above
             if urlsplit(url).scheme not in ("https", "http"):
                 raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video URL")
             videos.append((await provider_http.call(self._http, endpoint, "GET", url)).content)

@@ -81,9 +81,9 @@ async def route(
                 value = await attempt(endpoint)
         except ProviderFailure as failure:
             if failure.kind == CLIENT_ERROR:
-                metadata = {"provider_name": endpoint.provider}
+                metadata: dict[str, str | int] = {"provider_name": endpoint.provider}
                 if failure.provider_code is not None:
-                    metadata["provider_code"] = failure.provider_code  # type: ignore[assignment]
+                    metadata["provider_code"] = failure.provider_code
                 raise GatewayError(400, failure.message, metadata) from failure
             log.warning(
                 "provider %s failed (%s, status %s); trying the next endpoint",

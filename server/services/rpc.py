@@ -63,7 +63,8 @@ def rich_status(error: GatewayError) -> status_pb2.Status:
 
 def status_details(error: GatewayError) -> bytes:
     """The rich status, serialized (grpc-status-details-bin)."""
-    return rich_status(error).SerializeToString()
+    serialized: bytes = rich_status(error).SerializeToString()  # google.rpc is untyped
+    return serialized
 
 
 async def abort_with(context: grpc.aio.ServicerContext, error: GatewayError) -> None:
@@ -172,7 +173,9 @@ def _check_value(field: FieldDescriptor, value: Any, param: str, depth: int) -> 
     if field.type != FieldDescriptor.TYPE_MESSAGE:
         _check_scalar(field, value, param)
         return
-    name = field.message_type.full_name
+    message = field.message_type
+    assert message is not None  # a TYPE_MESSAGE field always names its message type
+    name = message.full_name
     if name == "google.protobuf.Struct":
         check_struct(value, param, depth)
     elif name == "google.protobuf.Value":
@@ -214,9 +217,11 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler

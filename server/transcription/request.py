@@ -95,7 +95,7 @@ class _Common(Shape):
     model: Annotated[str, Field(min_length=1), AfterValidator(_model_id)]
     language: Annotated[StoredText, AfterValidator(_language)] | None = None
     response_format: Annotated[
-        one_of(RESPONSE_FORMATS) | None,  # type: ignore[valid-type]
+        one_of(RESPONSE_FORMATS) | None,  # type: ignore[valid-type]  # one_of() builds an Annotated[str, ...] at run time
         BeforeValidator(_empty_is_unset),
     ] = None
     temperature: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)

@@ -98,7 +98,7 @@ async def _data_key(
         dialect = session.get_bind().dialect.name
         insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
         await session.exec(
-            insert(VaultKey.__table__)  # type: ignore[attr-defined]
+            insert(VaultKey.__table__)
             .values(
                 vault_id=vault_id,
                 wrapped_key=master.wrap(crypto.new_data_key()),
@@ -138,7 +138,7 @@ async def put_secret(
     the last committed write wins. The caller commits."""
     key = await _data_key(session, master, scope.vault_id, now)
     sealed, nonce = crypto.seal(key, scope.workspace.id, scope.name, name, value)
-    table = VaultSecret.__table__  # type: ignore[attr-defined]
+    table = VaultSecret.__table__
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     statement = insert(table).values(
@@ -198,7 +198,7 @@ async def list_secrets(
 
 async def delete_secret(session: AsyncSession, scope: Scope, name: str) -> None:
     """Deletes in this scope only: never the same name in another scope. The caller commits."""
-    table = VaultSecret.__table__  # type: ignore[attr-defined]
+    table = VaultSecret.__table__
     result = await session.exec(
         sa.delete(table).where(
             table.c.workspace_id == scope.workspace.id,
@@ -206,7 +206,7 @@ async def delete_secret(session: AsyncSession, scope: Scope, name: str) -> None:
             table.c.name == name,
         )
     )
-    if result.rowcount == 0:  # type: ignore[attr-defined]
+    if result.rowcount == 0:
         raise not_found(f"Secret {name!r} not found")
 
 

@@ -26,7 +26,7 @@ EXPIRED = "expired"
 # A job's credits stay held until it ends; a job that outlives this is failed.
 JOB_DEADLINE = timedelta(hours=2)
 
-_INSERT_JOB = sa.insert(VideoJob.__table__)  # type: ignore[attr-defined]
+_INSERT_JOB = sa.insert(VideoJob.__table__)
 
 
 def polling_url(job_id: str) -> str:

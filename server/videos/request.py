@@ -86,15 +86,15 @@ class _MediaUrl(Shape):
 
 
 class _FrameImage(Shape):
-    type: one_of(("image_url",))  # type: ignore[valid-type]
-    frame_type: one_of(options.FRAME_TYPES)  # type: ignore[valid-type]
-    image_url: _MediaUrl = Field(default_factory=dict, validate_default=True)  # type: ignore[arg-type]
+    type: one_of(("image_url",))  # type: ignore[valid-type]  # one_of() builds an Annotated[str, ...] at run time
+    frame_type: one_of(options.FRAME_TYPES)  # type: ignore[valid-type]  # one_of() builds an Annotated[str, ...] at run time
+    image_url: _MediaUrl = Field(default_factory=dict, validate_default=True)
 
 
 class _InputReference(Shape):
     """A union on `type`: only the member it names is read (and required)."""
 
-    type: one_of(options.REFERENCE_TYPES)  # type: ignore[valid-type]
+    type: one_of(options.REFERENCE_TYPES)  # type: ignore[valid-type]  # one_of() builds an Annotated[str, ...] at run time
     image_url: _MediaUrl | None = None
     audio_url: _MediaUrl | None = None
     video_url: _MediaUrl | None = None
@@ -118,8 +118,8 @@ class _VideoShape(Shape):
 
     model: Annotated[str, Field(min_length=1), AfterValidator(_model_id)]
     prompt: Annotated[StoredText, Field(max_length=MAX_PROMPT_CHARS)] = ""
-    resolution: one_of(options.RESOLUTIONS) | None = None  # type: ignore[valid-type]
-    aspect_ratio: one_of(options.ASPECT_RATIOS) | None = None  # type: ignore[valid-type]
+    resolution: one_of(options.RESOLUTIONS) | None = None  # type: ignore[valid-type]  # one_of() builds an Annotated[str, ...] at run time
+    aspect_ratio: one_of(options.ASPECT_RATIOS) | None = None  # type: ignore[valid-type]  # one_of() builds an Annotated[str, ...] at run time
     size: Annotated[str, AfterValidator(_size)] | None = None
     frame_images: list[_FrameImage] = Field([], max_length=MAX_FRAME_IMAGES)
     input_references: list[_InputReference] = Field([], max_length=MAX_INPUT_REFERENCES)

@@ -33,8 +33,8 @@ RETRY_SCHEDULE = (
     timedelta(hours=10),
     timedelta(hours=10),
 )
-_DELIVERIES = WebhookDelivery.__table__  # type: ignore[attr-defined]
-_WORKSPACES = Workspace.__table__  # type: ignore[attr-defined]
+_DELIVERIES = WebhookDelivery.__table__
+_WORKSPACES = Workspace.__table__
 
 
 def new_secret() -> str:
@@ -52,7 +52,7 @@ async def workspace_secret(sessions: SessionFactory, workspace_id: str) -> str:
         )
         await session.commit()
         secret = (
-            await session.exec(
+            await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
                 sa.select(_WORKSPACES.c.webhook_secret).where(_WORKSPACES.c.id == workspace_id)
             )
         ).scalar_one()

@@ -91,7 +91,7 @@ async def resolve_target(url: str, *, allow_private: bool) -> ResolvedTarget:
     except socket.gaierror as exc:
         # A failed lookup may be temporary (or the name registered later): retry it.
         raise UnresolvedTarget(f"cannot resolve {host}") from exc
-    addresses = [info[4][0] for info in infos]
+    addresses = [str(info[4][0]) for info in infos]  # AF_INET/AF_INET6: always a str
     if not addresses:
         raise UnresolvedTarget(f"cannot resolve {host}")
     if not allow_private:

@@ -21,7 +21,7 @@ depends_on = None
 
 
 def _windows_table(name: str, *, with_period: bool) -> None:
-    columns = [sa.Column("subject_id", sa.String(length=64), nullable=False)]
+    columns: list[sa.Column] = [sa.Column("subject_id", sa.String(length=64), nullable=False)]
     if with_period:
         columns.append(sa.Column("period", sa.String(length=8), nullable=False))
     columns += [
