@@ -54,7 +54,7 @@ from server.services.rpc import RequestInterceptor
 from server.services.vault import VaultService
 from server.services.videos import VideosService
 from server.transcription.media import warm_up
-from server.transcription.service import Transcriber
+from server.transcription.transcriber import Transcriber
 from server.vault.crypto import MasterKey, load_master_key
 from server.videos.content import ContentStore
 from server.webhooks.delivery import WebhookDispatcher

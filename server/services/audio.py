@@ -14,7 +14,7 @@ from server.contract import audio_pb2, audio_pb2_grpc
 from server.db.engine import SessionFactory
 from server.services.rpc import header_value, metadata_of, time_remaining
 from server.transcription.request import from_http, from_message
-from server.transcription.service import Transcriber
+from server.transcription.transcriber import Transcriber
 
 
 class AudioService(audio_pb2_grpc.AudioServicer):

@@ -26,7 +26,7 @@ from server.observability.metrics import Metrics
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
 from server.routing.catalog import Catalog, load_catalog
-from server.transcription.service import Transcriber
+from server.transcription.transcriber import Transcriber
 from tests.support.admin import Admin, IssuedKey
 
 T = TypeVar("T")

@@ -7,7 +7,7 @@ import pytest
 from server.db.models import CreditHold, Generation
 from server.errors import GatewayError
 from server.transcription.request import TranscriptionInput
-from server.transcription.service import TranscriptionResult
+from server.transcription.transcriber import TranscriptionResult
 from tests.support.admin import IssuedKey
 from tests.support.audio import fixture
 from tests.support.domain import Domain
