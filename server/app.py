@@ -31,7 +31,6 @@ from server.contract import (
 )
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
-from server.jobs.video_worker import VideoWorker
 from server.limits.admission import EnforcedLimits, Limits
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
@@ -58,6 +57,7 @@ from server.transcription.transcriber import Transcriber
 from server.vault.crypto import MasterKey, load_master_key
 from server.videos.content import ContentStore
 from server.webhooks.delivery import WebhookDispatcher
+from server.workers.video_worker import VideoWorker
 
 log = logging.getLogger("gateway.server")
 DECODE_QUEUE = 512

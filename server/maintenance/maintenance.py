@@ -37,11 +37,11 @@ from server.billing.holds import sweep_expired_holds
 from server.clock import Clock
 from server.db.engine import SessionFactory, is_database_unavailable
 from server.db.models import RateWindow, UtcDateTime, VideoJob
-from server.jobs.loop import run_until_stopped
 from server.limits.free_models import DAY, MINUTE
 from server.observability.metrics import Metrics
 from server.videos import jobs
 from server.videos.content import ContentStore
+from server.workers.loop import run_until_stopped
 
 log = logging.getLogger("gateway.maintenance")
 

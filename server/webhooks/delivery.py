@@ -18,9 +18,9 @@ from standardwebhooks import Webhook
 from server.clock import Clock
 from server.db.engine import SessionFactory
 from server.db.models import WebhookDelivery, Workspace
-from server.jobs.leases import claim_one
-from server.jobs.loop import run_until_stopped
 from server.webhooks.targets import RefusedTarget, UnresolvedTarget, resolve_target
+from server.workers.leases import claim_one
+from server.workers.loop import run_until_stopped
 
 log = logging.getLogger("gateway.webhooks")
 

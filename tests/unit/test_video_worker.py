@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from server.db.models import CreditHold, Generation, VideoJob
-from server.jobs.video_worker import VideoWorker
 from server.videos import jobs
 from server.videos.content import ContentStore
 from server.videos.request import VideoInput
+from server.workers.video_worker import VideoWorker
 from tests.support.admin import IssuedKey
 from tests.support.domain import VIDEO_BYTES, Domain
 

@@ -23,8 +23,6 @@ from server.billing.money import usd_to_micros
 from server.clock import Clock
 from server.db.engine import SessionFactory
 from server.db.models import Generation, VideoJob, WebhookDelivery
-from server.jobs.leases import claim_one
-from server.jobs.loop import run_until_stopped
 from server.observability.generations import store_generation
 from server.observability.metrics import Metrics
 from server.observability.tracing import emit_generation_span
@@ -33,6 +31,8 @@ from server.providers.video import VideoAdapter, VideoCall, VideoProgress
 from server.routing.catalog import Catalog, Endpoint, Model
 from server.videos import jobs
 from server.videos.content import ContentStore
+from server.workers.leases import claim_one
+from server.workers.loop import run_until_stopped
 
 log = logging.getLogger("gateway.jobs")
 
