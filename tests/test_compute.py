@@ -10,9 +10,10 @@ import time
 import pytest
 
 from server.compute import ComputePool, PoolBusy, WorkerLost
+from server.providers.endpoint import Endpoint
+from server.providers.failures import CLIENT_ERROR, RATE_LIMITED, ProviderFailure
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
-from server.providers.stt import CLIENT_ERROR, RATE_LIMITED, ProviderFailure, SttCall
-from server.routing.catalog import Endpoint
+from server.providers.stt import SttCall
 from tests.support.audio import fixture, speech
 
 LOCAL = Endpoint(provider="local", adapter="pocketsphinx")

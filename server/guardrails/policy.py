@@ -16,7 +16,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.billing.money import micros_to_json_number
 from server.db.models import Guardrail
 from server.errors import GatewayError
-from server.routing.catalog import Endpoint, Model
+from server.providers.endpoint import Endpoint
+from server.routing.catalog import Model
 
 ALLOWED_MODELS = "allowed_models"
 IGNORED_MODELS = "ignored_models"

@@ -10,7 +10,8 @@ from typing import Any
 
 import httpx
 
-from server.providers.stt import (
+from server.providers.endpoint import Endpoint
+from server.providers.failures import (
     CLIENT_ERROR,
     INVALID_RESPONSE,
     OVERLOADED,
@@ -21,7 +22,6 @@ from server.providers.stt import (
     UNREACHABLE,
     ProviderFailure,
 )
-from server.routing.catalog import Endpoint
 
 MAX_PROVIDER_MESSAGE = 300
 

@@ -16,8 +16,8 @@ import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from server.providers.endpoint import Endpoint
 from server.providers.video import VideoCall, VideoProgress
-from server.routing.catalog import Endpoint
 
 FPS = 24
 

@@ -8,16 +8,10 @@ from typing import Any
 
 import httpx
 
+from server.providers.endpoint import Endpoint
+from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.http import authorized, send
-from server.providers.stt import (
-    INVALID_RESPONSE,
-    ProviderFailure,
-    Segment,
-    SttCall,
-    Transcript,
-    Word,
-)
-from server.routing.catalog import Endpoint
+from server.providers.stt import Segment, SttCall, Transcript, Word
 
 MIME = {
     "wav": "audio/wav",

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 
 from server.providers import http as provider_http
-from server.providers.stt import INVALID_RESPONSE, ProviderFailure
+from server.providers.endpoint import Endpoint
+from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
-from server.routing.catalog import Endpoint
 
 _RUNNING = ("queued", "in_progress", "processing", "pending")
 

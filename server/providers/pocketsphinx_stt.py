@@ -15,17 +15,9 @@ import av
 from pocketsphinx import Decoder
 
 from server.compute import ComputePool, PoolBusy, WorkerLost
-from server.providers.stt import (
-    CLIENT_ERROR,
-    RATE_LIMITED,
-    SERVER_ERROR,
-    ProviderFailure,
-    Segment,
-    SttCall,
-    Transcript,
-    Word,
-)
-from server.routing.catalog import Endpoint
+from server.providers.endpoint import Endpoint
+from server.providers.failures import CLIENT_ERROR, RATE_LIMITED, SERVER_ERROR, ProviderFailure
+from server.providers.stt import Segment, SttCall, Transcript, Word
 from server.transcription.media import AUDIO_ERRORS, OPEN_OPTIONS
 
 SAMPLE_RATE = 16000

@@ -11,9 +11,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from server.providers import http as provider_http
-from server.providers.stt import INVALID_RESPONSE, ProviderFailure
+from server.providers.endpoint import Endpoint
+from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
-from server.routing.catalog import Endpoint
 
 
 def _input(call: VideoCall) -> dict[str, Any]:

@@ -1,11 +1,11 @@
-"""What every speech-to-text adapter takes and returns, and how a provider failure is told."""
+"""What every speech-to-text adapter takes and returns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server.routing.catalog import Endpoint
+from server.providers.endpoint import Endpoint
 
 
 @dataclass(frozen=True)
@@ -50,35 +50,6 @@ class Transcript:
     words: list[Word] = field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0
-
-
-# Failure kinds, in the words of the routing rules.
-RATE_LIMITED = "rate_limited"
-OVERLOADED = "overloaded"
-SERVER_ERROR = "server_error"
-TIMEOUT = "timeout"
-UNREACHABLE = "unreachable"
-INVALID_RESPONSE = "invalid_response"
-REJECTED_CREDENTIALS = "rejected_credentials"
-CLIENT_ERROR = "client_error"  # the request itself is wrong: not retried elsewhere
-
-
-class ProviderFailure(Exception):
-    def __init__(
-        self,
-        kind: str,
-        message: str,
-        *,
-        status: int | None = None,
-        provider_code: str | int | None = None,
-        retry_after: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.status = status
-        self.provider_code = provider_code
-        self.retry_after = retry_after
 
 
 class SttAdapter(Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server.routing.catalog import Endpoint
+from server.providers.endpoint import Endpoint
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from server.config import SettingsError
+from server.providers.endpoint import Endpoint
 from server.validation import param_of
 
 BUILT_IN = Path(__file__).resolve().parent / "catalog.toml"
@@ -34,24 +35,6 @@ VIDEO_ADAPTERS = ("openai", "queue", "local")
 
 class CatalogError(SettingsError):
     """The catalog file is wrong; the message says where (file, line, key)."""
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    provider: str  # provider slug: selects provider.options[slug]
-    adapter: str
-    base_url: str | None = None
-    api_key_env: str | None = None
-    model: str | None = None  # the provider's own model name
-    timeout_seconds: float = 120.0
-
-    def credential(self) -> str | None:
-        return os.environ.get(self.api_key_env) if self.api_key_env else None
-
-    @property
-    def available(self) -> bool:
-        """An endpoint that needs a credential is usable only when it is configured."""
-        return self.api_key_env is None or bool(self.credential())
 
 
 @dataclass(frozen=True)

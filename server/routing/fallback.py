@@ -10,14 +10,14 @@ from typing import Generic, TypeVar
 
 from server.errors import GatewayError
 from server.observability.metrics import Metrics
-from server.providers.stt import (
+from server.providers.endpoint import Endpoint
+from server.providers.failures import (
     CLIENT_ERROR,
     OVERLOADED,
     RATE_LIMITED,
     TIMEOUT,
     ProviderFailure,
 )
-from server.routing.catalog import Endpoint
 
 log = logging.getLogger("gateway.routing")
 T = TypeVar("T")

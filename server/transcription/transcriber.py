@@ -29,8 +29,9 @@ from server.observability.generations import store_generation
 from server.observability.logs import REQUEST_ID
 from server.observability.metrics import Metrics
 from server.observability.tracing import emit_generation_span
+from server.providers.endpoint import Endpoint
 from server.providers.stt import SttAdapter, SttCall, Transcript
-from server.routing.catalog import Catalog, Endpoint, Model
+from server.routing.catalog import Catalog, Model
 from server.routing.fallback import route
 from server.transcription.media import ProbedAudio, Refusal, probe_in_worker
 from server.transcription.request import TranscriptionInput

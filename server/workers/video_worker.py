@@ -26,9 +26,10 @@ from server.db.models import Generation, VideoJob, WebhookDelivery
 from server.observability.generations import store_generation
 from server.observability.metrics import Metrics
 from server.observability.tracing import emit_generation_span
-from server.providers.stt import CLIENT_ERROR, REJECTED_CREDENTIALS, ProviderFailure
+from server.providers.endpoint import Endpoint
+from server.providers.failures import CLIENT_ERROR, REJECTED_CREDENTIALS, ProviderFailure
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
-from server.routing.catalog import Catalog, Endpoint, Model
+from server.routing.catalog import Catalog, Model
 from server.videos import jobs
 from server.videos.content import ContentStore
 from server.workers.leases import claim_one

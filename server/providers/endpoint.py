@@ -1,0 +1,26 @@
+"""One provider endpoint as the catalog names it: which adapter speaks to it, where, with which
+credential and model name. What every adapter is handed; the catalog (server/routing) builds
+them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    provider: str  # provider slug: selects provider.options[slug]
+    adapter: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    model: str | None = None  # the provider's own model name
+    timeout_seconds: float = 120.0
+
+    def credential(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    @property
+    def available(self) -> bool:
+        """An endpoint that needs a credential is usable only when it is configured."""
+        return self.api_key_env is None or bool(self.credential())
