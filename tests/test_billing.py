@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from server.billing.key_status import key_status
 from server.billing.periods import next_reset, period_starts
 from server.billing.usage import ACCOUNT, KEY
 from server.clock import ManualClock
 from server.db.models import Account, ApiKey, LedgerEntry, UsageCounter
 from server.limits.free_models import daily_limit, is_free_tier
+from server.limits.key_status import key_status
 from tests.support.admin import Admin, IssuedKey
 
 # A Sunday, one second before midnight UTC: the day and the ISO week end together.

@@ -7,11 +7,11 @@ from typing import Any
 import grpc
 
 from server.auth import Authenticator
-from server.billing.key_status import KeyStatus, key_status
 from server.billing.money import micros_to_json_number
 from server.clock import Clock
 from server.contract import keys_pb2, keys_pb2_grpc
 from server.db.engine import SessionFactory
+from server.limits.key_status import KeyStatus, key_status
 from server.services.rpc import metadata_of, null, nullable_string, nullable_timestamp, nullable_usd
 
 # The deprecated rate_limit member existing clients still require; it carries no policy.

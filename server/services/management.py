@@ -16,7 +16,6 @@ from server.accounts.workspaces import (
     workspace_of_account,
 )
 from server.auth import Authenticator, Principal
-from server.billing.key_status import key_status
 from server.billing.money import micros_to_json_number
 from server.billing.usage import ACCOUNT, read_usage
 from server.clock import Clock, rfc3339
@@ -24,6 +23,7 @@ from server.contract import management_pb2, management_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import ApiKey
 from server.errors import bad_request
+from server.limits.key_status import key_status
 from server.services.keys import limit_and_usage_fields
 from server.services.rpc import (
     answer_with_status,

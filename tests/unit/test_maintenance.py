@@ -14,13 +14,13 @@ import pytest
 import sqlalchemy as sa
 
 from server.billing.holds import place_hold
-from server.billing.key_status import key_status
 from server.billing.money import usd_to_micros
 from server.clock import ManualClock
 from server.db.engine import create_engine, session_factory
 from server.db.models import Account, ApiKey, CreditHold, RateWindow, VideoJob
 from server.errors import GatewayError
 from server.limits.free_models import admit_free_request, free_requests_today
+from server.limits.key_status import key_status
 from server.maintenance import Maintenance
 from server.maintenance.maintenance import BATCH
 from server.observability.metrics import Metrics
