@@ -14,11 +14,11 @@ import io
 import av
 from pocketsphinx import Decoder
 
+from server.audio_decoding import AUDIO_ERRORS, OPEN_OPTIONS
 from server.compute import ComputePool, PoolBusy, WorkerLost
 from server.providers.endpoint import Endpoint
 from server.providers.failures import CLIENT_ERROR, RATE_LIMITED, SERVER_ERROR, ProviderFailure
 from server.providers.stt import Segment, SttCall, Transcript, Word
-from server.transcription.media import AUDIO_ERRORS, OPEN_OPTIONS
 
 SAMPLE_RATE = 16000
 FRAMES_PER_SECOND = 100  # pocketsphinx's default frame rate

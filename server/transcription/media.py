@@ -21,6 +21,7 @@ from typing import Any
 
 import av
 
+from server.audio_decoding import AUDIO_ERRORS, OPEN_OPTIONS
 from server.errors import GatewayError, bad_request
 
 # Client-facing format names -> the FFmpeg demuxers that read them.
@@ -40,9 +41,6 @@ MAX_AUDIO_BYTES = 25 * 1000 * 1000
 # is refused: more than any codec's priming and padding (an MP3's padding or AAC's priming at
 # 8 kHz is about 0.15 s), far less than any forgery worth making.
 TIMESTAMP_TOLERANCE = Fraction(1, 2)
-# The provider may decode what the gateway decoded: the same opening options on both sides.
-OPEN_OPTIONS: dict[str, str] = {}
-AUDIO_ERRORS = (av.error.FFmpegError, ValueError, OverflowError, UnicodeDecodeError, EOFError)
 
 
 @dataclass(frozen=True)
