@@ -56,8 +56,8 @@ from server.transcription.media import warm_up
 from server.transcription.transcriber import Transcriber
 from server.vault.crypto import MasterKey, load_master_key
 from server.videos.content import ContentStore
-from server.webhooks.delivery import WebhookDispatcher
 from server.workers.video_worker import VideoWorker
+from server.workers.webhook_dispatcher import WebhookDispatcher
 
 log = logging.getLogger("gateway.server")
 DECODE_QUEUE = 512

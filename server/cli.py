@@ -248,7 +248,7 @@ async def cmd_workspaces_update(args: argparse.Namespace) -> int:
 
 
 async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
-    from server.webhooks.delivery import workspace_secret
+    from server.webhooks.secrets import workspace_secret
 
     settings = _settings(args)
     await upgrade(settings.database_url)

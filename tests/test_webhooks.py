@@ -14,8 +14,9 @@ from standardwebhooks import Webhook
 
 from server.accounts.workspaces import update_workspace, workspace_by_id
 from server.db.models import WebhookDelivery
-from server.webhooks.delivery import WebhookDispatcher, workspace_secret
+from server.webhooks.secrets import workspace_secret
 from server.webhooks.targets import RefusedTarget, resolve_target
+from server.workers.webhook_dispatcher import WebhookDispatcher
 from tests.conftest import Stack
 from tests.fakes.webhook_receiver import ReceivedHook
 from tests.support.admin import Admin, IssuedKey

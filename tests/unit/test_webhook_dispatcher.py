@@ -13,7 +13,8 @@ import pytest
 from standardwebhooks import Webhook
 
 from server.db.models import WebhookDelivery
-from server.webhooks.delivery import RETRY_SCHEDULE, WebhookDispatcher, workspace_secret
+from server.webhooks.secrets import workspace_secret
+from server.workers.webhook_dispatcher import RETRY_SCHEDULE, WebhookDispatcher
 from tests.support.domain import Domain
 from tests.support.eventually import eventually
 

@@ -6,7 +6,6 @@ server processes never send one at the same moment."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import secrets
 from datetime import timedelta
@@ -17,7 +16,8 @@ from standardwebhooks import Webhook
 
 from server.clock import Clock
 from server.db.engine import SessionFactory
-from server.db.models import WebhookDelivery, Workspace
+from server.db.models import WebhookDelivery
+from server.webhooks.secrets import workspace_secret
 from server.webhooks.targets import RefusedTarget, UnresolvedTarget, resolve_target
 from server.workers.leases import claim_one
 from server.workers.loop import run_until_stopped
@@ -34,29 +34,6 @@ RETRY_SCHEDULE = (
     timedelta(hours=10),
 )
 _DELIVERIES = WebhookDelivery.__table__
-_WORKSPACES = Workspace.__table__
-
-
-def new_secret() -> str:
-    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
-
-
-async def workspace_secret(sessions: SessionFactory, workspace_id: str) -> str:
-    """The workspace's signing secret, created on first use (race-free: first writer wins)."""
-    async with sessions() as session:
-        candidate = new_secret()
-        await session.exec(
-            sa.update(_WORKSPACES)
-            .where(_WORKSPACES.c.id == workspace_id, _WORKSPACES.c.webhook_secret.is_(None))
-            .values(webhook_secret=candidate)
-        )
-        await session.commit()
-        secret = (
-            await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
-                sa.select(_WORKSPACES.c.webhook_secret).where(_WORKSPACES.c.id == workspace_id)
-            )
-        ).scalar_one()
-        return str(secret)
 
 
 class WebhookDispatcher:
