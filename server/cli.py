@@ -317,7 +317,7 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
         workspace = await _workspace(session, args.workspace, now)
         intern_id = None
         if args.intern is not None:
-            intern_id = await _intern_id(session, workspace.id, args.intern)
+            intern_id = (await workspaces.intern_by_name(session, workspace, args.intern)).id
         limit = None if args.limit is None else exact_micros(args.limit)
         return await key_store.create_key(
             session,
@@ -334,21 +334,6 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
     print(f"Created {kind} {key.name} (hash {key.hash}). It is shown once; store it now:")
     print(plaintext)
     return 0
-
-
-async def _intern_id(session: AsyncSession, workspace_id: str, name: str) -> str:
-    from sqlmodel import select
-
-    from server.db.models import Intern
-
-    intern = (
-        await session.exec(
-            select(Intern).where(Intern.workspace_id == workspace_id, Intern.name == name)
-        )
-    ).one_or_none()
-    if intern is None:
-        raise GatewayError(404, f"no intern named {name!r} in that workspace")
-    return intern.id
 
 
 async def cmd_keys_update(args: argparse.Namespace) -> int:

@@ -107,6 +107,18 @@ async def create_intern(
     return intern
 
 
+async def intern_by_name(session: AsyncSession, workspace: Workspace, name: str) -> Intern:
+    """The workspace's intern of that name (names are unique within a workspace); 404 else."""
+    intern = (
+        await session.exec(
+            select(Intern).where(Intern.workspace_id == workspace.id, Intern.name == name)
+        )
+    ).one_or_none()
+    if intern is None:
+        raise GatewayError(404, f"no intern named {name!r} in that workspace")
+    return intern
+
+
 async def account_of(session: AsyncSession, workspace: Workspace) -> Account:
     account = await session.get(Account, workspace.account_id)
     if account is None:  # a foreign key guarantees it; a missing row is corruption
