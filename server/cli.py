@@ -28,7 +28,6 @@ from server.clock import SystemClock
 from server.config import Settings, SettingsError, edge_policy_from_environment, load_settings
 from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
-from server.db.models import ApiKey
 from server.errors import GatewayError
 from server.observability.logs import configure_logging_from_environment
 
@@ -337,17 +336,18 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
 
 
 async def cmd_keys_update(args: argparse.Namespace) -> int:
+    changes = {
+        name: value
+        for name, value in (
+            ("disabled", args.disabled),
+            ("exempt_free_limits", args.exempt_free_limits),
+        )
+        if value is not None
+    }
+
     async def work(session: AsyncSession, now: datetime) -> Any:
-        key = await session.get(ApiKey, args.hash)
-        if key is None:
-            raise GatewayError(404, f"no API key with hash {args.hash}")
-        if args.disabled is not None:
-            key.disabled = args.disabled
-        if args.exempt_free_limits is not None:
-            key.exempt_free_limits = args.exempt_free_limits
-        key.updated_at = now
-        session.add(key)
-        return key
+        key = await key_store.key_by_hash(session, args.hash)
+        return await key_store.update_key(session, key, changes, now)
 
     key = await _with_session(args, work)
     print(

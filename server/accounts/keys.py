@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -120,6 +121,29 @@ async def find_key(session: AsyncSession, key_hash: str, workspace_ids: list[str
     if key is None or key.workspace_id not in workspace_ids:
         raise not_found("API key not found")
     return key
+
+
+async def key_by_hash(session: AsyncSession, key_hash: str) -> ApiKey:
+    """Any workspace's key by hash: the operator's view (the CLI); 404 when there is none."""
+    key = await session.get(ApiKey, key_hash)
+    if key is None:
+        raise not_found(f"no API key with hash {key_hash}")
+    return key
+
+
+async def update_key(
+    session: AsyncSession, key: ApiKey, changes: Mapping[str, object], now: datetime
+) -> ApiKey:
+    """Apply changes already validated (column → value) at once: nothing is half-applied."""
+    for name, value in changes.items():
+        setattr(key, name, value)
+    key.updated_at = now
+    session.add(key)
+    return key
+
+
+async def delete_key(session: AsyncSession, key: ApiKey) -> None:
+    await session.delete(key)
 
 
 async def list_keys(

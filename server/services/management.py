@@ -209,10 +209,7 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
                 (changes["workspace_id"],) = await self._workspace_ids(
                     session, principal, request.workspace_id
                 )
-            for field_name, value in changes.items():
-                setattr(key, field_name, value)
-            key.updated_at = self._clock.now()
-            session.add(key)
+            await key_store.update_key(session, key, changes, self._clock.now())
             await session.commit()
             return management_pb2.KeyResponse(data=await self._key_message(session, key, principal))
 
@@ -222,7 +219,7 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
         async with self._sessions() as session:
             principal = await self._principal(session, context)
             key = await self._account_key(session, principal, request.hash)
-            await session.delete(key)
+            await key_store.delete_key(session, key)
             await session.commit()
         return management_pb2.DeleteKeyResponse(deleted=True)
 
