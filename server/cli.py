@@ -381,26 +381,19 @@ async def cmd_guardrails_create(args: argparse.Namespace) -> int:
     from server.routing.catalog import load_catalog
 
     catalog = load_catalog(load_settings(args.data_dir, args.database_url).catalog_file)
-    changes: dict[str, Any] = {
-        "name": store.check_name(args.name),
-        "description": store.check_description(args.description),
-        "allowed_models": store.check_models(
-            catalog, _names(args.allowed_models), "allowed_models"
-        ),
-        "ignored_models": store.check_models(
-            catalog, _names(args.ignored_models), "ignored_models"
-        ),
-        "allowed_providers": store.check_providers(
-            catalog, _names(args.allowed_providers), "allowed_providers"
-        ),
-        "ignored_providers": store.check_providers(
-            catalog, _names(args.ignored_providers), "ignored_providers"
-        ),
+    given: dict[str, Any] = {
+        "name": args.name,
+        "description": args.description,
+        "allowed_models": _names(args.allowed_models),
+        "ignored_models": _names(args.ignored_models),
+        "allowed_providers": _names(args.allowed_providers),
+        "ignored_providers": _names(args.ignored_providers),
         "max_cost_per_request_micros": None
         if args.max_cost_per_request is None
         else exact_micros(args.max_cost_per_request),
-        "max_video_duration_seconds": store.check_max_video_duration(args.max_video_duration),
+        "max_video_duration_seconds": args.max_video_duration,
     }
+    changes = store.check_changes(catalog, given)
 
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await _workspace(session, args.workspace, now)
@@ -441,7 +434,7 @@ async def cmd_guardrails_delete(args: argparse.Namespace) -> int:
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await _workspace(session, args.workspace, now)
         guardrail = await store.find_guardrail(session, args.id, [workspace.id])
-        await session.delete(guardrail)
+        await store.delete_guardrail(session, guardrail)
         return guardrail
 
     guardrail = await _with_session(args, work)

@@ -81,6 +81,23 @@ def check_max_cost(micros: int | None) -> int | None:
     return micros
 
 
+def check_changes(catalog: Catalog, given: dict[str, Any]) -> dict[str, Any]:
+    """The members given (column name → value; only those being set), each validated, so that
+    nothing is written before all pass: one rule set for the API and the CLI."""
+    checks: dict[str, Any] = {
+        "name": check_name,
+        "description": check_description,
+        "allowed_models": lambda v: check_models(catalog, v, "allowed_models"),
+        "ignored_models": lambda v: check_models(catalog, v, "ignored_models"),
+        "allowed_providers": lambda v: check_providers(catalog, v, "allowed_providers"),
+        "ignored_providers": lambda v: check_providers(catalog, v, "ignored_providers"),
+        "max_cost_per_request_micros": check_max_cost,
+        "max_video_duration_seconds": check_max_video_duration,
+        "include_byok_in_budgets": bool,
+    }
+    return {name: checks[name](value) for name, value in given.items()}
+
+
 def apply(guardrail: Guardrail, changes: dict[str, Any]) -> None:
     for name, value in changes.items():
         setattr(guardrail, name, value)
@@ -107,6 +124,10 @@ async def update_guardrail(
     guardrail.updated_at = now
     session.add(guardrail)
     return guardrail
+
+
+async def delete_guardrail(session: AsyncSession, guardrail: Guardrail) -> None:
+    await session.delete(guardrail)
 
 
 async def find_guardrail(

@@ -87,30 +87,23 @@ class GuardrailsService(guardrails_pb2_grpc.GuardrailsServicer):
             value = getattr(request, name)
             if request.HasField(name) and value.WhichOneof("kind") != "null_value":
                 raise store.refuse_unsupported(name)
-        changes: dict[str, Any] = {}
+        given: dict[str, Any] = {}
         if request.HasField("description"):
-            changes["description"] = store.check_description(
-                string_or_null(request.description, "description")
-            )
-        for name in ("allowed_models", "ignored_models"):
+            given["description"] = string_or_null(request.description, "description")
+        for name in ("allowed_models", "ignored_models", "allowed_providers", "ignored_providers"):
             if request.HasField(name):
-                values = strings_or_null(getattr(request, name), name)
-                changes[name] = store.check_models(self._catalog, values, name)
-        for name in ("allowed_providers", "ignored_providers"):
-            if request.HasField(name):
-                values = strings_or_null(getattr(request, name), name)
-                changes[name] = store.check_providers(self._catalog, values, name)
+                given[name] = strings_or_null(getattr(request, name), name)
         if request.HasField("max_cost_per_request_usd"):
-            changes["max_cost_per_request_micros"] = store.check_max_cost(
-                usd_or_null(request.max_cost_per_request_usd, "max_cost_per_request_usd")
+            given["max_cost_per_request_micros"] = usd_or_null(
+                request.max_cost_per_request_usd, "max_cost_per_request_usd"
             )
         if request.HasField("max_video_duration_seconds"):
-            changes["max_video_duration_seconds"] = store.check_max_video_duration(
-                integer_or_null(request.max_video_duration_seconds, "max_video_duration_seconds")
+            given["max_video_duration_seconds"] = integer_or_null(
+                request.max_video_duration_seconds, "max_video_duration_seconds"
             )
         if request.HasField("include_byok_in_budgets"):
-            changes["include_byok_in_budgets"] = request.include_byok_in_budgets
-        return changes
+            given["include_byok_in_budgets"] = request.include_byok_in_budgets
+        return store.check_changes(self._catalog, given)
 
     async def ListGuardrails(
         self, request: guardrails_pb2.ListGuardrailsRequest, context: grpc.aio.ServicerContext
@@ -184,6 +177,6 @@ class GuardrailsService(guardrails_pb2_grpc.GuardrailsServicer):
         async with self._sessions() as session:
             principal = await self._principal(session, context)
             guardrail = await self._account_guardrail(session, principal, request.id)
-            await session.delete(guardrail)
+            await store.delete_guardrail(session, guardrail)
             await session.commit()
         return guardrails_pb2.DeleteGuardrailResponse(deleted=True)
