@@ -6,6 +6,7 @@ holds and charges nothing; each failure is a 400 naming the field."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import Annotated, Any, TypeVar
 
@@ -48,6 +49,17 @@ def invalid(message: str, at: str = "", **extra: Any) -> PydanticCustomError:
     `at` names a member below the field validated (`audio_url.url`); `extra` goes to the
     error's metadata (`allowed`)."""
     return PydanticCustomError("invalid", message, {"at": at, "extra": extra})
+
+
+# What a requested model id must look like (whether the catalog has it is the catalog's say).
+MODEL_ID = re.compile(r"^[^/\s]+/[^/\s].*$")
+
+
+def model_id(value: str) -> str:
+    """The `model` member of a transcription or video request."""
+    if not MODEL_ID.match(value):
+        raise invalid("must look like <provider_prefix>/<model_name>")
+    return value
 
 
 def _one_of(allowed: tuple[str, ...]) -> Any:

@@ -27,6 +27,7 @@ from server.validation import (
     check_struct,
     header_session,
     invalid,
+    model_id,
     one_of,
     parse_shape,
 )
@@ -40,7 +41,6 @@ FORM_FIELDS = (
     *("model", "language", "response_format", "temperature"),
     *("session_id", "user", "prompt"),
 )
-MODEL_ID = re.compile(r"^[^/\s]+/[^/\s].*$")
 LANGUAGE = re.compile(r"^[a-z]{2}$")
 
 
@@ -66,12 +66,6 @@ class TranscriptionInput:
         return self.response_format == "verbose_json"
 
 
-def _model_id(value: str) -> str:
-    if not MODEL_ID.match(value):
-        raise invalid("must look like <provider_prefix>/<model_name>")
-    return value
-
-
 def _language(value: str) -> str:
     value = value.lower()
     if not LANGUAGE.match(value):
@@ -92,7 +86,7 @@ def _empty_is_unset(value: Any) -> Any:
 class _Common(Shape):
     """The members every form shares (JSON, multipart fields, the gRPC message)."""
 
-    model: Annotated[str, Field(min_length=1), AfterValidator(_model_id)]
+    model: Annotated[str, Field(min_length=1), AfterValidator(model_id)]
     language: Annotated[StoredText, AfterValidator(_language)] | None = None
     response_format: Annotated[
         one_of(RESPONSE_FORMATS) | None,  # type: ignore[valid-type]  # one_of() builds an Annotated[str, ...] at run time

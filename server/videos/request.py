@@ -12,7 +12,6 @@ from pydantic import AfterValidator, Field, model_validator
 
 from server.errors import bad_request
 from server.routing.catalog import Catalog, Model, VideoCapabilities
-from server.transcription.request import MODEL_ID
 from server.validation import (
     BoundedId,
     Provider,
@@ -22,6 +21,7 @@ from server.validation import (
     check_struct,
     header_session,
     invalid,
+    model_id,
     one_of,
     parse_shape,
     text_problem,
@@ -55,12 +55,6 @@ def _allowed(value: str, allowed: tuple[str, ...] | None, param: str, model: Mod
             f"{param} {value!r} is not supported by {model.id}; allowed: {', '.join(allowed)}",
             param=param,
         )
-
-
-def _model_id(value: str) -> str:
-    if not MODEL_ID.match(value):
-        raise invalid("must look like <provider_prefix>/<model_name>")
-    return value
 
 
 def _media_url(url: str) -> str:
@@ -116,7 +110,7 @@ class _InputReference(Shape):
 class _VideoShape(Shape):
     """gateway.v1.CreateVideoRequest (POST /videos): what any model accepts."""
 
-    model: Annotated[str, Field(min_length=1), AfterValidator(_model_id)]
+    model: Annotated[str, Field(min_length=1), AfterValidator(model_id)]
     prompt: Annotated[StoredText, Field(max_length=MAX_PROMPT_CHARS)] = ""
     resolution: one_of(options.RESOLUTIONS) | None = None  # type: ignore[valid-type]  # one_of() builds an Annotated[str, ...] at run time
     aspect_ratio: one_of(options.ASPECT_RATIOS) | None = None  # type: ignore[valid-type]  # one_of() builds an Annotated[str, ...] at run time
