@@ -16,58 +16,44 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# server's packages (a top-level module such as server/auth.py counts as one) by layer.
-LAYERS: dict[str, frozenset[str]] = {
+# server's packages (a top-level module such as server/auth.py counts as one) in layers, top
+# to bottom. A package may import its own layer (sideways, without cycles) and the layers
+# below it, never one above.
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # what starts things: the `gateway` command and the wiring of one server process
-    "entry": frozenset({"cli", "app"}),
+    ("entry", frozenset({"cli", "app"})),
     # what runs on the domain: gRPC handlers (one per proto service) and background loops
-    "handlers": frozenset({"services", "workers", "maintenance"}),
-    # the protobuf contract compiled from proto/ (gRPC types stop at the handlers)
-    "contract": frozenset({"contract", "contract_stamp"}),
-    # the domain, testable without gRPC
-    "domain": frozenset(
-        {
-            "accounts",
-            "auth",
-            "billing",
-            "guardrails",
-            "limits",
-            "observability",
-            "providers",
-            "routing",
-            "transcription",
-            "vault",
-            "videos",
-            "webhooks",
-        }
-    ),
+    ("handlers", frozenset({"services", "workers", "maintenance"})),
+    # the protobuf contract compiled from proto/: gRPC types stop at the handlers
+    ("contract", frozenset({"contract", "contract_stamp"})),
+    # the domain, testable without gRPC, from the billable operations down:
+    ("operations", frozenset({"transcription", "videos"})),
+    ("policy", frozenset({"guardrails", "limits", "routing", "vault"})),
+    ("identity", frozenset({"auth", "accounts"})),
+    # money and its records, webhook rules, what is observed, the provider adapters
+    ("domain base", frozenset({"billing", "webhooks", "observability", "providers"})),
     # what everything stands on
-    "foundation": frozenset(
-        {
-            "audio_decoding",
-            "clock",
-            "compute",
-            "config",
-            "db",
-            "errors",
-            "hostnames",
-            "ports",
-            "validation",
-        }
+    (
+        "foundation",
+        frozenset(
+            {
+                "audio_decoding",
+                "clock",
+                "compute",
+                "config",
+                "db",
+                "errors",
+                "hostnames",
+                "ports",
+                "validation",
+            }
+        ),
     ),
-}
-# Which layers each layer may import (its own included: sideways arrows must stay acyclic).
-MAY_IMPORT: dict[str, frozenset[str]] = {
-    "entry": frozenset({"entry", "handlers", "contract", "domain", "foundation"}),
-    "handlers": frozenset({"handlers", "contract", "domain", "foundation"}),
-    "contract": frozenset({"contract"}),
-    "domain": frozenset({"domain", "foundation"}),
-    "foundation": frozenset({"foundation"}),
-}
+)
 # facade/ renders and runs Envoy in front of the server: it reads the server's contract and
 # its foundation (settings, the error table, ports). Only the embedded stack of `gateway up`
 # (facade/stack.py) runs a server process too, so it may import the server's entry.
-FACADE_MAY_IMPORT = frozenset({"contract", "foundation"})
+FACADE_MAY_IMPORT = ("contract", "foundation")
 FACADE_ENTRY = frozenset({"facade.stack"})
 # The one arrow from server to facade: the `gateway` command starts the embedded stack
 # (`gateway up`) and prints Envoy's config (`gateway envoy-config`).
@@ -117,10 +103,14 @@ def _server_package(dotted: str) -> str | None:
 
 
 def _layer(package: str) -> str:
-    for layer, packages in LAYERS.items():
+    for layer, packages in LAYERS:
         if package in packages:
             return layer
     raise AssertionError(f"server/{package} is in no layer of LAYERS: place it")
+
+
+def _depth(layer: str) -> int:
+    return [name for name, _ in LAYERS].index(layer)
 
 
 def _is_package_of(name: str, top: str) -> bool:
@@ -134,7 +124,7 @@ def test_every_server_package_has_a_layer() -> None:
         if (p.suffix == ".py" and p.stem != "__init__")
         or (p.is_dir() and (p / "__init__.py").exists() and p.name != "_generated")
     }
-    layered = set().union(*LAYERS.values())
+    layered = set().union(*(packages for _, packages in LAYERS))
     assert on_disk - layered == set(), "server packages missing from LAYERS"
     assert layered - on_disk == set(), "LAYERS names packages that are gone"
 
@@ -145,8 +135,8 @@ def test_server_imports_run_down_the_layers() -> None:
         source, target = _server_package(imp.module), _server_package(imp.target)
         if source is None or target is None or source == target:
             continue
-        if _layer(target) not in MAY_IMPORT[_layer(source)]:
-            wrong.append(f"{imp} ({_layer(source)} → {_layer(target)})")
+        if _depth(_layer(target)) < _depth(_layer(source)):
+            wrong.append(f"{imp} ({_layer(source)} → {_layer(target)}, a layer above)")
     assert wrong == []
 
 
