@@ -14,7 +14,7 @@ them); lapsed holds are few (only a crashed process's) and go in one statement.
   their content is deleted — after the commit, by the process whose UPDATE expired them.
 - `rate_windows`: `:free` request windows (minute and UTC day) that ended more than
   `WINDOW_GRACE` ago. Admission counts only into the current minute and day, and GET /key
-  reads only the current day (limits/free_models.py, billing/key_status.py); the grace
+  reads only the current day (limits/free_models.py, limits/key_status.py); the grace
   keeps the last window of a process whose clock lags slightly behind.
 
 Not pruned: webhook deliveries (the outbox keeps delivered, stopped and failed rows as the
