@@ -18,7 +18,6 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from server.db.models import LedgerEntry
 from tests.conftest import Stack
 from tests.support.admin import IssuedKey
 from tests.support.audio import b64, fixture
@@ -26,9 +25,11 @@ from tests.support.fuzz import (
     Answer,
     Findings,
     answer_problems,
+    charge_count,
     error_shape_problems,
+    expect_charges,
+    expect_no_hold_left,
     fuzz_settings,
-    holds_of,
     load_openrouter_schemas,
     raw_request,
     server_errors_since,
@@ -179,21 +180,11 @@ def _vault_problems(answer: Answer) -> list[str]:
 
 
 async def test_header_fuzz(stack: Stack, funded: IssuedKey) -> None:
-    charges_before = await stack.admin.count(
-        LedgerEntry, LedgerEntry.key_hash == funded.hash, LedgerEntry.kind == "charge"
-    )
+    charges_before = await charge_count(stack.admin, funded)
     findings, successes, jobs = await asyncio.to_thread(
         run_header_fuzz, stack.gateway.http_port, funded, 40, stack.gateway.output
     )
     completed = await wait_for_jobs(stack, funded, jobs)
-    holds = await holds_of(stack.admin, funded)
-    findings.expect(holds == 0, f"{holds} credit hold(s) left behind after the run")
-    charges = await stack.admin.count(
-        LedgerEntry, LedgerEntry.key_hash == funded.hash, LedgerEntry.kind == "charge"
-    )
-    charged = charges - charges_before
-    findings.expect(
-        charged == successes + completed,
-        f"{charged} charges for {successes + completed} successes",
-    )
+    await expect_no_hold_left(findings, stack.admin, funded)
+    await expect_charges(findings, stack.admin, funded, charges_before, successes + completed)
     findings.check("headers")

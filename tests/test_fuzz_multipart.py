@@ -30,8 +30,8 @@ from tests.support.fuzz import (
     Findings,
     answer_problems,
     charged_micros,
+    expect_no_hold_left,
     fuzz_settings,
-    holds_of,
     load_openrouter_schemas,
     raw_request,
     server_errors_since,
@@ -276,8 +276,7 @@ async def check_run(
         requests,
         explicit,
     )
-    holds = await holds_of(stack.admin, issued)
-    findings.expect(holds == 0, f"{holds} credit hold(s) left behind after the run")
+    await expect_no_hold_left(findings, stack.admin, issued)
     # Charged exactly what the successes reported, to the micro-dollar (costs are rounded to
     # micros when reported); refusals charged nothing.
     charged = await charged_micros(stack.admin, issued) - before

@@ -21,7 +21,6 @@ import schemathesis
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from server.db.models import LedgerEntry
 from tests.conftest import Stack
 from tests.support.admin import IssuedKey
 from tests.support.audio import b64, fixture
@@ -31,9 +30,11 @@ from tests.support.fuzz import (
     Findings,
     SuccessShape,
     answer_problems,
+    charge_count,
     charged_micros,
+    expect_charges,
+    expect_no_hold_left,
     fuzz_settings,
-    holds_of,
     load_fragment,
     load_openrouter_schemas,
     server_errors_since,
@@ -259,9 +260,7 @@ async def test_schema_fuzz(
     mode: GenerationMode,
 ) -> None:
     charged_before = await charged_micros(stack.admin, fuzz_key)
-    charges_before = await stack.admin.count(
-        LedgerEntry, LedgerEntry.key_hash == fuzz_key.hash, LedgerEntry.kind == "charge"
-    )
+    charges_before = await charge_count(stack.admin, fuzz_key)
     findings, jobs, successes = await asyncio.to_thread(
         run_operation,
         stack.base_url,
@@ -274,18 +273,10 @@ async def test_schema_fuzz(
         stack.gateway.output,
     )
     completed = await wait_for_jobs(stack, fuzz_key, jobs)
-    # No hold outlives its request (video jobs: once terminal).
-    holds = await holds_of(stack.admin, fuzz_key)
-    findings.expect(holds == 0, f"{holds} credit hold(s) left behind after the run")
-    # Only what succeeded is charged: one charge per 200 transcription or completed job.
-    charges = await stack.admin.count(
-        LedgerEntry, LedgerEntry.key_hash == fuzz_key.hash, LedgerEntry.kind == "charge"
-    )
+    await expect_no_hold_left(findings, stack.admin, fuzz_key)
+    # One charge per 200 transcription or completed job.
     expected = completed if path == "/videos" else (successes if "audio" in path else 0)
-    findings.expect(
-        charges - charges_before == expected,
-        f"{charges - charges_before} charges for {expected} successes",
-    )
+    await expect_charges(findings, stack.admin, fuzz_key, charges_before, expected)
     if expected == 0:
         charged = await charged_micros(stack.admin, fuzz_key) - charged_before
         findings.expect(charged == 0, f"charged {charged} micro-USD for refusals only")

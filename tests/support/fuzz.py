@@ -283,6 +283,26 @@ async def holds_of(admin: Admin, issued: IssuedKey) -> int:
     return await admin.count(CreditHold, CreditHold.key_hash == issued.hash)
 
 
+async def charge_count(admin: Admin, issued: IssuedKey) -> int:
+    return await admin.count(
+        LedgerEntry, LedgerEntry.key_hash == issued.hash, LedgerEntry.kind == "charge"
+    )
+
+
+async def expect_no_hold_left(findings: Findings, admin: Admin, issued: IssuedKey) -> None:
+    """No hold outlives its request (video jobs: once terminal)."""
+    holds = await holds_of(admin, issued)
+    findings.expect(holds == 0, f"{holds} credit hold(s) left behind after the run")
+
+
+async def expect_charges(
+    findings: Findings, admin: Admin, issued: IssuedKey, before: int, successes: int
+) -> None:
+    """Only what succeeded is charged: one charge per success since `before` charges."""
+    charged = await charge_count(admin, issued) - before
+    findings.expect(charged == successes, f"{charged} charges for {successes} successes")
+
+
 async def charged_micros(admin: Admin, issued: IssuedKey) -> int:
     async with admin.sessions() as session:
         statement = sa.select(sa.func.coalesce(sa.func.sum(LedgerEntry.amount_micros), 0)).where(
