@@ -14,13 +14,19 @@ class Endpoint:
     adapter: str
     base_url: str | None = None
     api_key_env: str | None = None
+    secret_key_env: str | None = None  # a second credential, for providers that sign with two
     model: str | None = None  # the provider's own model name
     timeout_seconds: float = 120.0
 
     def credential(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
+    def secret(self) -> str | None:
+        return os.environ.get(self.secret_key_env) if self.secret_key_env else None
+
     @property
     def available(self) -> bool:
-        """An endpoint that needs a credential is usable only when it is configured."""
-        return self.api_key_env is None or bool(self.credential())
+        """An endpoint that needs credentials is usable only when they are configured."""
+        return (self.api_key_env is None or bool(self.credential())) and (
+            self.secret_key_env is None or bool(self.secret())
+        )

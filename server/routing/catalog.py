@@ -29,8 +29,23 @@ from server.validation import param_of
 
 BUILT_IN = Path(__file__).resolve().parent / "catalog.toml"
 MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._:-]*$")
-STT_ADAPTERS = ("openai", "pocketsphinx")
-VIDEO_ADAPTERS = ("openai", "queue", "local")
+# Adapter names as the catalog spells them (server/providers/ holds one module each); the
+# local ones need no base_url, every other one talks HTTP to its endpoint's base_url.
+STT_ADAPTERS = ("openai", "azure-openai", "deepgram", "elevenlabs", "assemblyai", "pocketsphinx")
+VIDEO_ADAPTERS = (
+    "openai",
+    "gemini",
+    "vertex",
+    "kling",
+    "minimax",
+    "seedance",
+    "dashscope",
+    "fal",
+    "replicate",
+    "queue",
+    "local",
+)
+LOCAL_ADAPTERS = ("pocketsphinx", "local")
 
 
 class CatalogError(SettingsError):
@@ -111,9 +126,10 @@ class _Table(BaseModel):
 
 class _EndpointTable(_Table):
     provider: str
-    adapter: Literal["openai", "pocketsphinx", "queue", "local"]
+    adapter: str  # one of STT_ADAPTERS / VIDEO_ADAPTERS, checked against the model's kind
     base_url: str | None = None
     api_key_env: str | None = None
+    secret_key_env: str | None = None  # a second credential (Kling signs with two keys)
     model: str | None = None
     timeout_seconds: float = Field(default=120.0, gt=0)
 
@@ -151,7 +167,7 @@ class _ModelTable(_Table):
             where = f"endpoints[{index}]"
             if endpoint.adapter not in allowed:
                 raise ValueError(f"{where}.adapter must be one of {', '.join(allowed)}")
-            if endpoint.adapter in ("openai", "queue") and not endpoint.base_url:
+            if endpoint.adapter not in LOCAL_ADAPTERS and not endpoint.base_url:
                 raise ValueError(f"{where}: adapter {endpoint.adapter!r} needs base_url")
         return self
 
@@ -186,6 +202,7 @@ class _ModelTable(_Table):
                     adapter=e.adapter,
                     base_url=e.base_url.rstrip("/") if e.base_url else None,
                     api_key_env=e.api_key_env,
+                    secret_key_env=e.secret_key_env,
                     model=e.model,
                     timeout_seconds=e.timeout_seconds,
                 )
