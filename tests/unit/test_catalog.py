@@ -82,7 +82,7 @@ BAD = {
             'id = "a/b"\nkind = "stt"\nprice_per_second = "1"',
             '[[models.endpoints]]\nprovider = "p"\nadapter = "local"\n',
         ),
-        "endpoints[0].adapter must be one of openai, pocketsphinx",
+        "endpoints[0].adapter must be one of openai, azure-openai, deepgram",
     ),
     "openai adapter without base_url": (
         _model(

@@ -56,7 +56,7 @@ def test_unknown_keys_name_the_key_and_line(tmp_path: Path) -> None:
         ('kind = "stt"', 'kind = "image"', "models[0].kind"),
         ('"0.001"', "-1", "models[0].price_per_second"),
         ('"0.001"', '"cheap"', "models[0].price_per_second"),
-        ('adapter = "openai"', 'adapter = "local"', "adapter must be one of openai, pocketsphinx"),
+        ('adapter = "openai"', 'adapter = "local"', "adapter must be one of openai, azure-openai"),
         ('base_url = "https://acme.example/v1/"', "", "adapter 'openai' needs base_url"),
         ('provider = "acme"', "", "models[0].endpoints[0].provider: missing"),
         ('provider = "acme"', "provider = 3", "models[0].endpoints[0].provider"),
