@@ -37,6 +37,10 @@ from server.observability.metrics import Metrics
 from server.observability.monitor import DatabaseMonitor
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
 from server.ports import GRPC_PORT, METRICS_PORT, ensure_free, listen_error
+from server.providers.assemblyai_stt import AssemblyAISttAdapter
+from server.providers.azure_openai_stt import AzureOpenAISttAdapter
+from server.providers.deepgram_stt import DeepgramSttAdapter
+from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
 from server.providers.local_video import LocalVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
@@ -124,6 +128,10 @@ def build_core(
     stt_adapters: dict[str, SttAdapter] = {
         "openai": OpenAISttAdapter(http),
         "pocketsphinx": PocketsphinxAdapter(local_stt),
+        "azure-openai": AzureOpenAISttAdapter(http),
+        "deepgram": DeepgramSttAdapter(http),
+        "elevenlabs": ElevenLabsSttAdapter(http),
+        "assemblyai": AssemblyAISttAdapter(http),
     }
     video_adapters: dict[str, VideoAdapter] = {
         "local": LocalVideoAdapter(),

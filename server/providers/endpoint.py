@@ -17,6 +17,7 @@ class Endpoint:
     secret_key_env: str | None = None  # a second credential, for providers that sign with two
     model: str | None = None  # the provider's own model name
     timeout_seconds: float = 120.0
+    api_version: str | None = None  # a versioned API's version (Azure OpenAI's api-version)
 
     def credential(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
