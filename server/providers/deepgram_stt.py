@@ -73,7 +73,7 @@ def _query_value(value: Any) -> str:
     return str(value)
 
 
-def query(call: SttCall) -> list[tuple[str, str]]:
+def query(call: SttCall) -> tuple[tuple[str, str], ...]:
     """The query parameters, in order; a list-valued option repeats its parameter."""
     params: list[tuple[str, str]] = [("model", call.model)]
     if call.language:
@@ -90,7 +90,7 @@ def query(call: SttCall) -> list[tuple[str, str]]:
         values = value if isinstance(value, list) else [value]
         params.extend((name, _query_value(v)) for v in values if v is not None)
     params.extend(defaults.items())
-    return params
+    return tuple(params)
 
 
 def parse(body: dict[str, Any], call: SttCall) -> Transcript:
