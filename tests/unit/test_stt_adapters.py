@@ -360,11 +360,12 @@ ADAPTERS = {
 # (adapter, model, expected kind, status, provider_code, retry_after)
 FAILURES = [
     ("deepgram", "nova-3", REJECTED_CREDENTIALS, 401, "INVALID_AUTH", None),
-    ("deepgram", "ratelimit-7", RATE_LIMITED, 429, "TOO_MANY_REQUESTS", 7),
+    ("deepgram", "ratelimit", RATE_LIMITED, 429, "TOO_MANY_REQUESTS", None),
     ("deepgram", "error-503", SERVER_ERROR, 503, "INTERNAL_SERVER_ERROR", None),
     ("deepgram", "garbage", INVALID_RESPONSE, None, None, None),
     ("elevenlabs", "scribe_v1", REJECTED_CREDENTIALS, 401, "invalid_api_key", None),
-    ("elevenlabs", "ratelimit-4", RATE_LIMITED, 429, "too_many_concurrent_requests", 4),
+    ("elevenlabs", "ratelimit", RATE_LIMITED, 429, "too_many_concurrent_requests", None),
+    ("elevenlabs", "busy", RATE_LIMITED, 429, "system_busy", None),
     ("elevenlabs", "error-500", SERVER_ERROR, 500, "internal_error", None),
     ("elevenlabs", "garbage", INVALID_RESPONSE, None, None, None),
     ("assemblyai", "universal", REJECTED_CREDENTIALS, 401, 401, None),
