@@ -483,3 +483,31 @@ api_key_env = "{KEY_ENV}"
     assert body["language"] == "en"
     assert body["segments"][0]["text"] == "Hello, world."
     assert await domain.charges(issued.workspace.account_id) == [result.cost_micros]
+
+
+async def test_deepgram_language_option_replaces_detection_when_the_request_names_none(
+    monkeypatch: pytest.MonkeyPatch, mock_http: Callable[[Handler], httpx.AsyncClient]
+) -> None:
+    monkeypatch.setenv(KEY_ENV, deepgram.API_KEY)
+    fake = deepgram.FakeDeepgram()
+    adapter = DeepgramSttAdapter(mock_http(fake.handle))
+    endpoint = _endpoint("deepgram", "http://dg.test")
+    await adapter.transcribe(endpoint, _call("nova-3", options={"language": "multi"}))
+    await adapter.transcribe(endpoint, _call("nova-3", language="en", options={"language": "de"}))
+    first, second = (request.url.params for request in fake.requests)
+    assert first.get_list("language") == ["multi"] and "detect_language" not in first
+    assert second.get_list("language") == ["en"]  # the request's own language stands
+
+
+async def test_assemblyai_language_code_option_replaces_detection(
+    monkeypatch: pytest.MonkeyPatch, mock_http: Callable[[Handler], httpx.AsyncClient]
+) -> None:
+    monkeypatch.setenv(KEY_ENV, assemblyai.API_KEY)
+    fake = assemblyai.FakeAssemblyAI()
+    clock = RecordedSleeps()
+    adapter = AssemblyAISttAdapter(mock_http(fake.handle), clock.sleep, clock.monotonic)
+    call = _call("universal", options={"language_code": "en_au"})
+    transcript = await adapter.transcribe(_endpoint("assemblyai", "http://aai.test"), call)
+    submitted = json.loads(fake.requests[1].content)
+    assert submitted["language_code"] == "en_au" and "language_detection" not in submitted
+    assert transcript.language == "en_au"
