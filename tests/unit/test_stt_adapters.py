@@ -511,3 +511,27 @@ async def test_assemblyai_language_code_option_replaces_detection(
     submitted = json.loads(fake.requests[1].content)
     assert submitted["language_code"] == "en_au" and "language_detection" not in submitted
     assert transcript.language == "en_au"
+
+
+def test_the_catalog_names_an_azure_deployment_and_its_api_version(tmp_path: Path) -> None:
+    catalog_file = tmp_path / "azure.toml"
+    catalog_file.write_text(
+        """
+[[models]]
+id = "azure/whisper"
+kind = "stt"
+price_per_second = "0.0001"
+[[models.endpoints]]
+provider = "azure"
+adapter = "azure-openai"
+base_url = "https://my-resource.openai.azure.com/"
+api_key_env = "AZURE_OPENAI_API_KEY"
+model = "my-whisper"
+api_version = "2025-03-01-preview"
+"""
+    )
+    model = load_catalog(catalog_file).get("azure/whisper")
+    assert model is not None
+    (endpoint,) = model.endpoints
+    assert endpoint.base_url == "https://my-resource.openai.azure.com"
+    assert (endpoint.model, endpoint.api_version) == ("my-whisper", "2025-03-01-preview")
