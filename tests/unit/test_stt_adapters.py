@@ -30,6 +30,7 @@ from server.providers.failures import (
     TIMEOUT,
     ProviderFailure,
 )
+from server.providers.http import retry_hint
 from server.providers.stt import SttCall, Word, segments_from_words
 from server.routing.catalog import load_catalog
 from server.transcription.request import TranscriptionInput
@@ -535,3 +536,73 @@ api_version = "2025-03-01-preview"
     (endpoint,) = model.endpoints
     assert endpoint.base_url == "https://my-resource.openai.azure.com"
     assert (endpoint.model, endpoint.api_version) == ("my-whisper", "2025-03-01-preview")
+
+
+def test_azures_retry_after_ms_is_a_retry_hint_in_whole_seconds() -> None:
+    assert retry_hint(httpx.Response(429, headers={"retry-after-ms": "2500"})) == 3
+    assert retry_hint(httpx.Response(429, headers={"retry-after": "4", "retry-after-ms": "1"})) == 4
+    assert retry_hint(httpx.Response(429)) is None
+
+
+async def test_a_rate_limited_vendor_falls_back_to_the_next_one(
+    domain: Domain,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mock_http: Callable[[Handler], httpx.AsyncClient],
+) -> None:
+    monkeypatch.setenv("UNIT_DEEPGRAM_KEY", deepgram.API_KEY)
+    monkeypatch.setenv("UNIT_ELEVENLABS_KEY", elevenlabs.API_KEY)
+    catalog_file = tmp_path / "fallback.toml"
+    catalog_file.write_text(
+        """
+[[models]]
+id = "vendors/fallback"
+kind = "stt"
+price_per_second = "0.01"
+[[models.endpoints]]
+provider = "deepgram"
+adapter = "deepgram"
+base_url = "http://dg.test"
+api_key_env = "UNIT_DEEPGRAM_KEY"
+model = "ratelimit"
+[[models.endpoints]]
+provider = "elevenlabs"
+adapter = "elevenlabs"
+base_url = "http://el.test"
+api_key_env = "UNIT_ELEVENLABS_KEY"
+model = "scribe_v1"
+"""
+    )
+    dg, el = deepgram.FakeDeepgram(), elevenlabs.FakeElevenLabs()
+
+    def by_host(request: httpx.Request) -> httpx.Response:
+        return (dg if request.url.host == "dg.test" else el).handle(request)
+
+    http = mock_http(by_host)
+    decoder: ComputePool = InlinePool()  # type: ignore[assignment]
+    transcriber = Transcriber(
+        load_catalog(catalog_file),
+        {"deepgram": DeepgramSttAdapter(http), "elevenlabs": ElevenLabsSttAdapter(http)},
+        domain.clock,
+        domain.limits,
+        domain.metrics,
+        NoOpTracer(),
+        decoder,
+    )
+    issued = await domain.funded_key("stt-vendor-fallback")
+    request = TranscriptionInput(
+        model="vendors/fallback",
+        audio=fixture("hello"),
+        claimed_format="wav",
+        filename="hello.wav",
+        audio_param="file",
+        provider_options={"elevenlabs": {"diarize": True}, "deepgram": {"diarize": True}},
+    )
+    async with domain.sessions() as session:
+        principal = await domain.principal(issued)
+        result = await transcriber.transcribe(session, principal, request)
+    assert (len(dg.requests), len(el.requests)) == (1, 1)
+    assert result.provider == "elevenlabs"
+    assert result.transcript.text == "Hello, world. (laughs) Bye."
+    assert el.forms[0]["diarize"] == ["true"]  # that provider's own options
+    assert domain.metrics.fallbacks.labels("vendors/fallback", "deepgram")._value.get() == 1
