@@ -84,12 +84,13 @@ def words_of(raw_words: list[dict[str, Any]]) -> list[Word]:
 
 
 def parse(body: dict[str, Any], sentences: list[dict[str, Any]] | None) -> Transcript:
-    if not isinstance(body.get("text"), str):
+    text = body.get("text")
+    if text is None:
+        text = ""  # a completed transcript of audio without speech
+    if not isinstance(text, str):
         raise ValueError("no text")
     language = body.get("language_code")
-    transcript = Transcript(
-        text=body["text"], language=language if isinstance(language, str) else None
-    )
+    transcript = Transcript(text=text, language=language if isinstance(language, str) else None)
     if sentences is None:
         return transcript
     transcript.words = words_of(body.get("words") or [])

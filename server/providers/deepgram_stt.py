@@ -102,7 +102,9 @@ def query(call: SttCall) -> tuple[tuple[str, str], ...]:
 def parse(body: dict[str, Any], call: SttCall) -> Transcript:
     channel = body["results"]["channels"][0]
     alternative = channel["alternatives"][0]
-    transcript = Transcript(text=str(alternative["transcript"]))
+    if not isinstance(alternative["transcript"], str):
+        raise ValueError("no transcript")
+    transcript = Transcript(text=alternative["transcript"])
     detected = channel.get("detected_language")
     transcript.language = call.language or (detected if isinstance(detected, str) else None)
     if not call.verbose:
