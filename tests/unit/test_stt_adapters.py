@@ -23,6 +23,7 @@ from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
 from server.providers.endpoint import Endpoint
 from server.providers.failures import (
+    CLIENT_ERROR,
     INVALID_RESPONSE,
     RATE_LIMITED,
     REJECTED_CREDENTIALS,
@@ -606,3 +607,34 @@ model = "scribe_v1"
     assert result.transcript.text == "Hello, world. (laughs) Bye."
     assert el.forms[0]["diarize"] == ["true"]  # that provider's own options
     assert domain.metrics.fallbacks.labels("vendors/fallback", "deepgram")._value.get() == 1
+
+
+# (adapter, model, status, provider_code, the provider's message) for a request it refuses
+CLIENT_ERRORS = [
+    ("deepgram", "nova-3", 400, "Bad Request", "failed to process audio"),
+    ("elevenlabs", "scribe_v1", 422, "value_error", "Field required"),
+    ("assemblyai", "universal", 400, 400, "Upload failed: empty body"),
+    ("azure-openai", "not-deployed", 404, "DeploymentNotFound", "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("adapter", "model", "status", "code", "message"), CLIENT_ERRORS)
+async def test_a_refused_request_carries_the_providers_code_and_message(
+    monkeypatch: pytest.MonkeyPatch,
+    mock_http: Callable[[Handler], httpx.AsyncClient],
+    adapter: str,
+    model: str,
+    status: int,
+    code: str | int,
+    message: str,
+) -> None:
+    monkeypatch.setenv(KEY_ENV, fake_key(adapter))
+    build, fake_of, _ = ADAPTERS[adapter]
+    fake = fake_of()
+    with pytest.raises(ProviderFailure) as failure:
+        await build(mock_http(fake.handle)).transcribe(
+            _endpoint(adapter, "http://p.test"), _call(model, audio=b"")
+        )
+    assert failure.value.kind == CLIENT_ERROR  # not tried elsewhere: the gateway answers 400
+    assert (failure.value.status, failure.value.provider_code) == (status, code)
+    assert message in failure.value.message
