@@ -224,6 +224,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             core.content,
             core.limits,
             core.video_worker.wake,
+            adapters=core.video_worker.adapters,
         ),
         server,
     )

@@ -68,7 +68,7 @@ async def test_a_key_cap_admits_exactly_k_and_reconciles(
     sources = {
         r.json()["error"]["metadata"]["limit_source"] for r in responses if r.status_code == 402
     }
-    assert sources <= {"key_limit", "in_flight_budget"}
+    assert sources <= {"openrouter_key_limit", "openrouter_in_flight_budget"}
     async with stack.admin.sessions() as session:
         charges = (
             await session.exec(
