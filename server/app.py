@@ -26,6 +26,7 @@ from server.contract import (
     guardrails_pb2_grpc,
     keys_pb2_grpc,
     management_pb2_grpc,
+    models_pb2_grpc,
     vault_pb2_grpc,
     videos_pb2_grpc,
 )
@@ -49,6 +50,7 @@ from server.services.audio import AudioService
 from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
+from server.services.models import ModelsService
 from server.services.rpc import RequestInterceptor
 from server.services.vault import VaultService
 from server.services.videos import VideosService
@@ -224,6 +226,9 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     )
     guardrails_pb2_grpc.add_GuardrailsServicer_to_server(
         GuardrailsService(core.auth, core.sessions, core.clock, core.catalog), server
+    )
+    models_pb2_grpc.add_ModelsServicer_to_server(
+        ModelsService(core.auth, core.sessions, core.catalog), server
     )
     vault_pb2_grpc.add_VaultServicer_to_server(
         VaultService(

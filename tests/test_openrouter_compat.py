@@ -1,0 +1,57 @@
+"""Routes that code written for OpenRouter looks for, through Envoy with the official SDK:
+GET /models, GET /generation, GET /key's extra members, GET /vault/secrets/{name} and
+guardrail budgets. One case per route; the domain is tested in tests/unit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+from openrouter import OpenRouter
+
+from tests.conftest import Stack
+
+T = TypeVar("T")
+SQLITE_ONLY = pytest.mark.parametrize("stack", ["sqlite"], indirect=True)
+
+
+async def sdk(stack: Stack, key: str, call: Callable[[OpenRouter], T]) -> T:
+    """One call with the official SDK (synchronous: run off the event loop)."""
+
+    def run() -> T:
+        with OpenRouter(api_key=key, server_url=stack.base_url) as client:
+            return call(client)
+
+    return await asyncio.to_thread(run)
+
+
+@SQLITE_ONLY
+async def test_sdk_lists_models_by_output_modality(stack: Stack, unique: str) -> None:
+    workspace = await stack.admin.workspace(f"models-{unique}")
+    issued = await stack.admin.key(workspace, "models")
+
+    def listed(modalities: str) -> Callable[[OpenRouter], Any]:
+        return lambda client: client.models.list(output_modalities=modalities)
+
+    stt = (await sdk(stack, issued.key, listed("transcription"))).result
+    assert stt.data and all(m.architecture.output_modalities == ["transcription"] for m in stt.data)
+    ok = next(m for m in stt.data if m.id == "fake/ok")
+    assert ok.architecture.input_modalities == ["audio"]
+    assert ok.pricing.prompt == "0" and isinstance(ok.pricing.completion, str)
+    video = (await sdk(stack, issued.key, listed("video"))).result
+    ids = {m.id for m in video.data}
+    assert "fakevideo/frames" in ids and not ids & {m.id for m in stt.data}
+    assert stt.total_count == len(stt.data)
+    async with httpx.AsyncClient() as client:
+        # Without a key, as on OpenRouter; the per-second price and availability are extras.
+        everything = (await client.get(f"{stack.base_url}/models?output_modalities=all")).json()
+        bad = await client.get(f"{stack.base_url}/models?output_modalities=music")
+    by_id = {m["id"]: m for m in everything["data"]}
+    assert by_id.keys() >= ids | {m.id for m in stt.data}
+    assert by_id["fakevideo/unavailable"]["available"] is False
+    assert by_id["fake/ok"]["available"] is True and by_id["fake/ok"]["pricing"]["per_second"]
+    assert bad.status_code == 400
+    assert bad.json()["error"]["metadata"] == {"param": "output_modalities"}
