@@ -23,6 +23,7 @@ from server.config import EdgePolicy, Settings
 from server.contract import (
     SERVICES,
     audio_pb2_grpc,
+    generations_pb2_grpc,
     guardrails_pb2_grpc,
     keys_pb2_grpc,
     management_pb2_grpc,
@@ -47,6 +48,7 @@ from server.providers.stt import SttAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
+from server.services.generations import GenerationsService
 from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
@@ -226,6 +228,9 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     )
     guardrails_pb2_grpc.add_GuardrailsServicer_to_server(
         GuardrailsService(core.auth, core.sessions, core.clock, core.catalog), server
+    )
+    generations_pb2_grpc.add_GenerationsServicer_to_server(
+        GenerationsService(core.auth, core.sessions), server
     )
     models_pb2_grpc.add_ModelsServicer_to_server(
         ModelsService(core.auth, core.sessions, core.catalog), server

@@ -25,6 +25,7 @@ SERVICES = (
     "gateway.v1.Vault",
     "gateway.v1.Guardrails",
     "gateway.v1.Models",
+    "gateway.v1.Generations",
 )
 
 
@@ -55,6 +56,8 @@ from gateway.v1 import (  # noqa: E402
     audio_pb2,
     audio_pb2_grpc,
     common_pb2,
+    generations_pb2,
+    generations_pb2_grpc,
     guardrails_pb2,
     guardrails_pb2_grpc,
     keys_pb2,
@@ -77,6 +80,7 @@ def http_routes() -> dict[str, str]:
     routes: dict[str, str] = {}
     for module in (
         audio_pb2,
+        generations_pb2,
         guardrails_pb2,
         keys_pb2,
         management_pb2,
@@ -101,6 +105,8 @@ __all__ = [
     "audio_pb2",
     "audio_pb2_grpc",
     "common_pb2",
+    "generations_pb2",
+    "generations_pb2_grpc",
     "guardrails_pb2",
     "guardrails_pb2_grpc",
     "http_routes",

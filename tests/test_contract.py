@@ -38,6 +38,7 @@ PUBLIC_ROUTES = {
     ("PATCH", "/api/v1/guardrails/{id}"),
     ("DELETE", "/api/v1/guardrails/{id}"),
     ("GET", "/api/v1/models"),
+    ("GET", "/api/v1/generation"),
 }
 
 

@@ -13,6 +13,8 @@ import pytest
 from openrouter import OpenRouter
 
 from tests.conftest import Stack
+from tests.support.admin import IssuedKey
+from tests.support.audio import b64, fixture
 
 T = TypeVar("T")
 SQLITE_ONLY = pytest.mark.parametrize("stack", ["sqlite"], indirect=True)
@@ -55,3 +57,31 @@ async def test_sdk_lists_models_by_output_modality(stack: Stack, unique: str) ->
     assert by_id["fake/ok"]["available"] is True and by_id["fake/ok"]["pricing"]["per_second"]
     assert bad.status_code == 400
     assert bad.json()["error"]["metadata"] == {"param": "output_modalities"}
+
+
+@SQLITE_ONLY
+async def test_sdk_reads_a_transcriptions_generation_by_its_header_id(
+    stack: Stack, funded: IssuedKey
+) -> None:
+    body = {"model": "fake/ok", "input_audio": {"data": b64(fixture()), "format": "wav"}}
+    async with httpx.AsyncClient(timeout=60) as client:
+        answer = await client.post(
+            f"{stack.base_url}/audio/transcriptions",
+            json=body,
+            headers={**funded.headers, "x-session-id": "compat-session"},
+        )
+        generation_id = answer.headers["x-generation-id"]
+        stranger = await stack.admin.key(await stack.admin.workspace(f"gen-{generation_id}"))
+        foreign = await client.get(
+            f"{stack.base_url}/generation", params={"id": generation_id}, headers=stranger.headers
+        )
+    assert answer.status_code == 200 and generation_id.startswith("gen_")
+    data = (
+        await sdk(
+            stack, funded.key, lambda client: client.generations.get_generation(id=generation_id)
+        )
+    ).data
+    assert data.id == generation_id and data.model == "fake/ok"
+    assert data.api_type == "stt" and data.session_id == "compat-session"
+    assert data.total_cost == answer.json()["usage"]["cost"] and data.is_byok is False
+    assert foreign.status_code == 404 and foreign.json()["error"]["code"] == 404
