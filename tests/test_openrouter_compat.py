@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import httpx
@@ -85,3 +86,25 @@ async def test_sdk_reads_a_transcriptions_generation_by_its_header_id(
     assert data.api_type == "stt" and data.session_id == "compat-session"
     assert data.total_cost == answer.json()["usage"]["cost"] and data.is_byok is False
     assert foreign.status_code == 404 and foreign.json()["error"]["code"] == 404
+
+
+@SQLITE_ONLY
+async def test_sdk_creates_an_expiring_key_and_reads_its_extra_members(
+    stack: Stack, unique: str
+) -> None:
+    workspace = await stack.admin.workspace(f"expiry-{unique}")
+    manager = await stack.admin.key(workspace, "manager", management=True)
+    expires = datetime.now(UTC).replace(microsecond=0) + timedelta(days=2)
+
+    def create(client: OpenRouter) -> Any:
+        return client.api_keys.create(name="expiring", expires_at=expires, creator_user_id="u-1")
+
+    created = await sdk(stack, manager.key, create)
+    assert created.data.expires_at == expires
+    current = (await sdk(stack, created.key, lambda c: c.api_keys.get_current_key_metadata())).data
+    assert current.expires_at == expires and current.creator_user_id == "u-1"
+    assert current.is_provisioning_key is False and current.is_management_key is False
+    manager_view = await sdk(stack, manager.key, lambda c: c.api_keys.get_current_key_metadata())
+    assert manager_view.data.is_provisioning_key is True
+    listed = (await sdk(stack, manager.key, lambda c: c.api_keys.list())).data
+    assert {k.name: k.expires_at for k in listed}["expiring"] == expires
