@@ -23,9 +23,11 @@ from server.config import EdgePolicy, Settings
 from server.contract import (
     SERVICES,
     audio_pb2_grpc,
+    generations_pb2_grpc,
     guardrails_pb2_grpc,
     keys_pb2_grpc,
     management_pb2_grpc,
+    models_pb2_grpc,
     vault_pb2_grpc,
     videos_pb2_grpc,
 )
@@ -50,9 +52,11 @@ from server.providers.stt import SttAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
+from server.services.generations import GenerationsService
 from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
+from server.services.models import ModelsService
 from server.services.rpc import RequestInterceptor
 from server.services.vault import VaultService
 from server.services.videos import VideosService
@@ -233,6 +237,12 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     )
     guardrails_pb2_grpc.add_GuardrailsServicer_to_server(
         GuardrailsService(core.auth, core.sessions, core.clock, core.catalog), server
+    )
+    generations_pb2_grpc.add_GenerationsServicer_to_server(
+        GenerationsService(core.auth, core.sessions), server
+    )
+    models_pb2_grpc.add_ModelsServicer_to_server(
+        ModelsService(core.auth, core.sessions, core.catalog), server
     )
     vault_pb2_grpc.add_VaultServicer_to_server(
         VaultService(
