@@ -17,12 +17,15 @@ from opentelemetry.trace import Tracer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from server.auth import Authenticator
+from server.byok.fees import ByokFees
+from server.byok.routing import ByokRouting
 from server.clock import Clock, SystemClock
 from server.compute import ComputePool
 from server.config import EdgePolicy, Settings
 from server.contract import (
     SERVICES,
     audio_pb2_grpc,
+    byok_pb2_grpc,
     guardrails_pb2_grpc,
     keys_pb2_grpc,
     management_pb2_grpc,
@@ -46,6 +49,7 @@ from server.providers.stt import SttAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
+from server.services.byok import ByokService
 from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
@@ -131,6 +135,7 @@ def build_core(
         "queue": QueueVideoAdapter(http),
     }
     content = ContentStore(settings.content_dir)
+    vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
     metrics = Metrics()
     tracer_provider = tracer_provider_from_environment()
     tracer = tracer_of(tracer_provider)
@@ -147,7 +152,19 @@ def build_core(
         catalog=catalog,
         http=http,
         limits=limits,
-        transcriber=Transcriber(catalog, stt_adapters, clock, limits, metrics, tracer, decoder),
+        transcriber=Transcriber(
+            catalog,
+            stt_adapters,
+            clock,
+            limits,
+            metrics,
+            tracer,
+            decoder,
+            byok=ByokRouting(
+                vault_master,
+                ByokFees(settings.byok_fee_percent, settings.byok_free_requests_per_month),
+            ),
+        ),
         content=content,
         video_worker=VideoWorker(
             sessions,
@@ -169,7 +186,7 @@ def build_core(
             metrics,
             interval=settings.maintenance_interval_seconds,
         ),
-        vault_master=load_master_key(settings.data_dir),
+        vault_master=vault_master,
         metrics=metrics,
         tracer=tracer,
         tracer_provider=tracer_provider,
@@ -221,6 +238,10 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     )
     audio_pb2_grpc.add_AudioServicer_to_server(
         AudioService(core.auth, core.sessions, core.transcriber), server
+    )
+    byok_pb2_grpc.add_ByokServicer_to_server(
+        ByokService(core.auth, core.sessions, core.clock, core.catalog, core.vault_master),
+        server,
     )
     guardrails_pb2_grpc.add_GuardrailsServicer_to_server(
         GuardrailsService(core.auth, core.sessions, core.clock, core.catalog), server

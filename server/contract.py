@@ -24,6 +24,7 @@ SERVICES = (
     "gateway.v1.Audio",
     "gateway.v1.Vault",
     "gateway.v1.Guardrails",
+    "gateway.v1.Byok",
 )
 
 
@@ -53,6 +54,8 @@ if str(GENERATED) not in sys.path:
 from gateway.v1 import (  # noqa: E402
     audio_pb2,
     audio_pb2_grpc,
+    byok_pb2,
+    byok_pb2_grpc,
     common_pb2,
     guardrails_pb2,
     guardrails_pb2_grpc,
@@ -72,7 +75,8 @@ def http_routes() -> dict[str, str]:
     from google.api import annotations_pb2
 
     routes: dict[str, str] = {}
-    for module in (audio_pb2, guardrails_pb2, keys_pb2, management_pb2, vault_pb2, videos_pb2):
+    modules = (audio_pb2, byok_pb2, guardrails_pb2, keys_pb2, management_pb2, vault_pb2, videos_pb2)
+    for module in modules:
         for service in module.DESCRIPTOR.services_by_name.values():
             for method in service.methods:
                 rule = method.GetOptions().Extensions[annotations_pb2.http]
@@ -89,6 +93,8 @@ __all__ = [
     "ContractError",
     "audio_pb2",
     "audio_pb2_grpc",
+    "byok_pb2",
+    "byok_pb2_grpc",
     "common_pb2",
     "guardrails_pb2",
     "guardrails_pb2_grpc",
