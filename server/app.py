@@ -85,6 +85,7 @@ class Core:
     webhooks: WebhookDispatcher
     maintenance: Maintenance
     vault_master: MasterKey
+    byok: ByokRouting  # a workspace's own provider keys, and the platform fee on them
     metrics: Metrics
     tracer: Tracer
     tracer_provider: TracerProvider | None  # None: traces are not exported
@@ -136,6 +137,9 @@ def build_core(
     }
     content = ContentStore(settings.content_dir)
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
+    byok = ByokRouting(
+        vault_master, ByokFees(settings.byok_fee_percent, settings.byok_free_requests_per_month)
+    )
     metrics = Metrics()
     tracer_provider = tracer_provider_from_environment()
     tracer = tracer_of(tracer_provider)
@@ -160,10 +164,7 @@ def build_core(
             metrics,
             tracer,
             decoder,
-            byok=ByokRouting(
-                vault_master,
-                ByokFees(settings.byok_fee_percent, settings.byok_free_requests_per_month),
-            ),
+            byok=byok,
         ),
         content=content,
         video_worker=VideoWorker(
@@ -177,6 +178,7 @@ def build_core(
             on_webhook_queued=webhooks.wake.set,
             metrics=metrics,
             tracer=tracer,
+            byok=byok,
         ),
         webhooks=webhooks,
         maintenance=Maintenance(
@@ -187,6 +189,7 @@ def build_core(
             interval=settings.maintenance_interval_seconds,
         ),
         vault_master=vault_master,
+        byok=byok,
         metrics=metrics,
         tracer=tracer,
         tracer_provider=tracer_provider,
@@ -233,6 +236,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             core.content,
             core.limits,
             core.video_worker.wake,
+            core.byok,
         ),
         server,
     )

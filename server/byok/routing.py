@@ -53,15 +53,22 @@ def with_key(endpoint: Endpoint, key: UsableKey) -> Endpoint | None:
         return None
 
 
-def plan(
+@dataclass(frozen=True)
+class PlannedAttempt:
+    index: int  # the endpoint's position in the model's endpoints
+    endpoint: Endpoint  # with the workspace's key substituted when key_id is set
+    key_id: str | None  # the workspace's key used, or None: the operator's credential
+
+
+def plan_attempts(
     endpoints: Sequence[Endpoint],
     usable: Sequence[UsableKey],
     *,
     model_id: str,
     key_hash: str,
     user: str | None = None,
-) -> list[Endpoint]:
-    """The endpoints to try, in order. `endpoints` are the model's (after guardrails),
+) -> list[PlannedAttempt]:
+    """The attempts to make, in order. `endpoints` are the model's (after guardrails),
     `usable` the workspace's enabled keys in their order."""
     applying = [k for k in usable if k.applies_to(model_id, key_hash, user)]
     always_use = {k.row.provider for k in applying if k.row.is_required} | {
@@ -70,20 +77,38 @@ def plan(
         for k in usable
         if k.row.is_byok_only and k.applies_to(None, key_hash, user)
     }
-    capable = [e for e in endpoints if e.adapter not in LOCAL_ADAPTERS]
 
-    def keyed(fallback: bool) -> list[Endpoint]:
-        tried: list[Endpoint] = []
-        for endpoint in capable:
+    def keyed(fallback: bool) -> list[PlannedAttempt]:
+        tried: list[PlannedAttempt] = []
+        for index, endpoint in enumerate(endpoints):
+            if endpoint.adapter in LOCAL_ADAPTERS:
+                continue
             for key in applying:
                 if key.row.provider == endpoint.provider and key.row.is_fallback == fallback:
                     substituted = with_key(endpoint, key)
                     if substituted is not None:
-                        tried.append(substituted)
+                        tried.append(PlannedAttempt(index, substituted, key.row.id))
         return tried
 
-    operator = [e for e in endpoints if e.provider not in always_use]
+    operator = [
+        PlannedAttempt(index, endpoint, None)
+        for index, endpoint in enumerate(endpoints)
+        if endpoint.provider not in always_use
+    ]
     return [*keyed(fallback=False), *operator, *keyed(fallback=True)]
+
+
+def plan(
+    endpoints: Sequence[Endpoint],
+    usable: Sequence[UsableKey],
+    *,
+    model_id: str,
+    key_hash: str,
+    user: str | None = None,
+) -> list[Endpoint]:
+    """The endpoints to try, in order (see plan_attempts)."""
+    attempts = plan_attempts(endpoints, usable, model_id=model_id, key_hash=key_hash, user=user)
+    return [a.endpoint for a in attempts]
 
 
 @dataclass(frozen=True)
@@ -133,6 +158,31 @@ class ByokRouting:
             return []
         opening = await data_key(session, self._master, store.vault_id(workspace_id), now)
         return [UsableKey(row, store.open_key(self._master, row, opening)) for row in rows]
+
+    async def key_endpoint(
+        self, session: AsyncSession, endpoint: Endpoint, key_id: str, now: datetime
+    ) -> Endpoint | None:
+        """`endpoint` with one of the workspace's keys (a job polling where it was
+        submitted), or None when that key is gone or no longer fits."""
+        row = await session.get(ByokKey, key_id)
+        if row is None:
+            return None
+        opening = await data_key(session, self._master, store.vault_id(row.workspace_id), now)
+        return with_key(endpoint, UsableKey(row, store.open_key(self._master, row, opening)))
+
+    async def attempts(
+        self,
+        session: AsyncSession,
+        *,
+        workspace_id: str,
+        key_hash: str,
+        model_id: str,
+        endpoints: Sequence[Endpoint],
+        user: str | None,
+        now: datetime,
+    ) -> list[PlannedAttempt]:
+        usable = await self.usable_keys(session, workspace_id, now)
+        return plan_attempts(endpoints, usable, model_id=model_id, key_hash=key_hash, user=user)
 
     async def endpoints(
         self,

@@ -191,6 +191,10 @@ class VideoJob(TableModel, table=True):
     callback_url: str | None = Field(default=None, max_length=2048)
     hold_id: str | None = Field(default=None, max_length=40)
     hold_micros: int = Field(default=0, sa_type=sa.BigInteger)
+    # BYOK: the provider cost held apart (the key's limit, if it counts BYOK), and the
+    # workspace key the job was submitted with (None: the operator's credential)
+    byok_hold_id: str | None = Field(default=None, max_length=40)
+    byok_key_id: str | None = Field(default=None, max_length=40)
     cost_micros: int | None = Field(default=None, sa_type=sa.BigInteger)
     is_byok: bool = False
     generation_id: str | None = Field(default=None, max_length=40)

@@ -11,6 +11,7 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format, struct_pb2
 
 from server.auth import Authenticator
+from server.byok.routing import ByokRouting, billing_plan
 from server.clock import Clock
 from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.engine import SessionFactory
@@ -76,7 +77,9 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         store: ContentStore,
         limits: Limits,
         wake_worker: asyncio.Event | None = None,
+        byok: ByokRouting | None = None,
     ) -> None:
+        self._byok = byok  # None: the operator's endpoints only
         self._auth = auth
         self._sessions = sessions
         self._clock = clock
@@ -97,6 +100,18 @@ class VideosService(videos_pb2_grpc.VideosServicer):
             endpoints = guardrails.endpoints(video.model)
             guardrails.check_video_duration(video.duration)
             guardrails.check_cost(jobs.estimate_micros(video))
+            billing = None
+            if self._byok is not None:
+                planned = await self._byok.endpoints(
+                    session,
+                    workspace_id=principal.workspace.id,
+                    key_hash=principal.key.hash,
+                    model_id=video.model.id,
+                    endpoints=endpoints,
+                    user=video.user,
+                    now=self._clock.now(),
+                )
+                billing = billing_plan(planned, jobs.estimate_micros(video), self._byok.fees)
             job = await jobs.submit_job(
                 session,
                 principal,
@@ -106,6 +121,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 self._limits,
                 # The worker uses only these endpoints when guardrails restrict them.
                 [e.provider for e in endpoints] if guardrails.rules else None,
+                billing=billing,
             )
         if self._wake is not None:
             self._wake.set()

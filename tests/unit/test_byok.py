@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,9 +18,9 @@ from server.auth import Authenticator
 from server.billing.usage import KEY, read_usage
 from server.byok import keys as store
 from server.byok.fees import ByokFees
-from server.byok.routing import ByokRouting, UsableKey, plan
+from server.byok.routing import ByokRouting, UsableKey, billing_plan, plan
 from server.compute import ComputePool
-from server.db.models import ApiKey, ByokKey, CreditHold, Generation
+from server.db.models import ApiKey, ByokKey, CreditHold, Generation, VideoJob
 from server.errors import GatewayError
 from server.limits.key_status import limit_remaining
 from server.providers.endpoint import Endpoint
@@ -27,6 +28,10 @@ from server.providers.openai_stt import OpenAISttAdapter
 from server.transcription.request import TranscriptionInput
 from server.transcription.transcriber import Transcriber, TranscriptionResult
 from server.vault.crypto import MasterKey
+from server.videos import jobs
+from server.videos.content import ContentStore
+from server.videos.request import VideoInput
+from server.workers.video_worker import VideoWorker
 from tests.support.admin import IssuedKey
 from tests.support.audio import fixture
 from tests.support.domain import PROVIDER_KEY, Domain, InlinePool
@@ -337,3 +342,68 @@ async def test_byok_usage_counts_into_the_keys_limit_only_when_included(
     else:
         assert (await _transcribe(domain, transcriber, issued)).is_byok
     assert await domain.count(CreditHold) == 0
+
+
+# --- a video job ----------------------------------------------------------------------------
+
+
+async def test_a_video_job_submitted_and_polled_with_the_workspace_key(
+    domain: Domain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No operator credential: only the workspace's key (the one the scripted provider
+    # accepts) can submit and poll.
+    monkeypatch.delenv("UNIT_PROVIDER_KEY")
+    issued = await domain.funded_key("byok-video")
+    await _add_key(domain, issued, "vidco", key=PROVIDER_KEY)
+    fees = ByokFees(percent=Decimal(5), free_requests_per_month=0)
+    byok = ByokRouting(MASTER, fees)
+    model = domain.catalog.models["unitvideo/ok"]
+    video = VideoInput(
+        model=model,
+        params={"prompt": "a lighthouse", "duration": 2, "width": 854, "height": 480},
+        duration=2,
+        callback_url=None,
+        session_id=None,
+        user=None,
+        trace=None,
+    )
+    principal = await domain.principal(issued)
+    async with domain.sessions() as session:
+        planned = await byok.endpoints(
+            session,
+            workspace_id=issued.workspace.id,
+            key_hash=issued.hash,
+            model_id=model.id,
+            endpoints=model.endpoints,
+            user=None,
+            now=domain.clock.now(),
+        )
+        cost = jobs.estimate_micros(video)
+        billing = billing_plan(planned, cost, fees)
+        assert (billing.credit_hold, billing.byok_hold) == (fees.fee(cost), True)
+        job = await jobs.submit_job(
+            session, principal, video, domain.clock.now(), None, domain.limits, billing=billing
+        )
+    worker = VideoWorker(
+        domain.sessions,
+        domain.clock,
+        domain.catalog,
+        domain.video_adapters(),
+        ContentStore(tmp_path / "content"),
+        byok=byok,
+    )
+    for _ in range(3):  # submit, then poll until the provider says completed
+        claimed = await worker.claim()
+        assert claimed is not None
+        await worker.step(claimed)
+        domain.clock.advance(timedelta(seconds=30))
+    (done,) = await domain.rows(VideoJob, VideoJob.id == job.id)
+    assert (done.status, done.is_byok, done.cost_micros) == ("completed", True, fees.fee(cost))
+    sent = domain.providers.sent_to("video.test")  # submitted and polled with the key
+    assert [r.method for r in sent] == ["POST", "GET", "GET", "GET"]
+    assert {r.headers["authorization"] for r in sent} == {f"Bearer {PROVIDER_KEY}"}
+    assert sorted(await domain.charges(issued.workspace.account_id)) == [fees.fee(cost), cost]
+    assert await _byok_usage(domain, issued) == (fees.fee(cost), cost)
+    assert await domain.count(CreditHold) == 0
+    (generation,) = await domain.rows(Generation, Generation.id == done.generation_id)
+    assert (generation.is_byok, generation.cost_micros) == (True, fees.fee(cost))

@@ -49,9 +49,15 @@ def upgrade() -> None:
         sa.Column("requests", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("account_id", "month_start"),
     )
+    with op.batch_alter_table("video_jobs") as batch:
+        batch.add_column(sa.Column("byok_hold_id", sa.String(length=40), nullable=True))
+        batch.add_column(sa.Column("byok_key_id", sa.String(length=40), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("video_jobs") as batch:
+        batch.drop_column("byok_key_id")
+        batch.drop_column("byok_hold_id")
     op.drop_table("byok_monthly_requests")
     op.drop_index("ix_byok_keys_workspace_provider", table_name="byok_keys")
     op.drop_table("byok_keys")
