@@ -160,3 +160,5 @@ def test_a_workspace_key_serves_its_requests_and_pays_the_platform_fee(
         remaining = client.byok.list()
         assert remaining is not None and remaining.result.data == []
     assert _transcribe(stack).status_code == 503
+    log = stack.gateway.log()
+    assert not [OWN_KEY[i : i + 12] for i in range(len(OWN_KEY) - 11) if OWN_KEY[i : i + 12] in log]

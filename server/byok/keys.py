@@ -12,7 +12,7 @@ import json
 import re
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -42,8 +42,8 @@ def vault_id(workspace_id: str) -> str:
 class Credentials:
     """What a key opens to: the endpoint's credential and, for two-key providers, its secret."""
 
-    credential: str
-    secret: str | None = None
+    credential: str = field(repr=False)
+    secret: str | None = field(default=None, repr=False)
 
 
 def _two_key_providers(catalog: Catalog) -> set[str]:

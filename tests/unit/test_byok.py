@@ -136,6 +136,7 @@ async def test_a_key_is_sealed_at_rest_shown_masked_and_opens_for_its_workspace(
     assert [(k.id, k.label, k.name) for k in listed] == [(row.id, "...abcd", "mine")]
     assert total == 1
     assert [k.plaintext for k in opened] == [BYOK_KEY]
+    assert BYOK_KEY not in repr(opened)
 
 
 async def test_bad_keys_are_refused_without_echoing_them(domain: Domain) -> None:
