@@ -128,6 +128,13 @@ def test_a_workspace_key_serves_its_requests_and_pays_the_platform_fee(
     with OpenRouter(api_key=stack.member.key, server_url=stack.gateway.base_url) as member:
         with pytest.raises(errors.ForbiddenResponseError):
             member.byok.list()
+    refused = httpx.post(
+        f"{stack.gateway.base_url}/byok",
+        json={"provider": "not-in-the-catalog", "key": OWN_KEY},
+        headers=stack.manager.headers,
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["metadata"]["param"] == "provider"
+    assert OWN_KEY not in refused.text
 
     assert GATEWAY is not None
     shown = subprocess.run(
