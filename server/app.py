@@ -26,9 +26,11 @@ from server.contract import (
     SERVICES,
     audio_pb2_grpc,
     byok_pb2_grpc,
+    generations_pb2_grpc,
     guardrails_pb2_grpc,
     keys_pb2_grpc,
     management_pb2_grpc,
+    models_pb2_grpc,
     vault_pb2_grpc,
     videos_pb2_grpc,
 )
@@ -40,6 +42,10 @@ from server.observability.metrics import Metrics
 from server.observability.monitor import DatabaseMonitor
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
 from server.ports import GRPC_PORT, METRICS_PORT, ensure_free, listen_error
+from server.providers.assemblyai_stt import AssemblyAISttAdapter
+from server.providers.azure_openai_stt import AzureOpenAISttAdapter
+from server.providers.deepgram_stt import DeepgramSttAdapter
+from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
 from server.providers.local_video import LocalVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
@@ -50,9 +56,11 @@ from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
 from server.services.byok import ByokService
+from server.services.generations import GenerationsService
 from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
+from server.services.models import ModelsService
 from server.services.rpc import RequestInterceptor
 from server.services.vault import VaultService
 from server.services.videos import VideosService
@@ -129,6 +137,10 @@ def build_core(
     stt_adapters: dict[str, SttAdapter] = {
         "openai": OpenAISttAdapter(http),
         "pocketsphinx": PocketsphinxAdapter(local_stt),
+        "azure-openai": AzureOpenAISttAdapter(http),
+        "deepgram": DeepgramSttAdapter(http),
+        "elevenlabs": ElevenLabsSttAdapter(http),
+        "assemblyai": AssemblyAISttAdapter(http),
     }
     video_adapters: dict[str, VideoAdapter] = {
         "local": LocalVideoAdapter(),
@@ -237,6 +249,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             core.limits,
             core.video_worker.wake,
             core.byok,
+            adapters=core.video_worker.adapters,
         ),
         server,
     )
@@ -249,6 +262,12 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     )
     guardrails_pb2_grpc.add_GuardrailsServicer_to_server(
         GuardrailsService(core.auth, core.sessions, core.clock, core.catalog), server
+    )
+    generations_pb2_grpc.add_GenerationsServicer_to_server(
+        GenerationsService(core.auth, core.sessions), server
+    )
+    models_pb2_grpc.add_ModelsServicer_to_server(
+        ModelsService(core.auth, core.sessions, core.catalog), server
     )
     vault_pb2_grpc.add_VaultServicer_to_server(
         VaultService(

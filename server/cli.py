@@ -24,7 +24,7 @@ from server.accounts import workspaces
 from server.billing.ledger import add_credits
 from server.billing.money import AmountError, exact_micros, micros_to_usd
 from server.billing.periods import LIMIT_RESETS
-from server.clock import SystemClock
+from server.clock import SystemClock, rfc3339
 from server.config import Settings, SettingsError, edge_policy_from_environment, load_settings
 from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
@@ -318,6 +318,11 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
         if args.intern is not None:
             intern_id = (await workspaces.intern_by_name(session, workspace, args.intern)).id
         limit = None if args.limit is None else exact_micros(args.limit)
+        expires_at = (
+            None
+            if args.expires_at is None
+            else key_store.parse_expiry(args.expires_at, "--expires-at")
+        )
         return await key_store.create_key(
             session,
             workspace=workspace,
@@ -326,6 +331,7 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
             limit=key_store.KeyLimit(limit, args.limit_reset),
             management=args.management,
             intern_id=intern_id,
+            expires_at=expires_at,
         )
 
     key, plaintext = await _with_session(args, work)
@@ -368,6 +374,8 @@ async def cmd_keys_list(args: argparse.Namespace) -> int:
         flags = [
             f for f, on in (("management", key.is_management), ("disabled", key.disabled)) if on
         ]
+        if key.expires_at is not None:
+            flags.append(f"expires {rfc3339(key.expires_at)}")
         print(f"{key.hash}  {key.label}  {key.name}  {' '.join(flags)}".rstrip())
     return 0
 
@@ -541,9 +549,7 @@ async def cmd_credits_add(args: argparse.Namespace) -> int:
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await _workspace(session, args.workspace, now)
         try:
-            await add_credits(
-                session, workspace.account_id, micros, now, reference="operator CLI"
-            )
+            await add_credits(session, workspace.account_id, micros, now, reference="operator CLI")
         except AmountError as exc:
             raise GatewayError(400, f"--amount {exc}") from exc
         return workspace
@@ -673,6 +679,9 @@ def build_parser() -> argparse.ArgumentParser:
     key_create.add_argument("--intern", help="confine the key to this intern of the workspace")
     key_create.add_argument("--limit", type=_usd, help="credit cap in USD")
     key_create.add_argument("--limit-reset", choices=LIMIT_RESETS)
+    key_create.add_argument(
+        "--expires-at", metavar="YYYY-MM-DDTHH:MM:SSZ", help="refused with 401 from then on"
+    )
     key_create.add_argument(
         "--management", action="store_true", help="a management key (may use /keys and /credits)"
     )

@@ -24,6 +24,8 @@ SERVICES = (
     "gateway.v1.Audio",
     "gateway.v1.Vault",
     "gateway.v1.Guardrails",
+    "gateway.v1.Models",
+    "gateway.v1.Generations",
     "gateway.v1.Byok",
 )
 
@@ -57,12 +59,16 @@ from gateway.v1 import (  # noqa: E402
     byok_pb2,
     byok_pb2_grpc,
     common_pb2,
+    generations_pb2,
+    generations_pb2_grpc,
     guardrails_pb2,
     guardrails_pb2_grpc,
     keys_pb2,
     keys_pb2_grpc,
     management_pb2,
     management_pb2_grpc,
+    models_pb2,
+    models_pb2_grpc,
     vault_pb2,
     vault_pb2_grpc,
     videos_pb2,
@@ -75,8 +81,17 @@ def http_routes() -> dict[str, str]:
     from google.api import annotations_pb2
 
     routes: dict[str, str] = {}
-    modules = (audio_pb2, byok_pb2, guardrails_pb2, keys_pb2, management_pb2, vault_pb2, videos_pb2)
-    for module in modules:
+    for module in (
+        audio_pb2,
+        byok_pb2,
+        generations_pb2,
+        guardrails_pb2,
+        keys_pb2,
+        management_pb2,
+        models_pb2,
+        vault_pb2,
+        videos_pb2,
+    ):
         for service in module.DESCRIPTOR.services_by_name.values():
             for method in service.methods:
                 rule = method.GetOptions().Extensions[annotations_pb2.http]
@@ -96,6 +111,8 @@ __all__ = [
     "byok_pb2",
     "byok_pb2_grpc",
     "common_pb2",
+    "generations_pb2",
+    "generations_pb2_grpc",
     "guardrails_pb2",
     "guardrails_pb2_grpc",
     "http_routes",
@@ -103,6 +120,8 @@ __all__ = [
     "keys_pb2_grpc",
     "management_pb2",
     "management_pb2_grpc",
+    "models_pb2",
+    "models_pb2_grpc",
     "vault_pb2",
     "vault_pb2_grpc",
     "videos_pb2",

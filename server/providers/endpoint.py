@@ -17,6 +17,7 @@ class Endpoint:
     secret_key_env: str | None = None  # a second credential, for providers that sign with two
     model: str | None = None  # the provider's own model name
     timeout_seconds: float = 120.0
+    api_version: str | None = None  # a versioned API's version (Azure OpenAI's api-version)
     # A workspace's own provider key (BYOK), set by replacing the endpoint
     # (dataclasses.replace): it comes before the operator's credential. Never in a repr.
     byok_credential: str | None = field(default=None, repr=False, compare=False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import grpc
@@ -17,6 +17,7 @@ from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.engine import SessionFactory
 from server.guardrails.policy import guardrails_of
 from server.limits.admission import Limits
+from server.providers.video import VideoAdapter, can_continue
 from server.routing.catalog import Catalog, Model
 from server.services.rpc import (
     answer_with_status,
@@ -78,8 +79,11 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         limits: Limits,
         wake_worker: asyncio.Event | None = None,
         byok: ByokRouting | None = None,
+        *,
+        adapters: Mapping[str, VideoAdapter] | None = None,
     ) -> None:
         self._byok = byok  # None: the operator's endpoints only
+        self._adapters = adapters or {}
         self._auth = auth
         self._sessions = sessions
         self._clock = clock
@@ -100,6 +104,12 @@ class VideosService(videos_pb2_grpc.VideosServicer):
             endpoints = guardrails.endpoints(video.model)
             guardrails.check_video_duration(video.duration)
             guardrails.check_cost(jobs.estimate_micros(video))
+            continuation = await jobs.continuation_of(
+                session,
+                principal,
+                video,
+                lambda endpoint: can_continue(self._adapters.get(endpoint.adapter)),
+            )
             billing = None
             if self._byok is not None:
                 planned = await self._byok.endpoints(
@@ -121,6 +131,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 self._limits,
                 # The worker uses only these endpoints when guardrails restrict them.
                 [e.provider for e in endpoints] if guardrails.rules else None,
+                continuation,
                 billing=billing,
             )
         if self._wake is not None:

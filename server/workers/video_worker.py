@@ -13,6 +13,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import sqlalchemy as sa
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -29,7 +30,13 @@ from server.observability.metrics import Metrics
 from server.observability.tracing import emit_generation_span
 from server.providers.endpoint import Endpoint
 from server.providers.failures import CLIENT_ERROR, REJECTED_CREDENTIALS, ProviderFailure
-from server.providers.video import VideoAdapter, VideoCall, VideoProgress
+from server.providers.video import (
+    CONTINUE_JOB,
+    VideoAdapter,
+    VideoCall,
+    VideoProgress,
+    can_continue,
+)
 from server.routing.catalog import Catalog, Model
 from server.videos import jobs
 from server.videos.content import ContentStore
@@ -148,8 +155,48 @@ class VideoWorker:
         else:
             await self.finish(job, model, error=progress.error or "The provider failed")
 
+    @property
+    def adapters(self) -> Mapping[str, VideoAdapter]:
+        return self._adapters
+
+    async def _continue(
+        self, job: VideoJob, model: Model, continuation: dict[str, Any]
+    ) -> VideoProgress | None:
+        """A continuation runs on the endpoint that served the earlier job, or fails: another
+        provider knows nothing of that job, so there is no fallback."""
+        index = int(continuation["endpoint_index"])
+        allowed = job.params.get("allowed_providers")
+        endpoint = model.endpoints[index] if index < len(model.endpoints) else None
+        key_id = continuation.get("byok_key_id")
+        if endpoint is not None and key_id is not None:
+            endpoint = await self._key_endpoint(endpoint, str(key_id))
+        adapter = self._adapters.get(endpoint.adapter) if endpoint is not None else None
+        if (
+            endpoint is None
+            or not endpoint.available
+            or not can_continue(adapter)
+            or (allowed is not None and endpoint.provider not in allowed)
+        ):
+            await self.finish(
+                job, model, error="The provider of the previous job is no longer available"
+            )
+            return None
+        try:
+            with self._metrics.provider_call(endpoint.provider, "video_submit"):
+                progress: VideoProgress = await getattr(adapter, CONTINUE_JOB)(
+                    endpoint, str(continuation["provider_job_id"]), self._call(job, model, endpoint)
+                )
+        except ProviderFailure as failure:
+            await self.finish(job, model, error=f"Provider returned error: {failure.message}")
+            return None
+        await self._record_submission(job, PlannedAttempt(index, endpoint, key_id), progress)
+        return progress
+
     async def _submit(self, job: VideoJob, model: Model) -> VideoProgress | None:
         """Submit to the endpoints in order; a submission failure falls back to the next."""
+        continuation = job.params.get("continuation")
+        if continuation is not None:
+            return await self._continue(job, model, continuation)
         last_error = "No available provider meets the routing requirements"
         failed: str | None = None  # the provider that failed last
         allowed = job.params.get("allowed_providers")  # set when guardrails restrict them
@@ -181,6 +228,7 @@ class VideoWorker:
         params = dict(job.params)
         provider_options = params.pop("provider_options", {}) or {}
         params.pop("allowed_providers", None)  # the gateway's, not the provider's
+        params.pop("continuation", None)
         return VideoCall(
             model=endpoint.model or model.upstream_name,
             params=params,
@@ -207,12 +255,16 @@ class VideoWorker:
     async def _submitted_endpoint(self, job: VideoJob, model: Model) -> Endpoint | None:
         """The endpoint the job was submitted to, with the same credential."""
         endpoint = model.endpoints[min(job.endpoint_index, len(model.endpoints) - 1)]
-        if job.byok_key_id is None or self._byok is None:
+        if job.byok_key_id is None:
             return endpoint
+        return await self._key_endpoint(endpoint, job.byok_key_id)
+
+    async def _key_endpoint(self, endpoint: Endpoint, key_id: str) -> Endpoint | None:
+        """`endpoint` with the workspace's key `key_id` (None: that key is gone)."""
+        if self._byok is None:
+            return None
         async with self._sessions() as session:
-            return await self._byok.key_endpoint(
-                session, endpoint, job.byok_key_id, self._clock.now()
-            )
+            return await self._byok.key_endpoint(session, endpoint, key_id, self._clock.now())
 
     async def _record_submission(
         self, job: VideoJob, attempt: PlannedAttempt, progress: VideoProgress

@@ -341,7 +341,7 @@ async def test_byok_usage_counts_into_the_keys_limit_only_when_included(
     if include:
         with pytest.raises(GatewayError) as refused:
             await _transcribe(domain, transcriber, issued)
-        assert (refused.value.metadata or {}).get("limit_source") == "key_limit"
+        assert (refused.value.metadata or {}).get("limit_source") == "openrouter_key_limit"
     else:
         assert (await _transcribe(domain, transcriber, issued)).is_byok
     assert await domain.count(CreditHold) == 0
