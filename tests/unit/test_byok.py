@@ -25,6 +25,7 @@ from server.errors import GatewayError
 from server.limits.key_status import limit_remaining
 from server.providers.endpoint import Endpoint
 from server.providers.openai_stt import OpenAISttAdapter
+from server.routing.catalog import Catalog, Model
 from server.transcription.request import TranscriptionInput
 from server.transcription.transcriber import Transcriber, TranscriptionResult
 from server.vault.crypto import MasterKey
@@ -410,3 +411,17 @@ async def test_a_video_job_submitted_and_polled_with_the_workspace_key(
     assert await domain.count(CreditHold) == 0
     (generation,) = await domain.rows(Generation, Generation.id == done.generation_id)
     assert (generation.is_byok, generation.cost_micros) == (True, fees.fee(cost))
+
+
+def test_a_two_key_provider_takes_its_key_as_json() -> None:
+    kling = Endpoint("kling", "kling", "http://k.test", api_key_env="K", secret_key_env="S")
+    catalog = Catalog({"kling/v": Model("kling/v", "v", "video", Decimal(1), (kling,))})
+    with pytest.raises(GatewayError) as plain:
+        store.parse_key(catalog, "kling", "just-one-access-key-0000")
+    assert (plain.value.metadata or {}).get("param") == "key"
+    assert "just-one" not in plain.value.message
+    pair = store.parse_key(
+        catalog, "kling", '{"access_key": "ak-0123456789abcdef", "secret_key": "sk-secret"}'
+    )
+    assert (pair.credential, pair.secret) == ("ak-0123456789abcdef", "sk-secret")
+    assert store.mask(pair) == "...cdef" and "sk-secret" not in repr(pair)
