@@ -53,7 +53,7 @@ from server.providers.pocketsphinx_stt import PocketsphinxAdapter
 from server.providers.queue_video import QueueVideoAdapter
 from server.providers.stt import SttAdapter
 from server.providers.video import VideoAdapter
-from server.routing.catalog import Catalog, load_catalog
+from server.routing.catalog import Catalog, load_catalog, served_by
 from server.services.audio import AudioService
 from server.services.byok import ByokService
 from server.services.generations import GenerationsService
@@ -147,6 +147,8 @@ def build_core(
         "openai": OpenAIVideoAdapter(http),
         "queue": QueueVideoAdapter(http),
     }
+    # Every catalog endpoint must name a registered adapter (startup error otherwise).
+    catalog = served_by(catalog, stt_adapters.keys(), video_adapters.keys())
     content = ContentStore(settings.content_dir)
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
     byok = ByokRouting(

@@ -18,6 +18,7 @@ from server.providers.failures import (
     TIMEOUT,
     ProviderFailure,
 )
+from server.routing.readiness import endpoints_problem
 
 log = logging.getLogger("gateway.routing")
 T = TypeVar("T")
@@ -36,10 +37,24 @@ class Routed(Generic[T]):
     attempts: tuple[Attempt, ...]  # the failed attempts before the one that served
 
 
-def final_error(attempts: Sequence[Attempt]) -> GatewayError:
-    """The error for a request every endpoint failed."""
+NO_PROVIDER = "No available provider meets the routing requirements"
+
+
+def no_provider(model_id: str, endpoints: Sequence[Endpoint]) -> GatewayError:
+    """503 for a model none of whose endpoints can be used, naming what the operator must set
+    (environment variable names, never their values)."""
+    problem = endpoints_problem(endpoints)
+    if problem is None:
+        return GatewayError(503, NO_PROVIDER)
+    return GatewayError(503, f"{NO_PROVIDER}: {model_id} has no configured provider; {problem}")
+
+
+def final_error(
+    attempts: Sequence[Attempt], model_id: str = "", endpoints: Sequence[Endpoint] = ()
+) -> GatewayError:
+    """The error for a request every endpoint failed (or none could be tried)."""
     if not attempts:
-        return GatewayError(503, "No available provider meets the routing requirements")
+        return no_provider(model_id, endpoints)
     last = attempts[-1]
     metadata: dict[str, object] = {"provider_name": last.endpoint.provider}
     if last.failure.provider_code is not None:
@@ -94,4 +109,4 @@ async def route(
             failures.append(Attempt(endpoint, failure))
             continue
         return Routed(value=value, endpoint=endpoint, attempts=tuple(failures))
-    raise final_error(failures)
+    raise final_error(failures, model_id, endpoints)
