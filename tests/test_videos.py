@@ -132,7 +132,7 @@ async def test_submit_answers_202_pending_and_charges_once(stack: Stack, funded:
 async def test_failed_job_releases_its_hold_and_content_is_409(
     stack: Stack, funded: IssuedKey
 ) -> None:
-    response = await submit(stack, funded, {"model": "fakevideo/unavailable", "prompt": "x"})
+    response = await submit(stack, funded, {"model": "fakevideo/provider-fails", "prompt": "x"})
     job = await wait_for(stack, funded, response.json()["id"], "failed")
     assert job["status"] == "failed" and "provider" in job["error"].lower()
     assert "usage" not in job
