@@ -267,3 +267,22 @@ def test_gateway_models_runs_as_a_command(tmp_path: Path) -> None:
     nova = next(line for line in done.stdout.splitlines() if line.startswith("deepgram/nova-3 "))
     assert nova.endswith("  routable")
     assert "provider my-proxy" in done.stdout
+
+
+def test_the_gateway_refuses_to_start_on_an_operator_adapter_it_does_not_register(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from server.app import build_core
+    from server.config import load_settings
+    from server.routing import catalog as catalog_module
+
+    path = tmp_path / "operator.toml"
+    path.write_text(
+        '[[models]]\nid = "acme/stt"\nkind = "stt"\nprice_per_second = "0.1"\n'
+        "[[models.endpoints]]\n"
+        'provider = "acme"\nadapter = "unbuilt"\nbase_url = "https://acme.test"\n'
+    )
+    # A name the catalog accepts but server/app.py registers no adapter for.
+    monkeypatch.setattr(catalog_module, "STT_ADAPTERS", (*STT_ADAPTERS, "unbuilt"))
+    with pytest.raises(CatalogError, match=r"model acme/stt: adapter 'unbuilt' is not implemented"):
+        build_core(load_settings(tmp_path, catalog_file=str(path)))
