@@ -34,7 +34,7 @@ from server.db.migrate import upgrade
 from server.limits.admission import EnforcedLimits, Limits
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
-from server.observability.monitor import DatabaseMonitor
+from server.observability.monitor import DatabaseMonitor, recovery_retry_seconds
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
 from server.ports import GRPC_PORT, METRICS_PORT, ensure_free, listen_error
 from server.providers.local_video import LocalVideoAdapter
@@ -189,7 +189,15 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
     metadata_limit = metadata_limit_bytes(core.settings.edge)
     server = grpc.aio.server(
-        interceptors=[RequestInterceptor(core.metrics, core.tracer)],
+        interceptors=[
+            RequestInterceptor(
+                core.metrics,
+                core.tracer,
+                database_retry_seconds=recovery_retry_seconds(
+                    core.settings.health_interval_seconds
+                ),
+            )
+        ],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
