@@ -26,6 +26,7 @@ from server.services.rpc import (
     null,
 )
 from server.videos import jobs
+from server.videos.cancel import cancel_job
 from server.videos.content import ContentStore
 from server.videos.request import parse_video_request
 
@@ -129,6 +130,21 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
             job = await jobs.find_job(session, principal, request.job_id)
+        return _job_message(job)
+
+    async def CancelVideo(
+        self, request: videos_pb2.CancelVideoRequest, context: grpc.aio.ServicerContext
+    ) -> videos_pb2.VideoJob:
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate(session, metadata_of(context))
+        job = await cancel_job(
+            self._sessions,
+            principal,
+            request.job_id,
+            self._clock.now(),
+            self._catalog,
+            self._adapters,
+        )
         return _job_message(job)
 
     async def GetVideoContent(

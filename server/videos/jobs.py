@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -13,10 +14,12 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.auth import Principal
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.clock import rfc3339
-from server.db.models import VideoJob
+from server.db.models import VideoJob, WebhookDelivery
 from server.errors import GatewayError, bad_request, not_found
 from server.limits.admission import Limits
 from server.providers.endpoint import Endpoint
+from server.providers.video import VideoCall
+from server.routing.catalog import Model
 from server.videos.content import ContentStore
 from server.videos.request import VideoInput
 
@@ -24,11 +27,14 @@ PENDING = "pending"
 IN_PROGRESS = "in_progress"
 COMPLETED = "completed"
 FAILED = "failed"
+CANCELLED = "cancelled"
 EXPIRED = "expired"
+RUNNING_STATES = (PENDING, IN_PROGRESS)  # the states a worker claims and a cancel stops
 # A job's credits stay held until it ends; a job that outlives this is failed.
 JOB_DEADLINE = timedelta(hours=2)
 
 _INSERT_JOB = sa.insert(VideoJob.__table__)
+_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)
 
 
 def polling_url(job_id: str) -> str:
@@ -174,3 +180,35 @@ def webhook_payload(job: VideoJob, now: datetime) -> dict[str, Any]:
         "created_at": rfc3339(now),
         "data": {**job_document(job), "model": job.model},
     }
+
+
+async def queue_webhook(session: AsyncSession, job: VideoJob, now: datetime) -> None:
+    """Queue the job's terminal-state webhook in the caller's transaction (the outbox)."""
+    await session.exec(
+        _INSERT_DELIVERY,
+        params={
+            "id": f"msg_{secrets.token_hex(12)}",
+            "workspace_id": job.workspace_id,
+            "job_id": job.id,
+            "url": job.callback_url,
+            "payload": json.dumps(webhook_payload(job, now), separators=(",", ":")),
+            "status": "pending",
+            "attempts": 0,
+            "next_attempt_at": now,
+            "created_at": now,
+        },
+    )
+
+
+def provider_call(job: VideoJob, model: Model, endpoint: Endpoint) -> VideoCall:
+    """What the serving endpoint's adapter is handed for `job`."""
+    params = dict(job.params)
+    provider_options = params.pop("provider_options", {}) or {}
+    params.pop("allowed_providers", None)  # the gateway's, not the provider's
+    params.pop("continuation", None)
+    return VideoCall(
+        model=endpoint.model or model.upstream_name,
+        params=params,
+        # Only the serving provider's options are forwarded.
+        options=dict(provider_options.get(endpoint.provider, {})),
+    )
