@@ -60,13 +60,15 @@ async def continuation_of(
             f"{video.model.id}: a continuation runs on the same model",
             param="previous_job_id",
         )
-    if previous.status != COMPLETED or previous.provider_job_id is None:
+    if previous.status != COMPLETED:
         raise GatewayError(
             409, f"Video job {previous.id!r} is {previous.status}: only a completed job continues"
         )
     endpoints = video.model.endpoints
-    if previous.endpoint_index >= len(endpoints) or not can_continue(
-        endpoints[previous.endpoint_index]
+    if (
+        previous.provider_job_id is None
+        or previous.endpoint_index >= len(endpoints)
+        or not can_continue(endpoints[previous.endpoint_index])
     ):
         raise bad_request(
             f"{video.model.id} does not support continuing a previous job",
