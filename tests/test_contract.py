@@ -23,6 +23,7 @@ PUBLIC_ROUTES = {
     ("GET", "/api/v1/videos/models"),
     ("GET", "/api/v1/videos/{job_id}"),
     ("GET", "/api/v1/videos/{job_id}/content"),
+    ("POST", "/api/v1/videos/{job_id}/cancel"),
     ("POST", "/api/v1/audio/transcriptions"),
     ("PUT", "/api/v1/vault/secrets/{name}"),
     ("GET", "/api/v1/vault/secrets"),
@@ -37,6 +38,13 @@ PUBLIC_ROUTES = {
     ("GET", "/api/v1/guardrails/{id}"),
     ("PATCH", "/api/v1/guardrails/{id}"),
     ("DELETE", "/api/v1/guardrails/{id}"),
+    ("GET", "/api/v1/models"),
+    ("GET", "/api/v1/generation"),
+    ("GET", "/api/v1/byok"),
+    ("POST", "/api/v1/byok"),
+    ("GET", "/api/v1/byok/{id}"),
+    ("PATCH", "/api/v1/byok/{id}"),
+    ("DELETE", "/api/v1/byok/{id}"),
 }
 
 

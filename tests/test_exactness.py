@@ -19,6 +19,9 @@ from tests.support.audio import b64, fixture
 from tests.support.eventually import eventually
 from tests.support.processes import GatewayProcess
 
+# The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).
+pytestmark = pytest.mark.both_backends
+
 PRICEY = {"model": "fake/pricey", "input_audio": {"data": b64(fixture()), "format": "wav"}}
 COST = 1_075_125  # micro-dollars: 1.075125 s at 1 USD/s
 

@@ -27,6 +27,9 @@ from tests.support.audio import fixture
 from tests.support.eventually import eventually
 from tests.support.signals import admitted
 
+# The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).
+pytestmark = pytest.mark.both_backends
+
 
 async def _hold(admin: Admin, issued: IssuedKey, usd: str, **kw: object) -> object:
     async with admin.sessions() as session:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -11,9 +11,11 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format, struct_pb2
 
 from server.auth import Authenticator
+from server.byok.routing import ByokRouting, billing_plan
 from server.clock import Clock
 from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.engine import SessionFactory
+from server.db.models import VideoJob
 from server.guardrails.policy import guardrails_of
 from server.limits.admission import Limits
 from server.providers.video import VideoAdapter, can_continue
@@ -78,9 +80,13 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         store: ContentStore,
         limits: Limits,
         wake_worker: asyncio.Event | None = None,
+        byok: ByokRouting | None = None,
         *,
         adapters: Mapping[str, VideoAdapter] | None = None,
+        provider_cancel: Callable[[VideoJob], Awaitable[None]] | None = None,
     ) -> None:
+        self._provider_cancel = provider_cancel
+        self._byok = byok  # None: the operator's endpoints only
         self._adapters = adapters or {}
         self._auth = auth
         self._sessions = sessions
@@ -108,6 +114,18 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 video,
                 lambda endpoint: can_continue(self._adapters.get(endpoint.adapter)),
             )
+            billing = None
+            if self._byok is not None:
+                planned = await self._byok.endpoints(
+                    session,
+                    workspace_id=principal.workspace.id,
+                    key_hash=principal.key.hash,
+                    model_id=video.model.id,
+                    endpoints=endpoints,
+                    user=video.user,
+                    now=self._clock.now(),
+                )
+                billing = billing_plan(planned, jobs.estimate_micros(video), self._byok.fees)
             job = await jobs.submit_job(
                 session,
                 principal,
@@ -118,6 +136,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 # The worker uses only these endpoints when guardrails restrict them.
                 [e.provider for e in endpoints] if guardrails.rules else None,
                 continuation,
+                billing=billing,
             )
         if self._wake is not None:
             self._wake.set()
@@ -138,12 +157,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
         job = await cancel_job(
-            self._sessions,
-            principal,
-            request.job_id,
-            self._clock.now(),
-            self._catalog,
-            self._adapters,
+            self._sessions, principal, request.job_id, self._clock.now(), self._provider_cancel
         )
         return _job_message(job)
 

@@ -13,7 +13,7 @@ cancelled too, best effort: the job is cancelled for the caller either way."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -26,7 +26,6 @@ from server.errors import GatewayError
 from server.providers.endpoint import Endpoint
 from server.providers.failures import ProviderFailure
 from server.providers.video import VideoCall
-from server.routing.catalog import Catalog
 from server.videos import jobs
 
 log = logging.getLogger("gateway.jobs")
@@ -55,11 +54,11 @@ async def cancel_job(
     principal: Principal,
     job_id: str,
     now: datetime,
-    catalog: Catalog,
-    adapters: Mapping[str, object],
+    provider_cancel: Callable[[VideoJob], Awaitable[None]] | None = None,
 ) -> VideoJob:
     """Cancel the caller's job (404 for another workspace's or none; 409 once terminal,
-    a second cancel included) and answer it as it now stands."""
+    a second cancel included) and answer it as it now stands. `provider_cancel` then stops
+    the provider job (the worker's: it knows the credential that submitted it)."""
     async with sessions() as session:
         job = await jobs.find_job(session, principal, job_id)
         cancelled = await session.exec(
@@ -80,18 +79,18 @@ async def cancel_job(
             raise GatewayError(
                 409, f"Video job {job.id!r} is already {job.status}: only a running job cancels"
             )
+        # Both holds go back: the credits' and the provider cost held for BYOK.
         await drop_hold(
-            session,
-            Hold(job.hold_id or "", job.account_id, job.key_hash, job.hold_micros, job.is_byok),
+            session, Hold(job.hold_id or "", job.account_id, job.key_hash, job.hold_micros, False)
+        )
+        await drop_hold(
+            session, Hold(job.byok_hold_id or "", job.account_id, job.key_hash, 0, True)
         )
         await session.refresh(job)
         if job.callback_url:
             await jobs.queue_webhook(session, job, now)
         await session.commit()
-    model = catalog.get(job.model)
-    if job.provider_job_id is not None and model is not None and model.endpoints:
-        endpoint = model.endpoints[min(job.endpoint_index, len(model.endpoints) - 1)]
-        call = jobs.provider_call(job, model, endpoint)
-        await cancel_at_provider(adapters, endpoint, job.provider_job_id, call)
+    if provider_cancel is not None:
+        await provider_cancel(job)
     log.info("video job %s cancelled", job.id)
     return job

@@ -12,7 +12,9 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
+from server.billing.holds import place_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
+from server.byok.routing import BillingPlan
 from server.clock import rfc3339
 from server.db.models import VideoJob, WebhookDelivery
 from server.errors import GatewayError, bad_request, not_found
@@ -78,6 +80,8 @@ async def continuation_of(
         "job_id": previous.id,
         "endpoint_index": previous.endpoint_index,
         "provider_job_id": previous.provider_job_id,
+        # The earlier job's credential: a workspace's own key (BYOK) serves its continuation.
+        "byok_key_id": previous.byok_key_id,
     }
 
 
@@ -94,16 +98,33 @@ async def submit_job(
     limits: Limits,
     allowed_providers: list[str] | None = None,
     continuation: dict[str, Any] | None = None,
+    billing: BillingPlan | None = None,
 ) -> VideoJob:
-    """Hold the estimated cost and store the job; it is durable when this returns."""
+    """Hold the estimated cost and store the job; it is durable when this returns.
+    `billing`: what to hold when the workspace's own keys may serve it (BYOK)."""
     estimate = estimate_micros(video)
+    credit_estimate = estimate if billing is None else billing.credit_hold
+    ttl = JOB_DEADLINE + timedelta(minutes=10)
     hold = await limits.admit(
         session,
         principal,
         model_id=video.model.id,
-        estimate_micros=estimate,
+        estimate_micros=credit_estimate,
         now=now,
-        ttl=JOB_DEADLINE + timedelta(minutes=10),
+        ttl=ttl,
+    )
+    byok_hold = (
+        await place_hold(
+            session,
+            account_id=principal.account.id,
+            key_hash=principal.key.hash,
+            amount_micros=estimate,
+            now=now,
+            is_byok=True,
+            ttl=ttl,
+        )
+        if billing is not None and billing.byok_hold
+        else None
     )
     job = VideoJob(
         id=f"vid_{secrets.token_hex(12)}",
@@ -124,7 +145,8 @@ async def submit_job(
         trace=video.trace,
         callback_url=video.callback_url or default_callback_url,
         hold_id=hold.id,
-        hold_micros=estimate,
+        hold_micros=credit_estimate,
+        byok_hold_id=None if byok_hold is None else byok_hold.id,
         next_run_at=now,
         created_at=now,
         updated_at=now,

@@ -76,8 +76,10 @@ async def _submit(domain: Domain, issued: IssuedKey) -> tuple[Principal, str]:
 async def _cancel(
     domain: Domain, principal: Principal, job_id: str, adapters: dict[str, VideoAdapter]
 ) -> VideoJob:
+    """What the service does: the worker (any process's) asks the provider to cancel."""
+    worker = _worker(domain, ContentStore(Path("/nonexistent")), adapters)
     return await cancel_job(
-        domain.sessions, principal, job_id, domain.clock.now(), domain.catalog, adapters
+        domain.sessions, principal, job_id, domain.clock.now(), worker.cancel_at_provider
     )
 
 
