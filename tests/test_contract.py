@@ -39,6 +39,8 @@ PUBLIC_ROUTES = {
     ("DELETE", "/api/v1/guardrails/{id}"),
     ("GET", "/api/v1/models"),
     ("GET", "/api/v1/generation"),
+    ("GET", "/api/v1/vault/secrets/{name}"),
+    ("GET", "/api/v1/vault/interns/{intern_id}/secrets/{name}"),
 }
 
 

@@ -108,3 +108,39 @@ async def test_sdk_creates_an_expiring_key_and_reads_its_extra_members(
     assert manager_view.data.is_provisioning_key is True
     listed = (await sdk(stack, manager.key, lambda c: c.api_keys.list())).data
     assert {k.name: k.expires_at for k in listed}["expiring"] == expires
+
+
+@SQLITE_ONLY
+async def test_vault_reads_one_secrets_metadata_on_both_routes(stack: Stack, unique: str) -> None:
+    workspace = await stack.admin.workspace(f"vault1-{unique}", intern_programme=True)
+    intern = await stack.admin.intern(workspace, "helper")
+    issued = await stack.admin.key(workspace, "vault")
+    value = "never-shown-7a1b"
+
+    def store(client: OpenRouter) -> Any:
+        client.vault.store_vault_secret(name="api_token", value=value, hosts=["api.example.com"])
+        return client.vault.store_intern_vault_secret(
+            intern_id=intern.id, name="own_token", value=value, hosts=["own.example.com"]
+        )
+
+    await sdk(stack, issued.key, store)
+    base = f"{stack.base_url}/vault"
+    async with httpx.AsyncClient(headers=issued.headers) as client:
+        shared = await client.get(f"{base}/secrets/api_token")
+        own = await client.get(f"{base}/interns/{intern.id}/secrets/own_token")
+        not_the_interns = await client.get(f"{base}/interns/{intern.id}/secrets/api_token")
+        effective = await client.get(f"{base}/interns/{intern.id}/effective-secrets")
+    assert shared.status_code == 200 and own.status_code == 200
+    assert shared.json()["data"]["hosts"] == ["api.example.com"]
+    assert set(shared.json()["data"]) == {
+        "name",
+        "hosts",
+        "fingerprint",
+        "created_at",
+        "updated_at",
+    }
+    assert own.json()["data"]["name"] == "own_token"
+    assert value not in shared.text + own.text
+    assert not_the_interns.status_code == 404
+    scopes = {s["name"]: s["scope"] for s in effective.json()["data"]}
+    assert scopes == {"api_token": "workspace", "own_token": "intern"}
