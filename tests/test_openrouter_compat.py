@@ -144,3 +144,40 @@ async def test_vault_reads_one_secrets_metadata_on_both_routes(stack: Stack, uni
     assert not_the_interns.status_code == 404
     scopes = {s["name"]: s["scope"] for s in effective.json()["data"]}
     assert scopes == {"api_token": "workspace", "own_token": "intern"}
+
+
+@SQLITE_ONLY
+async def test_sdk_guardrail_budget_assigned_to_a_key_refuses_past_it(
+    stack: Stack, unique: str
+) -> None:
+    workspace = await stack.admin.workspace(f"budget-{unique}")
+    await stack.admin.credits(workspace, "10")
+    manager = await stack.admin.key(workspace, "manager", management=True)
+    capped = await stack.admin.key(workspace, "capped")
+    free = await stack.admin.key(workspace, "uncapped")
+
+    def set_up(client: OpenRouter) -> Any:
+        # 0.002 USD a day: one ~1.08 s transcription at 0.001 USD/s fits, a second does not.
+        created = client.guardrails.create(name="tight", limit_usd=0.002, reset_interval="daily")
+        gid = created.data.id
+        assigned = client.guardrails.bulk_assign_keys(id=gid, key_hashes=[capped.hash])
+        listed = client.guardrails.list_guardrail_key_assignments(id=gid)
+        return created.data, assigned, listed.result
+
+    guardrail, assigned, listed = await sdk(stack, manager.key, set_up)
+    assert guardrail.limit_usd == 0.002 and guardrail.reset_interval == "daily"
+    assert assigned.assigned_count == 1
+    assert [(a.key_hash, a.key_name) for a in listed.data] == [(capped.hash, "capped")]
+    body = {"model": "fake/ok", "input_audio": {"data": b64(fixture()), "format": "wav"}}
+    url = f"{stack.base_url}/audio/transcriptions"
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = await client.post(url, json=body, headers=capped.headers)
+        second = await client.post(url, json=body, headers=capped.headers)
+        other_key = await client.post(url, json=body, headers=free.headers)
+    assert first.status_code == 200 and other_key.status_code == 200
+    assert second.status_code == 403
+    metadata = second.json()["error"]["metadata"]
+    assert metadata["limit_source"] == "openrouter_guardrail_budget"
+    assert metadata["limit_usd"] == 0.002
+    assert metadata["spend_usd"] == first.json()["usage"]["cost"]
+    assert metadata["resets_at"].endswith("T00:00:00.000Z")

@@ -155,7 +155,7 @@ class Transcriber:
             raise GatewayError(
                 504, "Operation aborted due to timeout: the request's deadline passed"
             ) from exc
-        guardrails = await guardrails_of(session, principal.workspace.id)
+        guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
         endpoints = guardrails.endpoints(model)
         if request.claimed_format is None or request.claimed_format != audio.format:
             request.claimed_format = audio.format
@@ -164,7 +164,12 @@ class Transcriber:
         started = time.monotonic()
         started_at = self._clock.now()
         hold = await self._limits.admit(
-            session, principal, model_id=model.id, estimate_micros=cost, now=self._clock.now()
+            session,
+            principal,
+            model_id=model.id,
+            estimate_micros=cost,
+            now=self._clock.now(),
+            budgets=guardrails.budgets,
         )
         generation_id = f"gen_{secrets.token_hex(12)}"
         budget = _budget(deadline)

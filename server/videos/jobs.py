@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,6 +16,7 @@ from server.clock import rfc3339
 from server.db.models import VideoJob
 from server.errors import GatewayError, bad_request, not_found
 from server.limits.admission import Limits
+from server.limits.guardrail_budgets import GuardrailBudget
 from server.videos.content import ContentStore
 from server.videos.request import VideoInput
 
@@ -45,8 +47,10 @@ async def submit_job(
     default_callback_url: str | None,
     limits: Limits,
     allowed_providers: list[str] | None = None,
+    budgets: Sequence[GuardrailBudget] = (),
 ) -> VideoJob:
-    """Hold the estimated cost and store the job; it is durable when this returns."""
+    """Hold the estimated cost (within the key's guardrail `budgets`) and store the job; it is
+    durable when this returns."""
     estimate = estimate_micros(video)
     hold = await limits.admit(
         session,
@@ -55,6 +59,7 @@ async def submit_job(
         estimate_micros=estimate,
         now=now,
         ttl=JOB_DEADLINE + timedelta(minutes=10),
+        budgets=budgets,
     )
     job = VideoJob(
         id=f"vid_{secrets.token_hex(12)}",
