@@ -181,3 +181,11 @@ async def test_sdk_guardrail_budget_assigned_to_a_key_refuses_past_it(
     assert metadata["limit_usd"] == 0.002
     assert metadata["spend_usd"] == first.json()["usage"]["cost"]
     assert metadata["resets_at"].endswith("T00:00:00.000Z")
+    # GET /key lists the budget layers, and the spent one as the effective budget.
+    status = (await sdk(stack, capped.key, lambda c: c.api_keys.get_current_key_metadata())).data
+    (layer,) = status.budgets
+    assert (layer.scope, layer.guardrail_id) == ("api_key", guardrail.id)
+    assert layer.spend_usd == metadata["spend_usd"] and layer.limit_usd == 0.002
+    assert status.effective_budget is not None and status.effective_budget.scope == "api_key"
+    unbudgeted = await sdk(stack, free.key, lambda c: c.api_keys.get_current_key_metadata())
+    assert unbudgeted.data.budgets == [] and unbudgeted.data.effective_budget is None

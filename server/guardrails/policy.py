@@ -9,7 +9,6 @@ and video-duration ceilings are the lowest any guardrail sets. A refusal is 403 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -37,7 +36,7 @@ _ASSIGNED_TO_KEY = sa.exists().where(
     _ASSIGNMENTS.c.key_hash == sa.bindparam("key_hash"),
 )
 _OF_KEY = (
-    sa.select(Guardrail)
+    sa.select(Guardrail, _ASSIGNED_TO_KEY.label("assigned"))
     .where(
         _GUARDRAILS.c.workspace_id == sa.bindparam("workspace_id"),
         sa.or_(~_ASSIGNED, _ASSIGNED_TO_KEY),
@@ -76,6 +75,7 @@ class Guardrails:
     """The guardrails in force for one key."""
 
     rules: tuple[Guardrail, ...] = ()
+    assigned: frozenset[str] = frozenset()  # ids of the rules assigned to the key itself
 
     @property
     def budgets(self) -> tuple[GuardrailBudget, ...]:
@@ -86,6 +86,7 @@ class Guardrails:
                 limit_micros=g.limit_micros,
                 reset_interval=g.reset_interval,
                 include_byok=g.include_byok_in_budgets,
+                assigned=g.id in self.assigned,
             )
             for g in self.rules
             if g.limit_micros is not None and g.reset_interval is not None
@@ -147,13 +148,9 @@ class Guardrails:
 
 async def guardrails_of(session: AsyncSession, workspace_id: str, key_hash: str) -> Guardrails:
     """The guardrails in force for the key: its workspace's unassigned ones and its own."""
-    rows: Sequence[Guardrail] = (
-        (
-            await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
-                _OF_KEY, params={"workspace_id": workspace_id, "key_hash": key_hash}
-            )
+    rows = (
+        await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
+            _OF_KEY, params={"workspace_id": workspace_id, "key_hash": key_hash}
         )
-        .scalars()
-        .all()
-    )
-    return Guardrails(tuple(rows))
+    ).all()
+    return Guardrails(tuple(row[0] for row in rows), frozenset(row[0].id for row in rows if row[1]))

@@ -18,10 +18,10 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.billing.holds import lock_account
 from server.billing.money import micros_to_json_number
 from server.billing.periods import PERIOD_OF_RESET, next_reset, period_starts
-from server.billing.usage import KEY
+from server.billing.usage import KEY, PeriodUsage
 from server.clock import rfc3339
 from server.db.driver import fetch_rows
-from server.db.models import CreditHold, UsageCounter, UtcDateTime
+from server.db.models import ApiKey, CreditHold, UsageCounter, UtcDateTime
 from server.errors import GatewayError
 
 LIMIT_SOURCE = "openrouter_guardrail_budget"
@@ -34,6 +34,7 @@ class GuardrailBudget:
     limit_micros: int
     reset_interval: str  # daily | weekly | monthly
     include_byok: bool  # BYOK spend (and BYOK requests) count too
+    assigned: bool = False  # assigned to the key (else its workspace's, for every key)
 
 
 _HOLDS = CreditHold.__table__
@@ -117,3 +118,65 @@ async def check_budgets(
         )
         if spent >= budget.limit_micros or amount_micros > budget.limit_micros - spent - held:
             raise budget_exceeded(budget, spent, now)
+
+
+@dataclass(frozen=True)
+class BudgetLayer:
+    """One budget GET /key reports (OpenRouter's KeyBudget): settled spend in its window."""
+
+    scope: str  # workspace_default_key | api_key | key_limit
+    guardrail_id: str | None
+    include_byok: bool
+    limit_micros: int
+    spent_micros: int
+    reset_interval: str | None
+    resets_at: datetime | None
+
+    @property
+    def remaining_micros(self) -> int:
+        return self.limit_micros - self.spent_micros
+
+
+def _spent(usage: PeriodUsage, reset_interval: str | None, include_byok: bool) -> int:
+    period = PERIOD_OF_RESET.get(reset_interval, "all")
+    return usage.spend[period] + (usage.byok[period] if include_byok else 0)
+
+
+def budget_layers(
+    budgets: Sequence[GuardrailBudget], key: ApiKey, usage: PeriodUsage, now: datetime
+) -> list[BudgetLayer]:
+    """Every budget checked for the key, in the order it is checked: its guardrails' budgets,
+    then its own limit."""
+    layers = [
+        BudgetLayer(
+            scope="api_key" if budget.assigned else "workspace_default_key",
+            guardrail_id=budget.guardrail_id,
+            include_byok=budget.include_byok,
+            limit_micros=budget.limit_micros,
+            spent_micros=_spent(usage, budget.reset_interval, budget.include_byok),
+            reset_interval=budget.reset_interval,
+            resets_at=next_reset(budget.reset_interval, now),
+        )
+        for budget in budgets
+    ]
+    if key.limit_micros is not None:
+        layers.append(
+            BudgetLayer(
+                scope="key_limit",
+                guardrail_id=None,
+                include_byok=key.include_byok_in_limit,
+                limit_micros=key.limit_micros,
+                spent_micros=_spent(usage, key.limit_reset, key.include_byok_in_limit),
+                reset_interval=key.limit_reset,
+                resets_at=next_reset(key.limit_reset, now),
+            )
+        )
+    return layers
+
+
+def effective_budget(layers: Sequence[BudgetLayer]) -> BudgetLayer | None:
+    """The budget that blocks first: the first one spent, else the one with least left."""
+    spent = [layer for layer in layers if layer.remaining_micros <= 0]
+    if spent:
+        return spent[0]
+    return min(layers, key=lambda layer: layer.remaining_micros, default=None)

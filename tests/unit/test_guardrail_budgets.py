@@ -12,10 +12,16 @@ import pytest
 
 from server.billing.holds import Hold, settle_hold
 from server.billing.money import usd_to_micros
+from server.billing.usage import KEY, read_usage
 from server.errors import GatewayError
 from server.guardrails import store
 from server.guardrails.policy import guardrails_of
-from server.limits.guardrail_budgets import LIMIT_SOURCE, GuardrailBudget
+from server.limits.guardrail_budgets import (
+    LIMIT_SOURCE,
+    GuardrailBudget,
+    budget_layers,
+    effective_budget,
+)
 from tests.support.admin import IssuedKey
 from tests.support.domain import Domain
 
@@ -162,3 +168,23 @@ def test_a_budget_needs_both_limit_and_interval() -> None:
         store.check_reset_interval("hourly")
     assert bad.value.status == 400
     store.check_budget(None, None)
+
+
+async def test_key_status_layers_list_guardrail_budgets_then_the_key_limit(domain: Domain) -> None:
+    domain.clock.set(START)
+    issued, guardrail_id = await _budgeted(domain, "budget-layers", limit_usd="0.3")
+    await domain.admin.update_key(issued, limit_micros=usd_to_micros(Decimal("5")))
+    hold = await _admit(domain, issued)
+    async with domain.sessions() as session:
+        await settle_hold(session, hold, cost_micros=PRICE, now=START, reference="g")
+        await session.commit()
+    principal = await domain.principal(issued)
+    async with domain.sessions() as session:
+        usage = await read_usage(session, KEY, issued.hash, START)
+    layers = budget_layers(await _budgets(domain, issued), principal.key, usage, START)
+    assert [(x.scope, x.guardrail_id, x.remaining_micros) for x in layers] == [
+        ("workspace_default_key", guardrail_id, 0),
+        ("key_limit", None, usd_to_micros(Decimal("4.7"))),
+    ]
+    assert effective_budget(layers) is layers[0]  # spent: it blocks first
+    assert effective_budget(layers[1:]) is layers[1] and effective_budget([]) is None
