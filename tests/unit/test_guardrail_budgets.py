@@ -13,6 +13,7 @@ import pytest
 from server.billing.holds import Hold, settle_hold
 from server.billing.money import usd_to_micros
 from server.billing.usage import KEY, read_usage
+from server.db.engine import SessionFactory, create_engine, session_factory
 from server.errors import GatewayError
 from server.guardrails import store
 from server.guardrails.policy import guardrails_of
@@ -188,3 +189,41 @@ async def test_key_status_layers_list_guardrail_budgets_then_the_key_limit(domai
     ]
     assert effective_budget(layers) is layers[0]  # spent: it blocks first
     assert effective_budget(layers[1:]) is layers[1] and effective_budget([]) is None
+
+
+async def test_two_engines_on_one_database_never_pass_the_budget(any_domain: Domain) -> None:
+    """Two engines on one database stand for two server processes: on SQLite each has its
+    own connection (and aiosqlite thread), so only the database's write lock orders them."""
+    domain = any_domain
+    domain.clock.set(START)
+    issued, _ = await _budgeted(domain, "budget-processes", limit_usd="2")
+    engine = domain.sessions.kw["bind"]
+    second = create_engine(engine.url.render_as_string(hide_password=False))
+    other_sessions = session_factory(second)
+    principal = await domain.principal(issued)
+    budgets = await _budgets(domain, issued)
+
+    async def admit(sessions: SessionFactory) -> Hold | GatewayError:
+        try:
+            async with sessions() as session:
+                hold = await domain.limits.admit(
+                    session,
+                    principal,
+                    model_id="unit/ok",
+                    estimate_micros=PRICE,
+                    now=START,
+                    budgets=budgets,
+                )
+                await session.commit()
+                return hold
+        except GatewayError as refused:
+            return refused
+
+    try:
+        results = await asyncio.gather(
+            *(admit(domain.sessions if n % 2 else other_sessions) for n in range(16))
+        )
+    finally:
+        await second.dispose()
+    assert sum(isinstance(r, Hold) for r in results) == 6  # 6 x 0.3 of 2 USD
+    assert all(r.status == 403 for r in results if isinstance(r, GatewayError))
