@@ -202,3 +202,14 @@ def test_keys_create_with_an_expiry_lists_it(tmp_path: Path) -> None:
     past = run(data, "keys", "create", "--name", "y", "--expires-at", "2001-01-01T00:00:00Z")
     assert vague.returncode != 0 and "--expires-at must be an ISO 8601" in vague.stderr
     assert past.returncode != 0 and "expires_at must be in the future" in past.stderr
+
+
+def test_guardrails_create_with_a_budget(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    budget = ("--limit-usd", "2.5", "--reset-interval", "weekly")
+    created = run(data, "guardrails", "create", "--name", "weekly", *budget)
+    assert created.returncode == 0, created.stderr
+    listed = run(data, "guardrails", "list")
+    assert "limit_usd=2.5 reset_interval=weekly" in listed.stdout
+    half = run(data, "guardrails", "create", "--name", "half", "--limit-usd", "1")
+    assert half.returncode != 0 and "must be given together" in half.stderr

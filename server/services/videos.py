@@ -104,7 +104,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
             video = parse_video_request(
                 request, self._catalog, header_value(context, "x-session-id")
             )
-            guardrails = await guardrails_of(session, principal.workspace.id)
+            guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
             endpoints = guardrails.endpoints(video.model)
             guardrails.check_video_duration(video.duration)
             guardrails.check_cost(jobs.estimate_micros(video))
@@ -137,6 +137,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 [e.provider for e in endpoints] if guardrails.rules else None,
                 continuation,
                 billing=billing,
+                budgets=guardrails.budgets,
             )
         if self._wake is not None:
             self._wake.set()
@@ -180,7 +181,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
     ) -> videos_pb2.VideoModelsResponse:
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
-            guardrails = await guardrails_of(session, principal.workspace.id)
+            guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
         models = sorted(
             (m for m in self._catalog.of_kind("video") if guardrails.allows(m)),
             key=lambda m: m.id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,6 +19,7 @@ from server.clock import rfc3339
 from server.db.models import VideoJob, WebhookDelivery
 from server.errors import GatewayError, bad_request, not_found
 from server.limits.admission import Limits
+from server.limits.guardrail_budgets import GuardrailBudget
 from server.providers.endpoint import Endpoint
 from server.providers.video import VideoCall
 from server.routing.catalog import Model
@@ -99,9 +100,11 @@ async def submit_job(
     allowed_providers: list[str] | None = None,
     continuation: dict[str, Any] | None = None,
     billing: BillingPlan | None = None,
+    budgets: Sequence[GuardrailBudget] = (),
 ) -> VideoJob:
-    """Hold the estimated cost and store the job; it is durable when this returns.
-    `billing`: what to hold when the workspace's own keys may serve it (BYOK)."""
+    """Hold the estimated cost (within the key's guardrail `budgets`) and store the job; it is
+    durable when this returns. `billing`: what to hold when the workspace's own keys may serve
+    it (BYOK)."""
     estimate = estimate_micros(video)
     credit_estimate = estimate if billing is None else billing.credit_hold
     ttl = JOB_DEADLINE + timedelta(minutes=10)
@@ -112,6 +115,7 @@ async def submit_job(
         estimate_micros=credit_estimate,
         now=now,
         ttl=ttl,
+        budgets=budgets,
     )
     byok_hold = (
         await place_hold(
