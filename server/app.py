@@ -37,12 +37,16 @@ from server.observability.metrics import Metrics
 from server.observability.monitor import DatabaseMonitor
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
 from server.ports import GRPC_PORT, METRICS_PORT, ensure_free, listen_error
+from server.providers.gemini_video import GeminiVideoAdapter
+from server.providers.kling_video import KlingVideoAdapter
 from server.providers.local_video import LocalVideoAdapter
+from server.providers.minimax_video import MiniMaxVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
 from server.providers.queue_video import QueueVideoAdapter
 from server.providers.stt import SttAdapter
+from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
@@ -129,6 +133,10 @@ def build_core(
         "local": LocalVideoAdapter(),
         "openai": OpenAIVideoAdapter(http),
         "queue": QueueVideoAdapter(http),
+        "gemini": GeminiVideoAdapter(http),
+        "vertex": VertexVideoAdapter(http),
+        "kling": KlingVideoAdapter(http, clock),
+        "minimax": MiniMaxVideoAdapter(http),
     }
     content = ContentStore(settings.content_dir)
     metrics = Metrics()

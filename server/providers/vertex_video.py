@@ -1,0 +1,188 @@
+"""Google Veo through Vertex AI (catalog adapter `vertex`).
+
+Protocol (https://cloud.google.com/vertex-ai/generative-ai/docs/model-reference/veo-video-generation):
+submit `POST {base}/publishers/google/models/{model}:predictLongRunning` with
+`{"instances": [{prompt, image, lastFrame, referenceImages}], "parameters": {aspectRatio,
+resolution, durationSeconds, sampleCount, generateAudio, seed, ...}}` → `{"name":
+"projects/.../operations/..."}`; poll `POST {base}/publishers/google/models/{model}:
+fetchPredictOperation` with `{"operationName": name}` until `"done": true`; then `error` or
+`response.videos[]`, each `{bytesBase64Encoded, mimeType}` or — when the request named a
+`storageUri` (provider option) — `{gcsUri}`. A `gs://bucket/object` result is downloaded
+with the same token through the Cloud Storage JSON API
+(`GET https://storage.googleapis.com/storage/v1/b/{bucket}/o/{object}?alt=media`,
+https://cloud.google.com/storage/docs/json_api/v1/objects/get); the service account needs
+read access to the bucket. Auth: `Authorization: Bearer` an OAuth access token minted from a
+service-account JSON file with google-auth (scope cloud-platform); the token is cached and
+refreshed (in a thread: the refresh is blocking) only when google-auth says it is about to
+expire. No cancel call is documented for Veo operations.
+
+Field mapping: as the `gemini` adapter (server/providers/veo.py), plus `seed` and
+`generate_audio` → `seed`, `generateAudio`, which Vertex AI honours.
+
+How an operator configures it: project and location are part of the endpoint's base URL
+(nothing else to set): `base_url =
+"https://us-central1-aiplatform.googleapis.com/v1/projects/MY_PROJECT/locations/us-central1"`
+(use the region the models are served in). `api_key_env = "GOOGLE_APPLICATION_CREDENTIALS"`
+names the variable holding the PATH of a service-account key file (JSON, role Vertex AI
+User). `model` = the Veo model, e.g. `veo-3.1-generate-001`, `veo-3.1-fast-generate-001`,
+`veo-3.0-generate-001`."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Any
+from urllib.parse import quote
+
+import google.auth.exceptions
+import google.auth.transport.requests
+import httpx
+from google.oauth2 import service_account
+
+from server.providers import veo
+from server.providers.endpoint import Endpoint
+from server.providers.failures import (
+    INVALID_RESPONSE,
+    REJECTED_CREDENTIALS,
+    UNREACHABLE,
+    ProviderFailure,
+)
+from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_http import download, json_body, send
+
+SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+STORAGE_BASE = "https://storage.googleapis.com"
+
+
+class ServiceAccountTokens:
+    """OAuth access tokens per service-account file, minted and refreshed by google-auth.
+    One refresh at a time per file; the blocking refresh runs in a worker thread."""
+
+    def __init__(self) -> None:
+        self._credentials: dict[str, service_account.Credentials] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def _load(self, path: str) -> service_account.Credentials:
+        try:
+            credentials: service_account.Credentials = (
+                service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]  # google-auth's classmethod has no annotations
+                    path, scopes=[SCOPE]
+                )
+            )
+            return credentials
+        except (OSError, ValueError, KeyError) as exc:
+            # Not the path or the file's content: neither belongs in a message.
+            raise ProviderFailure(
+                REJECTED_CREDENTIALS, "The service-account file cannot be read"
+            ) from exc
+
+    async def token(self, path: str) -> str:
+        lock = self._locks.setdefault(path, asyncio.Lock())
+        async with lock:
+            credentials = self._credentials.get(path)
+            if credentials is None:
+                credentials = await asyncio.to_thread(self._load, path)
+                self._credentials[path] = credentials
+            if not credentials.valid:  # no token yet, or it expires within minutes
+                try:
+                    await asyncio.to_thread(
+                        credentials.refresh, google.auth.transport.requests.Request()
+                    )
+                except google.auth.exceptions.RefreshError as exc:
+                    raise ProviderFailure(
+                        REJECTED_CREDENTIALS, "Google refused the service account"
+                    ) from exc
+                except google.auth.exceptions.TransportError as exc:
+                    raise ProviderFailure(
+                        UNREACHABLE, "Google's token endpoint is unreachable"
+                    ) from exc
+            return str(credentials.token)
+
+
+class VertexVideoAdapter:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        tokens: ServiceAccountTokens | None = None,
+        storage_base: str = STORAGE_BASE,
+    ) -> None:
+        self._http = http
+        self._tokens = tokens or ServiceAccountTokens()
+        self._storage_base = storage_base.rstrip("/")
+
+    async def _headers(self, endpoint: Endpoint) -> dict[str, str]:
+        path = endpoint.credential()
+        if not path:
+            raise ProviderFailure(REJECTED_CREDENTIALS, "No credential is configured")
+        return {"Authorization": f"Bearer {await self._tokens.token(path)}"}
+
+    def _model_url(self, endpoint: Endpoint, call: VideoCall, verb: str) -> str:
+        return f"{endpoint.base_url}/publishers/google/models/{call.model}:{verb}"
+
+    async def _post(self, endpoint: Endpoint, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = self._http.build_request(
+            "POST",
+            url,
+            headers=await self._headers(endpoint),
+            json=body,
+            timeout=endpoint.timeout_seconds,
+        )
+        return json_body(await send(self._http, request, veo.failure_of))
+
+    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
+        body = veo.request_body(call, vertex=True)
+        operation = await self._post(
+            endpoint, self._model_url(endpoint, call, "predictLongRunning"), body
+        )
+        return await self._progress(endpoint, operation)
+
+    async def poll(
+        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
+    ) -> VideoProgress:
+        operation = await self._post(
+            endpoint,
+            self._model_url(endpoint, call, "fetchPredictOperation"),
+            {"operationName": provider_job_id},
+        )
+        return await self._progress(endpoint, operation)
+
+    async def _progress(self, endpoint: Endpoint, operation: dict[str, Any]) -> VideoProgress:
+        name = veo.operation_name(operation)
+        if not operation.get("done"):
+            return VideoProgress(state="running", provider_job_id=name)
+        error = veo.operation_error(operation)
+        if error is not None:
+            return VideoProgress(state="failed", provider_job_id=name, error=error)
+        result = operation.get("response")
+        videos = result.get("videos") if isinstance(result, dict) else None
+        if not isinstance(result, dict) or not isinstance(videos, list | None):
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+        if not videos:
+            return VideoProgress(
+                state="failed", provider_job_id=name, error=veo.filtered_message(result)
+            )
+        content = [await self._video(endpoint, video) for video in videos]
+        return VideoProgress(state="completed", provider_job_id=name, videos=content)
+
+    async def _video(self, endpoint: Endpoint, video: object) -> bytes:
+        if isinstance(video, dict) and isinstance(video.get("bytesBase64Encoded"), str):
+            try:
+                return base64.b64decode(video["bytesBase64Encoded"], validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video") from exc
+        uri = video.get("gcsUri") if isinstance(video, dict) else None
+        if not isinstance(uri, str) or not uri.startswith("gs://") or "/" not in uri[5:]:
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video")
+        bucket, _, name = uri[5:].partition("/")
+        url = (
+            f"{self._storage_base}/storage/v1/b/{quote(bucket, safe='')}"
+            f"/o/{quote(name, safe='')}?alt=media"
+        )
+        return await download(
+            self._http,
+            url,
+            endpoint.timeout_seconds,
+            await self._headers(endpoint),
+            veo.failure_of,
+        )

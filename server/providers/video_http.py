@@ -1,0 +1,146 @@
+"""What the task-style video adapters (gemini, vertex, kling, minimax) share: sending with a
+provider's own failure mapping, reading image inputs, and downloading the finished MP4."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote_to_bytes, urlsplit
+
+import httpx
+
+from server.providers.failures import (
+    CLIENT_ERROR,
+    INVALID_RESPONSE,
+    TIMEOUT,
+    UNREACHABLE,
+    ProviderFailure,
+)
+from server.providers.http import failure_from_response
+
+MAX_MESSAGE = 300  # a provider's message, as far as it is repeated
+
+
+async def send(
+    http: httpx.AsyncClient,
+    request: httpx.Request,
+    failure_of: Callable[[httpx.Response], ProviderFailure] = failure_from_response,
+) -> httpx.Response:
+    """Send one request; transport failures and HTTP errors (read by the provider's own
+    `failure_of`) become ProviderFailures."""
+    try:
+        response = await http.send(request)
+    except httpx.TimeoutException as exc:
+        raise ProviderFailure(TIMEOUT, "Provider timed out") from exc
+    except httpx.TransportError as exc:
+        raise ProviderFailure(UNREACHABLE, "Provider is unreachable") from exc
+    if response.status_code >= 400:
+        raise failure_of(response)
+    return response
+
+
+def json_body(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response") from exc
+    if not isinstance(body, dict):
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+    return body
+
+
+def json_or_none(response: httpx.Response) -> dict[str, Any] | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def http_url(url: object) -> str:
+    """A URL a provider returned for a file, checked to be http(s)."""
+    if not isinstance(url, str) or urlsplit(url).scheme not in ("https", "http"):
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video URL")
+    return url
+
+
+async def download(
+    http: httpx.AsyncClient,
+    url: str,
+    timeout_seconds: float,
+    headers: dict[str, str] | None = None,
+    failure_of: Callable[[httpx.Response], ProviderFailure] = failure_from_response,
+) -> bytes:
+    """GET a finished video. `headers` (a credential) go to `url` only: a redirect is
+    followed once, without them (the file lives on a storage host)."""
+    request = http.build_request(
+        "GET", http_url(url), headers=headers or {}, timeout=timeout_seconds
+    )
+    response = await send(http, request, failure_of)
+    if response.is_redirect:
+        target = response.headers.get("location")
+        if not target:
+            raise ProviderFailure(INVALID_RESPONSE, "Provider redirected nowhere")
+        follow = http.build_request(
+            "GET", http_url(str(response.url.join(target))), timeout=timeout_seconds
+        )
+        response = await send(http, follow, failure_of)
+        if response.is_redirect:
+            raise ProviderFailure(INVALID_RESPONSE, "Provider redirected too often")
+    if not response.content:
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an empty video")
+    return response.content
+
+
+@dataclass(frozen=True)
+class InlineImage:
+    data: bytes
+    mime_type: str
+
+    @property
+    def base64(self) -> str:
+        return base64.b64encode(self.data).decode("ascii")
+
+
+def data_url_image(url: str) -> InlineImage | None:
+    """The image a `data:` URL carries; None for an http(s) URL. A malformed data: URL is
+    the client's fault."""
+    if not url.startswith("data:"):
+        return None
+    header, sep, payload = url[5:].partition(",")
+    if not sep:
+        raise ProviderFailure(CLIENT_ERROR, "An image data: URL has no data")
+    parts = header.split(";")
+    mime_type = parts[0] or "image/png"
+    try:
+        if "base64" in parts[1:]:
+            data = base64.b64decode(payload, validate=True)
+        else:
+            data = unquote_to_bytes(payload)
+    except (binascii.Error, ValueError) as exc:
+        raise ProviderFailure(CLIENT_ERROR, "An image data: URL is not valid base64") from exc
+    if not mime_type.startswith("image/") or not data:
+        raise ProviderFailure(CLIENT_ERROR, "An image data: URL does not hold an image")
+    return InlineImage(data, mime_type)
+
+
+def image_urls(params: dict[str, Any]) -> tuple[str | None, str | None, list[str]]:
+    """(first frame, last frame, image references) of validated request parameters; audio
+    and video references are left out (these providers take images only)."""
+    frames = {f["frame_type"]: f["url"] for f in params.get("frame_images", [])}
+    references = [
+        r["url"] for r in params.get("input_references", []) if r.get("type") == "image_url"
+    ]
+    return frames.get("first_frame"), frames.get("last_frame"), references
+
+
+def seconds_of(value: object) -> float | None:
+    """A provider's reported duration ("5.04" or 5.04), when it is a positive number."""
+    try:
+        seconds = float(value) if isinstance(value, str | int | float) else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 < seconds < 86_400 else None
