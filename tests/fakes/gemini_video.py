@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tests.fakes.loopback import FakeRequest, LoopbackServer, Reply, scripted
+from tests.fakes.loopback import FakeRequest, LoopbackServer, Reply, looks_until_done, scripted
 
 API_KEY = "gemini-test-key"
 RESPONSE_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1beta.PredictLongRunningResponse"
@@ -117,13 +117,18 @@ class FakeGemini(LoopbackServer):
         if script == "garbage":
             return Reply(200, b"<html>not json</html>", {"Content-Type": "text/html"})
         name = f"models/{model}/operations/op{next(self._ids)}"
-        self.operations[name] = {"looks": 0, "script": script, "prompt": instances[0]["prompt"]}
+        self.operations[name] = {
+            "looks": 0,
+            "until": looks_until_done(instances[0]["prompt"]),
+            "script": script,
+            "prompt": instances[0]["prompt"],
+        }
         return Reply.of_json(200, {"name": name})
 
     def _look(self, name: str) -> Reply:
         operation = self.operations[name]
         operation["looks"] += 1
-        if operation["looks"] < 2 or operation["script"] == "never":
+        if operation["looks"] < operation["until"] or operation["script"] == "never":
             return Reply.of_json(200, {"name": name, "metadata": {}})
         if operation["script"] == "fail":
             return Reply.of_json(

@@ -23,7 +23,7 @@ from typing import Any
 
 import jwt
 
-from tests.fakes.loopback import FakeRequest, LoopbackServer, Reply, scripted
+from tests.fakes.loopback import FakeRequest, LoopbackServer, Reply, looks_until_done, scripted
 
 ACCESS_KEY = "kling-test-access"
 SECRET_KEY = "kling-test-secret-0123456789abcdef"
@@ -115,6 +115,7 @@ class FakeKling(LoopbackServer):
         self.tasks[task_id] = {
             "kind": kind,
             "looks": 0,
+            "until": looks_until_done(body.get("prompt")),
             "script": script,
             "duration": body["duration"],
         }
@@ -135,7 +136,7 @@ class FakeKling(LoopbackServer):
             "created_at": 0,
             "updated_at": 0,
         }
-        if task["looks"] >= 2 and task["script"] != "never":
+        if task["looks"] >= task["until"] and task["script"] != "never":
             if task["script"] == "fail":
                 data.update(
                     task_status="failed", task_status_msg="Failure to pass the risk control system"

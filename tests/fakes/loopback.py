@@ -17,9 +17,22 @@ from tests.fakes.video_providers import VIDEO
 # "refuse" - the provider refuses the prompt (its content-safety error) at submission;
 # "ratelimit" - the provider's rate-limit answer at submission;
 # "servererror" - a 5xx at submission; "garbage" - a body that is not JSON;
-# "fail" - the task fails while running; "never" - the task never ends.
+# "fail" - the task fails while running; "never" - the task never ends;
+# "at once" - the task is done on its first look (end-to-end tests, to save a poll).
 SCRIPT = ("refuse", "ratelimit", "servererror", "garbage", "fail", "never")
-__all__ = ["SCRIPT", "VIDEO", "FakeRequest", "LoopbackServer", "Reply", "scripted"]
+__all__ = [
+    "SCRIPT",
+    "VIDEO",
+    "FakeRequest",
+    "LoopbackServer",
+    "Reply",
+    "looks_until_done",
+    "scripted",
+]
+
+
+def looks_until_done(prompt: object) -> int:
+    return 1 if "at once" in str(prompt or "") else 2
 
 
 def scripted(prompt: object) -> str | None:

@@ -18,7 +18,14 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tests.fakes.loopback import VIDEO, FakeRequest, LoopbackServer, Reply, scripted
+from tests.fakes.loopback import (
+    VIDEO,
+    FakeRequest,
+    LoopbackServer,
+    Reply,
+    looks_until_done,
+    scripted,
+)
 
 API_KEY = "minimax-test-key"
 RESOLUTIONS = ("512P", "720P", "768P", "1080P")
@@ -89,7 +96,11 @@ class FakeMiniMax(LoopbackServer):
         if script == "garbage":
             return Reply(200, b"<html>gateway</html>", {"Content-Type": "text/html"})
         task_id = str(next(self._ids))
-        self.tasks[task_id] = {"looks": 0, "script": script}
+        self.tasks[task_id] = {
+            "looks": 0,
+            "until": looks_until_done(body.get("prompt")),
+            "script": script,
+        }
         return _answer(0, "success", task_id=task_id)
 
     def _query(self, task_id: str) -> Reply:
@@ -99,7 +110,7 @@ class FakeMiniMax(LoopbackServer):
                 2013, "invalid params, task not found", task_id=task_id, status="", file_id=""
             )
         task["looks"] += 1
-        if task["looks"] < 2 or task["script"] == "never":
+        if task["looks"] < task["until"] or task["script"] == "never":
             status = "Queueing" if task["looks"] < 2 else "Processing"
             return _answer(0, "success", task_id=task_id, status=status, file_id="")
         if task["script"] == "fail":

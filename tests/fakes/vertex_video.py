@@ -29,7 +29,14 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.fakes.loopback import VIDEO, FakeRequest, LoopbackServer, Reply, scripted
+from tests.fakes.loopback import (
+    VIDEO,
+    FakeRequest,
+    LoopbackServer,
+    Reply,
+    looks_until_done,
+    scripted,
+)
 
 PROJECT = "fake-project"
 LOCATION = "us-central1"
@@ -157,6 +164,7 @@ class FakeVertex(LoopbackServer):
         name = f"{model_name}/operations/{next(self._ids)}"
         self.operations[name] = {
             "looks": 0,
+            "until": looks_until_done(instances[0]["prompt"]),
             "script": script,
             "storage": parameters.get("storageUri"),
         }
@@ -167,7 +175,7 @@ class FakeVertex(LoopbackServer):
         if operation is None:
             return _status(404, "NOT_FOUND", "Operation not found")
         operation["looks"] += 1
-        if operation["looks"] < 2 or operation["script"] == "never":
+        if operation["looks"] < operation["until"] or operation["script"] == "never":
             return Reply.of_json(200, {"name": name})
         if operation["script"] == "fail":
             return Reply.of_json(
