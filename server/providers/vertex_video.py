@@ -24,7 +24,8 @@ How an operator configures it: project and location are part of the endpoint's b
 "https://us-central1-aiplatform.googleapis.com/v1/projects/MY_PROJECT/locations/us-central1"`
 (use the region the models are served in). `api_key_env = "GOOGLE_APPLICATION_CREDENTIALS"`
 names the variable holding the PATH of a service-account key file (JSON, role Vertex AI
-User). `model` = the Veo model, e.g. `veo-3.1-generate-001`, `veo-3.1-fast-generate-001`,
+User); the variable may instead hold the key file's JSON itself (as a BYOK key would).
+`model` = the Veo model, e.g. `veo-3.1-generate-001`, `veo-3.1-fast-generate-001`,
 `veo-3.0-generate-001`."""
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
+import json
 from typing import Any
 from urllib.parse import quote
 
@@ -56,34 +59,43 @@ STORAGE_BASE = "https://storage.googleapis.com"
 
 
 class ServiceAccountTokens:
-    """OAuth access tokens per service-account file, minted and refreshed by google-auth.
-    One refresh at a time per file; the blocking refresh runs in a worker thread."""
+    """OAuth access tokens per service account, minted and refreshed by google-auth. The
+    credential is the path of a service-account key file or (a workspace's own key, BYOK)
+    the key file's JSON itself. One refresh at a time per account; the blocking load and
+    refresh run in a worker thread."""
 
     def __init__(self) -> None:
         self._credentials: dict[str, service_account.Credentials] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    def _load(self, path: str) -> service_account.Credentials:
+    def _load(self, credential: str) -> service_account.Credentials:
         try:
-            credentials: service_account.Credentials = (
-                service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]  # google-auth's classmethod has no annotations
-                    path, scopes=[SCOPE]
+            if credential.lstrip().startswith("{"):
+                info = json.loads(credential)
+                loaded = service_account.Credentials.from_service_account_info(  # type: ignore[no-untyped-call]  # google-auth's classmethod has no annotations
+                    info, scopes=[SCOPE]
                 )
-            )
-            return credentials
-        except (OSError, ValueError, KeyError) as exc:
-            # Not the path or the file's content: neither belongs in a message.
+            else:
+                loaded = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]  # google-auth's classmethod has no annotations
+                    credential, scopes=[SCOPE]
+                )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            # Neither the path nor the key's content belongs in a message.
             raise ProviderFailure(
-                REJECTED_CREDENTIALS, "The service-account file cannot be read"
+                REJECTED_CREDENTIALS, "The service-account key cannot be read"
             ) from exc
+        assert isinstance(loaded, service_account.Credentials)
+        return loaded
 
-    async def token(self, path: str) -> str:
-        lock = self._locks.setdefault(path, asyncio.Lock())
+    async def token(self, credential: str) -> str:
+        # Keyed by a digest: a key's JSON is not kept as a dictionary key.
+        account = hashlib.sha256(credential.encode()).hexdigest()
+        lock = self._locks.setdefault(account, asyncio.Lock())
         async with lock:
-            credentials = self._credentials.get(path)
+            credentials = self._credentials.get(account)
             if credentials is None:
-                credentials = await asyncio.to_thread(self._load, path)
-                self._credentials[path] = credentials
+                credentials = await asyncio.to_thread(self._load, credential)
+                self._credentials[account] = credentials
             if not credentials.valid:  # no token yet, or it expires within minutes
                 try:
                     await asyncio.to_thread(
@@ -112,10 +124,10 @@ class VertexVideoAdapter:
         self._storage_base = storage_base.rstrip("/")
 
     async def _headers(self, endpoint: Endpoint) -> dict[str, str]:
-        path = endpoint.credential()
-        if not path:
+        credential = endpoint.credential()
+        if not credential:
             raise ProviderFailure(REJECTED_CREDENTIALS, "No credential is configured")
-        return {"Authorization": f"Bearer {await self._tokens.token(path)}"}
+        return {"Authorization": f"Bearer {await self._tokens.token(credential)}"}
 
     def _model_url(self, endpoint: Endpoint, call: VideoCall, verb: str) -> str:
         return f"{endpoint.base_url}/publishers/google/models/{call.model}:{verb}"

@@ -308,6 +308,9 @@ async def test_vertex_refused_or_missing_service_account_and_failed_operation(
     foreign = other.write_service_account(tmp_path / "foreign.json")
     monkeypatch.setenv("TEST_VERTEX_CREDENTIALS", str(foreign))
     assert (await _failure(adapter, endpoint, _call("veo"))).kind == REJECTED_CREDENTIALS
+    # The key's JSON itself (a workspace's own key) serves as well as its path.
+    monkeypatch.setenv("TEST_VERTEX_CREDENTIALS", (tmp_path / "service-account.json").read_text())
+    assert (await _run(adapter, endpoint, _call("veo"))).state == "completed"
     monkeypatch.setenv("TEST_VERTEX_CREDENTIALS", str(tmp_path / "missing.json"))
     missing = await _failure(adapter, endpoint, _call("veo"))
     assert missing.kind == REJECTED_CREDENTIALS and "missing.json" not in missing.message
