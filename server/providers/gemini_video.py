@@ -10,7 +10,8 @@ poll `GET {base}/{name}` until `"done": true`; then `error` (google.rpc.Status) 
 (the download answers with a redirect to storage, followed once without the key).
 
 Field mapping: prompt; frame_images → `image` / `lastFrame` and image input_references →
-`referenceImages` (asset, up to 3), all as data: URLs (Veo takes images inline);
+`referenceImages` (asset, up to 3), all inline: data: URLs as given, public https URLs
+fetched by the gateway (video_http.ImageFetcher; Veo reads no web URLs);
 aspect_ratio, resolution, duration → aspectRatio, resolution, durationSeconds. Dropped:
 `seed` and `generate_audio` (the Gemini API refuses both; Veo 3 always generates sound),
 audio/video references. `provider.options[<slug>]` are Veo parameters merged into
@@ -38,12 +39,13 @@ from server.providers import veo
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, REJECTED_CREDENTIALS, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_http import download, json_body, send
+from server.providers.video_http import ImageFetcher, download, json_body, send
 
 
 class GeminiVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, images: ImageFetcher | None = None) -> None:
         self._http = http
+        self._images = images or ImageFetcher(http)
 
     def _headers(self, endpoint: Endpoint) -> dict[str, str]:
         key = endpoint.credential()
@@ -64,7 +66,7 @@ class GeminiVideoAdapter:
         return json_body(await send(self._http, request, veo.failure_of))
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-        body = veo.request_body(call, vertex=False)
+        body = await veo.request_body(call, self._images, endpoint.timeout_seconds, vertex=False)
         operation = await self._call(
             endpoint, "POST", f"{endpoint.base_url}/models/{call.model}:predictLongRunning", body
         )

@@ -25,13 +25,7 @@ from server.providers.failures import (
 )
 from server.providers.http import retry_after_seconds
 from server.providers.video import VideoCall
-from server.providers.video_http import (
-    MAX_MESSAGE,
-    InlineImage,
-    data_url_image,
-    image_urls,
-    json_or_none,
-)
+from server.providers.video_http import MAX_MESSAGE, ImageFetcher, image_urls, json_or_none
 
 MAX_REFERENCE_IMAGES = 3  # Veo takes up to three "asset" reference images
 _DELAY = re.compile(r"^(\d+)(?:\.\d+)?s$")
@@ -39,32 +33,30 @@ _DELAY = re.compile(r"^(\d+)(?:\.\d+)?s$")
 _KEY_REASONS = ("API_KEY_INVALID", "API_KEY_EXPIRED", "API_KEY_SERVICE_BLOCKED")
 
 
-def _image(url: str) -> dict[str, str]:
-    image: InlineImage | None = data_url_image(url)
-    if image is None:
-        # Veo reads images inline (or from Cloud Storage), never from a web URL; fetching
-        # arbitrary client URLs from the gateway is not done.
-        raise ProviderFailure(
-            CLIENT_ERROR, "Veo takes frame and reference images as data: URLs only"
-        )
-    return {"bytesBase64Encoded": image.base64, "mimeType": image.mime_type}
+async def request_body(
+    call: VideoCall, images: ImageFetcher, timeout_seconds: float, *, vertex: bool
+) -> dict[str, Any]:
+    """The predictLongRunning body. Images go inline (Veo reads no web URLs): data: URLs
+    as they are, https URLs fetched by `images`. The Gemini API refuses `generateAudio` and
+    `seed` (Vertex AI only): there Veo 3 always has sound and seed is dropped (the
+    reference allows it: determinism is not guaranteed for all providers).
+    provider.options are Veo `parameters` (negativePrompt, personGeneration, enhancePrompt,
+    storageUri, ...)."""
 
+    async def inline(url: str) -> dict[str, str]:
+        image = await images.inline(url, timeout_seconds)
+        return {"bytesBase64Encoded": image.base64, "mimeType": image.mime_type}
 
-def request_body(call: VideoCall, *, vertex: bool) -> dict[str, Any]:
-    """The predictLongRunning body. The Gemini API refuses `generateAudio` and `seed`
-    (Vertex AI only): there Veo 3 always has sound and seed is dropped (the reference
-    allows it: determinism is not guaranteed for all providers). provider.options are Veo
-    `parameters` (negativePrompt, personGeneration, enhancePrompt, storageUri, ...)."""
     params = call.params
     instance: dict[str, Any] = {"prompt": params.get("prompt", "")}
     first, last, references = image_urls(params)
     if first:
-        instance["image"] = _image(first)
+        instance["image"] = await inline(first)
     if last:
-        instance["lastFrame"] = _image(last)
+        instance["lastFrame"] = await inline(last)
     if references:
         instance["referenceImages"] = [
-            {"image": _image(url), "referenceType": "asset"}
+            {"image": await inline(url), "referenceType": "asset"}
             for url in references[:MAX_REFERENCE_IMAGES]
         ]
     parameters: dict[str, Any] = {

@@ -52,7 +52,7 @@ from server.providers.failures import (
     ProviderFailure,
 )
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_http import download, json_body, send
+from server.providers.video_http import ImageFetcher, download, json_body, send
 
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 STORAGE_BASE = "https://storage.googleapis.com"
@@ -118,8 +118,10 @@ class VertexVideoAdapter:
         http: httpx.AsyncClient,
         tokens: ServiceAccountTokens | None = None,
         storage_base: str = STORAGE_BASE,
+        images: ImageFetcher | None = None,
     ) -> None:
         self._http = http
+        self._images = images or ImageFetcher(http)
         self._tokens = tokens or ServiceAccountTokens()
         self._storage_base = storage_base.rstrip("/")
 
@@ -143,7 +145,7 @@ class VertexVideoAdapter:
         return json_body(await send(self._http, request, veo.failure_of))
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-        body = veo.request_body(call, vertex=True)
+        body = await veo.request_body(call, self._images, endpoint.timeout_seconds, vertex=True)
         operation = await self._post(
             endpoint, self._model_url(endpoint, call, "predictLongRunning"), body
         )

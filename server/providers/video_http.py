@@ -20,6 +20,7 @@ from server.providers.failures import (
     ProviderFailure,
 )
 from server.providers.http import failure_from_response
+from server.webhooks.targets import RefusedTarget, UnresolvedTarget, resolve_target
 
 MAX_MESSAGE = 300  # a provider's message, as far as it is repeated
 
@@ -144,3 +145,52 @@ def seconds_of(value: object) -> float | None:
     except ValueError:
         return None
     return seconds if seconds is not None and 0 < seconds < 86_400 else None
+
+
+MAX_IMAGE_BYTES = 20 * 1024 * 1024  # Veo's own limit on an inline image
+
+
+class ImageFetcher:
+    """Fetches a client's image URL for providers that take images only inline (Veo).
+    https only, to public addresses only (checked after DNS and pinned, as webhook targets
+    are, so a name cannot point inside the gateway's network), no redirects, no
+    credentials, at most MAX_IMAGE_BYTES of an image/* type. Every refusal is the client's
+    fault: its message names the problem, never the URL."""
+
+    def __init__(self, http: httpx.AsyncClient, *, allow_private: bool = False) -> None:
+        self._http = http
+        self._allow_private = allow_private
+
+    async def inline(self, url: str, timeout_seconds: float) -> InlineImage:
+        image = data_url_image(url)
+        if image is not None:
+            return image
+        try:
+            target = await resolve_target(url, allow_private=self._allow_private)
+        except RefusedTarget as exc:
+            raise ProviderFailure(
+                CLIENT_ERROR, "An image URL must be a public https:// URL or a data: URL"
+            ) from exc
+        except UnresolvedTarget as exc:
+            raise ProviderFailure(CLIENT_ERROR, "An image URL's host cannot be resolved") from exc
+        try:
+            async with self._http.stream(
+                "GET",
+                target.url,
+                headers={"host": target.host_header, "accept": "image/*"},
+                timeout=timeout_seconds,
+                extensions={"sni_hostname": target.sni_hostname},
+            ) as response:
+                mime_type = response.headers.get("content-type", "").split(";")[0].strip()
+                if response.status_code != 200 or not mime_type.startswith("image/"):
+                    raise ProviderFailure(CLIENT_ERROR, "An image URL did not return an image")
+                data = bytearray()
+                async for chunk in response.aiter_bytes():
+                    data += chunk
+                    if len(data) > MAX_IMAGE_BYTES:
+                        raise ProviderFailure(CLIENT_ERROR, "An image is larger than 20 MB")
+        except httpx.HTTPError as exc:
+            raise ProviderFailure(CLIENT_ERROR, "An image URL could not be fetched") from exc
+        if not data:
+            raise ProviderFailure(CLIENT_ERROR, "An image URL returned no data")
+        return InlineImage(bytes(data), mime_type)

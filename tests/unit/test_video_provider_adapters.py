@@ -32,6 +32,7 @@ from server.providers.kling_video import KlingVideoAdapter
 from server.providers.minimax_video import MiniMaxVideoAdapter
 from server.providers.vertex_video import ServiceAccountTokens, VertexVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
+from server.providers.video_http import MAX_IMAGE_BYTES, ImageFetcher
 from tests.fakes import gemini_video, kling_video, minimax_video
 from tests.fakes.gemini_video import FakeGemini
 from tests.fakes.kling_video import FakeKling
@@ -201,10 +202,45 @@ async def test_gemini_bad_key_operation_error_and_filtered_result(
     assert (failed.state, failed.error) == ("failed", "Provider failed: Video generation failed.")
     filtered = await _run(adapter, endpoint, _call("veo", "filtered"))
     assert filtered.state == "failed" and "content filtered" in str(filtered.error)
-    web_image = _call(
-        "veo", frame_images=[{"frame_type": "first_frame", "url": "https://example.com/a.png"}]
-    )
-    assert (await _failure(adapter, endpoint, web_image)).kind == CLIENT_ERROR
+    # Image URLs the gateway will not fetch: plain http, and a private address.
+    for url in ("http://images.example/a.png", "https://127.0.0.1:9/a.png"):
+        web_image = _call("veo", frame_images=[{"frame_type": "first_frame", "url": url}])
+        failure = await _failure(adapter, endpoint, web_image)
+        assert failure.kind == CLIENT_ERROR and url not in failure.message
+
+
+def _image_host(request: httpx.Request) -> httpx.Response:
+    """An image host at a (test-allowed) literal address, as the fetcher pins it."""
+    assert request.headers["host"] == "127.0.0.1:8443" and not request.headers.get("x-goog-api-key")
+    if request.url.path == "/big.png":
+        return httpx.Response(
+            200, content=b"x" * (MAX_IMAGE_BYTES + 1), headers={"content-type": "image/png"}
+        )
+    if request.url.path == "/page.html":
+        return httpx.Response(200, content=b"<html>", headers={"content-type": "text/html"})
+    return httpx.Response(200, content=b"\x89PNG fetched", headers={"content-type": "image/png"})
+
+
+async def test_gemini_fetches_https_images_inline_and_refuses_bad_ones(
+    gemini: FakeGemini, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_image_host)) as image_http:
+        images = ImageFetcher(image_http, allow_private=True)
+        adapter = GeminiVideoAdapter(http, images)
+        endpoint = _gemini_endpoint(gemini, monkeypatch)
+        frames = [{"frame_type": "last_frame", "url": "https://127.0.0.1:8443/frame.png"}]
+        assert (
+            await _run(adapter, endpoint, _call("veo", frame_images=frames))
+        ).state == "completed"
+        image = gemini.submissions()[-1]["instances"][0]["lastFrame"]
+        assert base64.b64decode(image["bytesBase64Encoded"]) == b"\x89PNG fetched"
+        assert image["mimeType"] == "image/png"
+        for path in ("/big.png", "/page.html"):
+            url = f"https://127.0.0.1:8443{path}"
+            frames = [{"frame_type": "first_frame", "url": url}]
+            assert (
+                await _failure(adapter, endpoint, _call("veo", frame_images=frames))
+            ).kind == CLIENT_ERROR
 
 
 # --- vertex -----------------------------------------------------------------------------------
