@@ -17,7 +17,8 @@ Field mapping: prompt; duration → `duration` ("5"/"10"); aspect_ratio → `asp
 frame_images → `image` / `image_tail` and image references → `image_list` (URLs, or raw
 base64 for data: URLs). Dropped: `seed` (Kling has none), audio/video references.
 `provider.options[<slug>]` are merged into the task body (e.g. `negative_prompt`,
-`cfg_scale`, `camera_control`). Kling's codes: 1000-1004 (authentication), 1100-1102
+`cfg_scale`, `camera_control`); mapped fields win and `callback_url` is not forwarded.
+Kling's codes: 1000-1004 (authentication), 1100-1102
 (account in arrears / resources used up), 1103 and 1304 (no permission, IP allow-list) →
 rejected credentials; 1302/1303 (too fast, over concurrency) → rate limited with
 Retry-After when sent; 1300/1301 (platform policy, content safety) and 12xx (bad
@@ -59,6 +60,7 @@ from server.providers.video_http import (
     image_urls,
     json_body,
     json_or_none,
+    merged,
     seconds_of,
     send,
 )
@@ -145,7 +147,7 @@ def task_body(call: VideoCall) -> tuple[str, dict[str, Any]]:
         kind = "text2video"
         body["aspect_ratio"] = params.get("aspect_ratio")
     body = {k: v for k, v in body.items() if v is not None}
-    return kind, {**body, **call.options}
+    return kind, merged(body, call.options)
 
 
 class KlingVideoAdapter:

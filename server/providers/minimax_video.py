@@ -16,7 +16,8 @@ references → `subject_reference: [{type: "character", image: [url]}]` (URLs or
 both accepted). Dropped: aspect_ratio (Hailuo derives it from the resolution or the first
 frame), seed (none), generate_audio (Hailuo has no sound), audio/video references.
 `provider.options[<slug>]` are merged into the body (e.g. `prompt_optimizer`,
-`fast_pretreatment`). base_resp codes: 1002 / 1039 (rate limits) → rate limited; 1004 /
+`fast_pretreatment`); mapped fields win and `callback_url` is not forwarded.
+base_resp codes: 1002 / 1039 (rate limits) → rate limited; 1004 /
 2049 (authentication, invalid key) and 1008 (insufficient balance) → rejected credentials;
 1026 / 1027 (sensitive input / output), 1042 (illegal characters), 2013 (bad parameters) →
 the request's fault when submitting, a failed job when polling; 1001 → timeout; 1000 /
@@ -53,6 +54,7 @@ from server.providers.video_http import (
     http_url,
     image_urls,
     json_body,
+    merged,
     send,
 )
 
@@ -127,7 +129,7 @@ def task_body(call: VideoCall) -> dict[str, Any]:
     }
     if references:
         body["subject_reference"] = [{"type": "character", "image": references[:1]}]
-    return {**{k: v for k, v in body.items() if v is not None}, **call.options}
+    return merged(body, call.options)
 
 
 class MiniMaxVideoAdapter:

@@ -28,20 +28,28 @@ from server.providers.video import VideoCall
 from server.providers.video_http import MAX_MESSAGE, ImageFetcher, image_urls, json_or_none
 
 MAX_REFERENCE_IMAGES = 3  # Veo takes up to three "asset" reference images
+# Parameters the gateway decides, never a client's provider.options: one video per job (it is
+# charged as one), and output stays off Cloud Storage buckets a client could name.
+GATEWAY_PARAMETERS = frozenset({"sampleCount", "numberOfVideos", "storageUri", "pubsubTopic"})
 _DELAY = re.compile(r"^(\d+)(?:\.\d+)?s$")
 # Google's ErrorInfo reasons that mean the credential itself is refused (sent as 400).
 _KEY_REASONS = ("API_KEY_INVALID", "API_KEY_EXPIRED", "API_KEY_SERVICE_BLOCKED")
 
 
 async def request_body(
-    call: VideoCall, images: ImageFetcher, timeout_seconds: float, *, vertex: bool
+    call: VideoCall,
+    images: ImageFetcher,
+    timeout_seconds: float,
+    *,
+    vertex: bool,
+    storage_uri: str | None = None,
 ) -> dict[str, Any]:
     """The predictLongRunning body. Images go inline (Veo reads no web URLs): data: URLs
     as they are, https URLs fetched by `images`. The Gemini API refuses `generateAudio` and
     `seed` (Vertex AI only): there Veo 3 always has sound and seed is dropped (the
     reference allows it: determinism is not guaranteed for all providers).
     provider.options are Veo `parameters` (negativePrompt, personGeneration, enhancePrompt,
-    storageUri, ...)."""
+    ...) but for GATEWAY_PARAMETERS."""
 
     async def inline(url: str) -> dict[str, str]:
         image = await images.inline(url, timeout_seconds)
@@ -70,12 +78,15 @@ async def request_body(
         parameters["generateAudio"] = bool(params.get("generate_audio"))
         if "seed" in params:
             parameters["seed"] = params["seed"]
+        if storage_uri:
+            parameters["storageUri"] = storage_uri
     parameters = {k: v for k, v in parameters.items() if v is not None}
     options = dict(call.options)
     nested = options.pop("parameters", None)  # {"parameters": {...}} is accepted too
-    parameters.update(nested if isinstance(nested, dict) else {})
-    parameters.update(options)
-    return {"instances": [instance], "parameters": parameters}
+    options = {**(nested if isinstance(nested, dict) else {}), **options}
+    extra = {k: v for k, v in options.items() if k not in GATEWAY_PARAMETERS}
+    # What the gateway mapped from the request wins (the duration it charges for).
+    return {"instances": [instance], "parameters": {**extra, **parameters}}
 
 
 def _retry_delay(details: list[Any]) -> int | None:

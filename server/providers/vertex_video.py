@@ -7,8 +7,10 @@ resolution, durationSeconds, sampleCount, generateAudio, seed, ...}}` → `{"nam
 "projects/.../operations/..."}`; poll `POST {base}/publishers/google/models/{model}:
 fetchPredictOperation` with `{"operationName": name}` until `"done": true`; then `error` or
 `response.videos[]`, each `{bytesBase64Encoded, mimeType}` or — when the request named a
-`storageUri` (provider option) — `{gcsUri}`. A `gs://bucket/object` result is downloaded
-with the same token through the Cloud Storage JSON API
+`storageUri` — `{gcsUri}`. Clients cannot name one (provider.options never set storageUri,
+sampleCount: see veo.GATEWAY_PARAMETERS); the adapter sends one only when constructed with
+`storage_uri` (not configurable from the catalog yet: videos come back inline). A
+`gs://bucket/object` result is downloaded with the same token through the Cloud Storage JSON API
 (`GET https://storage.googleapis.com/storage/v1/b/{bucket}/o/{object}?alt=media`,
 https://cloud.google.com/storage/docs/json_api/v1/objects/get); the service account needs
 read access to the bucket. Auth: `Authorization: Bearer` an OAuth access token minted from a
@@ -119,8 +121,10 @@ class VertexVideoAdapter:
         tokens: ServiceAccountTokens | None = None,
         storage_base: str = STORAGE_BASE,
         images: ImageFetcher | None = None,
+        storage_uri: str | None = None,
     ) -> None:
         self._http = http
+        self._storage_uri = storage_uri
         self._images = images or ImageFetcher(http)
         self._tokens = tokens or ServiceAccountTokens()
         self._storage_base = storage_base.rstrip("/")
@@ -145,7 +149,13 @@ class VertexVideoAdapter:
         return json_body(await send(self._http, request, veo.failure_of))
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-        body = await veo.request_body(call, self._images, endpoint.timeout_seconds, vertex=True)
+        body = await veo.request_body(
+            call,
+            self._images,
+            endpoint.timeout_seconds,
+            vertex=True,
+            storage_uri=self._storage_uri,
+        )
         operation = await self._post(
             endpoint, self._model_url(endpoint, call, "predictLongRunning"), body
         )

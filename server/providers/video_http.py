@@ -23,6 +23,15 @@ from server.providers.http import failure_from_response
 from server.webhooks.targets import RefusedTarget, UnresolvedTarget, resolve_target
 
 MAX_MESSAGE = 300  # a provider's message, as far as it is repeated
+# provider.options never set where the provider calls back (the gateway polls).
+UNFORWARDED_OPTIONS = frozenset({"callback_url", "callbackUrl", "webhook_url"})
+
+
+def merged(body: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The body with a client's provider.options added. What the gateway mapped from the
+    request wins (the model, duration and size it charges for), and no callback URL."""
+    extra = {k: v for k, v in options.items() if k not in UNFORWARDED_OPTIONS}
+    return {**extra, **{k: v for k, v in body.items() if v is not None}}
 
 
 async def send(

@@ -145,7 +145,7 @@ async def test_gemini_submits_polls_and_downloads_through_the_redirect(
             {"type": "image_url", "url": DATA_URL},
             {"type": "video_url", "url": "https://example.com/clip.mp4"},
         ],
-        options={"negativePrompt": "rain"},
+        options={"negativePrompt": "rain", "durationSeconds": 4},
     )
     progress = await _run(GeminiVideoAdapter(http), endpoint, call)
     assert progress.state == "completed", progress
@@ -268,7 +268,8 @@ async def test_vertex_mints_a_token_once_and_returns_inline_videos(
         "veo-3.1-generate-001",
         seed=7,
         generate_audio=True,
-        options={"personGeneration": "allow_adult"},
+        # A client's options cannot ask for more videos or name a bucket.
+        options={"personGeneration": "allow_adult", "sampleCount": 4, "storageUri": "gs://x"},
     )
     progress = await _run(adapter, endpoint, call)
     assert (progress.state, progress.videos) == ("completed", [VIDEO])
@@ -292,8 +293,10 @@ async def test_vertex_refreshes_an_expiring_token_and_downloads_gcs_results(
 ) -> None:
     endpoint = _vertex_endpoint(vertex, tmp_path, monkeypatch)
     tokens = ServiceAccountTokens()
-    adapter = VertexVideoAdapter(http, tokens, storage_base=vertex.origin)
-    call = _call("veo-3.1-generate-001", options={"storageUri": "gs://veo-out/jobs"})
+    adapter = VertexVideoAdapter(
+        http, tokens, storage_base=vertex.origin, storage_uri="gs://veo-out/jobs"
+    )
+    call = _call("veo-3.1-generate-001")
     progress = await _run(adapter, endpoint, call)
     assert (progress.state, progress.videos) == ("completed", [VIDEO])
     assert vertex.storage_paths()[-1].startswith("/storage/v1/b/veo-out/o/jobs/")
@@ -375,7 +378,11 @@ async def test_kling_text_to_video_with_a_signed_jwt(
 ) -> None:
     endpoint = _kling_endpoint(kling, monkeypatch)
     call = _call(
-        "kling-v2-1-master", duration=5, seed=3, aspect_ratio="9:16", options={"cfg_scale": 0.7}
+        "kling-v2-1-master",
+        duration=5,
+        seed=3,
+        aspect_ratio="9:16",
+        options={"cfg_scale": 0.7, "model_name": "kling-pricier", "callback_url": "https://x.test"},
     )
     progress = await _run(KlingVideoAdapter(http, SystemClock()), endpoint, call)
     assert (progress.state, progress.videos, progress.seconds) == ("completed", [VIDEO], 5.04)
@@ -480,7 +487,7 @@ async def test_minimax_creates_queries_retrieves_and_downloads(
         resolution="768p",
         seed=4,
         frame_images=[{"frame_type": "first_frame", "url": DATA_URL}],
-        options={"prompt_optimizer": False},
+        options={"prompt_optimizer": False, "model": "other", "duration": 10},
     )
     progress = await _run(MiniMaxVideoAdapter(http), endpoint, call)
     assert (progress.state, progress.videos) == ("completed", [VIDEO])
