@@ -33,6 +33,7 @@ the Kling developer console) and `model` = Kling's `model_name`, e.g. `kling-v2-
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -70,6 +71,7 @@ TOKEN_LEEWAY = timedelta(seconds=5)  # nbf in the past: the provider's clock may
 KINDS = ("text2video", "image2video", "multi-image2video")
 MAX_IMAGE_LIST = 4
 _RUNNING = ("submitted", "processing")
+_TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # it becomes part of a URL path
 _CREDENTIAL_CODES = {1000, 1001, 1002, 1003, 1004, 1100, 1101, 1102, 1103, 1304}
 _RATE_CODES = {1302, 1303}
 
@@ -203,7 +205,11 @@ class KlingVideoAdapter:
     async def _progress(self, endpoint: Endpoint, kind: str, data: dict[str, Any]) -> VideoProgress:
         task_id = data.get("task_id")
         status = data.get("task_status")
-        if not isinstance(task_id, str) or not task_id.isalnum() or not isinstance(status, str):
+        if (
+            not isinstance(task_id, str)
+            or not _TASK_ID.fullmatch(task_id)
+            or not isinstance(status, str)
+        ):
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
         job_id = f"{kind}/{task_id}"
         if status in _RUNNING:
