@@ -450,7 +450,9 @@ async def cmd_credits_add(args: argparse.Namespace) -> int:
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await _workspace(session, args.workspace, now)
         try:
-            await add_credits(session, workspace.account_id, micros, now, reference="operator CLI")
+            await add_credits(
+                session, workspace.account_id, micros, now, reference="operator CLI"
+            )
         except AmountError as exc:
             raise GatewayError(400, f"--amount {exc}") from exc
         return workspace
