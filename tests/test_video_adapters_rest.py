@@ -18,9 +18,9 @@ from tests.conftest import Databases
 from tests.fakes import gemini_video, kling_video, minimax_video
 from tests.fakes.gemini_video import FakeGemini
 from tests.fakes.kling_video import FakeKling
-from tests.fakes.loopback import VIDEO
 from tests.fakes.minimax_video import FakeMiniMax
 from tests.fakes.vertex_video import FakeVertex
+from tests.fakes.video_loopback import VIDEO
 from tests.support.admin import Admin, IssuedKey
 from tests.support.eventually import eventually
 from tests.support.processes import GatewayProcess

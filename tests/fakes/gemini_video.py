@@ -11,7 +11,7 @@ ErrorInfo / RetryInfo details).
   `response.generateVideoResponse.generatedSamples[].video.uri`, or `error`.
 - `GET /v1beta/files/{id}:download?alt=media` (key required) redirects (302) to the file
   on a storage path, which must be fetched without the key.
-Prompt words script failures (tests/fakes/loopback.py SCRIPT); "filtered" ends the
+Prompt words script failures (tests/fakes/video_loopback.py SCRIPT); "filtered" ends the
 operation with Veo's safety-filter counts and no samples."""
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tests.fakes.loopback import FakeRequest, LoopbackServer, Reply, looks_until_done, scripted
+from tests.fakes.video_loopback import (
+    FakeRequest,
+    LoopbackServer,
+    Reply,
+    looks_until_done,
+    scripted,
+)
 
 API_KEY = "gemini-test-key"
 RESPONSE_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1beta.PredictLongRunningResponse"

@@ -11,7 +11,7 @@ iss = access key, exp, nbf; the error-code table) and the video model pages
 - `GET /v1/videos/{kind}/{task_id}`: "processing", then "succeed" with
   `task_result.videos[{id, url, duration}]` (or "failed" with task_status_msg).
 - `GET /files/{id}.mp4`: the video, no credentials.
-Prompt words script failures (tests/fakes/loopback.py SCRIPT): refusals are 400 code 1301,
+Prompt words script failures (tests/fakes/video_loopback.py SCRIPT): refusals are 400 code 1301,
 rate limits 429 code 1302, server errors 500 code 5000."""
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ from typing import Any
 
 import jwt
 
-from tests.fakes.loopback import FakeRequest, LoopbackServer, Reply, looks_until_done, scripted
+from tests.fakes.video_loopback import (
+    FakeRequest,
+    LoopbackServer,
+    Reply,
+    looks_until_done,
+    scripted,
+)
 
 ACCESS_KEY = "kling-test-access"
 SECRET_KEY = "kling-test-secret-0123456789abcdef"

@@ -10,7 +10,7 @@ and https://platform.minimax.io/docs/api-reference/errorcode (base_resp status c
   video_height, base_resp}`: "Queueing", "Processing", then "Success" (or "Fail").
 - `GET /v1/files/retrieve?file_id=` → `{file: {file_id, bytes, created_at, filename,
   purpose, download_url}, base_resp}`; `GET /files/{id}.mp4` serves it without credentials.
-Prompt words script failures (tests/fakes/loopback.py SCRIPT): refusals are base_resp 1026,
+Prompt words script failures (tests/fakes/video_loopback.py SCRIPT): refusals are base_resp 1026,
 rate limits 1002, server errors HTTP 500; "fail" ends the task with Fail / 1027."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tests.fakes.loopback import (
+from tests.fakes.video_loopback import (
     VIDEO,
     FakeRequest,
     LoopbackServer,

@@ -13,7 +13,7 @@ https://cloud.google.com/apis/design/errors (error bodies).
   it minted (else 401 UNAUTHENTICATED). The result has `bytesBase64Encoded` videos, or
   `gcsUri` ones under the request's `storageUri`.
 - `GET /storage/v1/b/{bucket}/o/{object}?alt=media` (token required) serves those.
-Prompt words script failures (tests/fakes/loopback.py SCRIPT)."""
+Prompt words script failures (tests/fakes/video_loopback.py SCRIPT)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.fakes.loopback import (
+from tests.fakes.video_loopback import (
     VIDEO,
     FakeRequest,
     LoopbackServer,

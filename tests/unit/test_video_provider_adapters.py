@@ -36,9 +36,9 @@ from server.providers.video_http import MAX_IMAGE_BYTES, ImageFetcher
 from tests.fakes import gemini_video, kling_video, minimax_video
 from tests.fakes.gemini_video import FakeGemini
 from tests.fakes.kling_video import FakeKling
-from tests.fakes.loopback import VIDEO
 from tests.fakes.minimax_video import FakeMiniMax
 from tests.fakes.vertex_video import FakeVertex
+from tests.fakes.video_loopback import VIDEO
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n fake image").decode()
 DATA_URL = f"data:image/png;base64,{PNG}"
