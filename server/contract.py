@@ -24,6 +24,9 @@ SERVICES = (
     "gateway.v1.Audio",
     "gateway.v1.Vault",
     "gateway.v1.Guardrails",
+    "gateway.v1.Models",
+    "gateway.v1.Generations",
+    "gateway.v1.Byok",
 )
 
 
@@ -53,13 +56,19 @@ if str(GENERATED) not in sys.path:
 from gateway.v1 import (  # noqa: E402
     audio_pb2,
     audio_pb2_grpc,
+    byok_pb2,
+    byok_pb2_grpc,
     common_pb2,
+    generations_pb2,
+    generations_pb2_grpc,
     guardrails_pb2,
     guardrails_pb2_grpc,
     keys_pb2,
     keys_pb2_grpc,
     management_pb2,
     management_pb2_grpc,
+    models_pb2,
+    models_pb2_grpc,
     vault_pb2,
     vault_pb2_grpc,
     videos_pb2,
@@ -72,7 +81,17 @@ def http_routes() -> dict[str, str]:
     from google.api import annotations_pb2
 
     routes: dict[str, str] = {}
-    for module in (audio_pb2, guardrails_pb2, keys_pb2, management_pb2, vault_pb2, videos_pb2):
+    for module in (
+        audio_pb2,
+        byok_pb2,
+        generations_pb2,
+        guardrails_pb2,
+        keys_pb2,
+        management_pb2,
+        models_pb2,
+        vault_pb2,
+        videos_pb2,
+    ):
         for service in module.DESCRIPTOR.services_by_name.values():
             for method in service.methods:
                 rule = method.GetOptions().Extensions[annotations_pb2.http]
@@ -89,7 +108,11 @@ __all__ = [
     "ContractError",
     "audio_pb2",
     "audio_pb2_grpc",
+    "byok_pb2",
+    "byok_pb2_grpc",
     "common_pb2",
+    "generations_pb2",
+    "generations_pb2_grpc",
     "guardrails_pb2",
     "guardrails_pb2_grpc",
     "http_routes",
@@ -97,6 +120,8 @@ __all__ = [
     "keys_pb2_grpc",
     "management_pb2",
     "management_pb2_grpc",
+    "models_pb2",
+    "models_pb2_grpc",
     "vault_pb2",
     "vault_pb2_grpc",
     "videos_pb2",

@@ -37,6 +37,13 @@ PUBLIC_ROUTES = {
     ("GET", "/api/v1/guardrails/{id}"),
     ("PATCH", "/api/v1/guardrails/{id}"),
     ("DELETE", "/api/v1/guardrails/{id}"),
+    ("GET", "/api/v1/models"),
+    ("GET", "/api/v1/generation"),
+    ("GET", "/api/v1/byok"),
+    ("POST", "/api/v1/byok"),
+    ("GET", "/api/v1/byok/{id}"),
+    ("PATCH", "/api/v1/byok/{id}"),
+    ("DELETE", "/api/v1/byok/{id}"),
 }
 
 

@@ -8,7 +8,7 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from sqlmodel import col, select
@@ -70,6 +70,23 @@ def check_limit_reset(limit_reset: str | None) -> str | None:
             param="limit_reset",
         )
     return limit_reset
+
+
+_SECONDS_PRECISION = re.compile(r"T\d{2}:\d{2}:\d{2}")
+
+
+def parse_expiry(text: str, param: str = "expires_at") -> datetime:
+    """An ISO 8601 timestamp with seconds, in UTC (no offset: taken as UTC)."""
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        parsed = None
+    if parsed is None or not _SECONDS_PRECISION.search(text):
+        raise bad_request(
+            f"{param} must be an ISO 8601 UTC timestamp with seconds (YYYY-MM-DDTHH:MM:SSZ)",
+            param=param,
+        )
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
 
 
 async def create_key(

@@ -86,4 +86,7 @@ def _refusal(error: GatewayError) -> str:
     """The metrics label of a refusal: the 402's limit_source, or the free-model limit."""
     if error.status == 429:
         return "free_model_limit"
-    return str((error.metadata or {}).get("limit_source", error.status))
+    # The label keeps its short name (credits, key_limit, in_flight_budget).
+    return str((error.metadata or {}).get("limit_source", error.status)).removeprefix(
+        "openrouter_"
+    )

@@ -36,6 +36,8 @@ class AudioService(audio_pb2_grpc.AudioServicer):
             result = await self._transcriber.transcribe(
                 session, principal, parsed, time_remaining(context)
             )
+        # As OpenRouter: the id GET /generation looks the transcription up by.
+        await context.send_initial_metadata((("x-generation-id", result.generation_id),))
         return httpbody_pb2.HttpBody(
             content_type="application/json",
             data=json.dumps(result.body(), separators=(",", ":")).encode(),
@@ -50,6 +52,8 @@ class AudioService(audio_pb2_grpc.AudioServicer):
             result = await self._transcriber.transcribe(
                 session, principal, parsed, time_remaining(context)
             )
+        # As OpenRouter: the id GET /generation looks the transcription up by.
+        await context.send_initial_metadata((("x-generation-id", result.generation_id),))
         return json_format.ParseDict(
             result.body(), audio_pb2.TranscriptionResponse(), ignore_unknown_fields=True
         )

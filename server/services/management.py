@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import re
-from datetime import UTC, datetime
+from datetime import datetime
 
 import grpc
 from google.protobuf import struct_pb2
@@ -22,7 +21,6 @@ from server.clock import Clock, rfc3339
 from server.contract import management_pb2, management_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import ApiKey
-from server.errors import bad_request
 from server.limits.key_status import key_status
 from server.services.keys import limit_and_usage_fields
 from server.services.rpc import (
@@ -34,8 +32,6 @@ from server.services.rpc import (
     usd_or_null,
 )
 
-_SECONDS_PRECISION = re.compile(r"T\d{2}:\d{2}:\d{2}")
-
 
 def _usd_or_null(value: struct_pb2.Value, param: str) -> int | None:
     return key_store.check_limit(usd_or_null(value, param))
@@ -43,18 +39,7 @@ def _usd_or_null(value: struct_pb2.Value, param: str) -> int | None:
 
 def _expiry(value: struct_pb2.Value) -> datetime | None:
     text = string_or_null(value, "expires_at")
-    if text is None:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        parsed = None
-    if parsed is None or not _SECONDS_PRECISION.search(text):
-        raise bad_request(
-            "expires_at must be an ISO 8601 UTC timestamp with seconds (YYYY-MM-DDTHH:MM:SSZ)",
-            param="expires_at",
-        )
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    return None if text is None else key_store.parse_expiry(text)
 
 
 def _requested_workspace(

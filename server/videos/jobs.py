@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -10,11 +11,14 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
+from server.billing.holds import place_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
+from server.byok.routing import BillingPlan
 from server.clock import rfc3339
 from server.db.models import VideoJob
 from server.errors import GatewayError, bad_request, not_found
 from server.limits.admission import Limits
+from server.providers.endpoint import Endpoint
 from server.videos.content import ContentStore
 from server.videos.request import VideoInput
 
@@ -33,6 +37,46 @@ def polling_url(job_id: str) -> str:
     return f"/api/v1/videos/{job_id}"
 
 
+async def continuation_of(
+    session: AsyncSession,
+    principal: Principal,
+    video: VideoInput,
+    can_continue: Callable[[Endpoint], bool],
+) -> dict[str, Any] | None:
+    """What the worker needs to continue `video.previous_job_id` (the endpoint that served it
+    and its provider job id), or None when the request continues nothing. The earlier job
+    must be the caller's (404), of the same model (400 naming the field), completed (409),
+    and served by an endpoint whose provider can continue jobs (400)."""
+    if video.previous_job_id is None:
+        return None
+    previous = await find_job(session, principal, video.previous_job_id)
+    if previous.model != video.model.id:
+        raise bad_request(
+            f"previous_job_id {previous.id!r} was made by {previous.model}, not "
+            f"{video.model.id}: a continuation runs on the same model",
+            param="previous_job_id",
+        )
+    if previous.status != COMPLETED or previous.provider_job_id is None:
+        raise GatewayError(
+            409, f"Video job {previous.id!r} is {previous.status}: only a completed job continues"
+        )
+    endpoints = video.model.endpoints
+    if previous.endpoint_index >= len(endpoints) or not can_continue(
+        endpoints[previous.endpoint_index]
+    ):
+        raise bad_request(
+            f"{video.model.id} does not support continuing a previous job",
+            param="previous_job_id",
+        )
+    return {
+        "job_id": previous.id,
+        "endpoint_index": previous.endpoint_index,
+        "provider_job_id": previous.provider_job_id,
+        # The earlier job's credential: a workspace's own key (BYOK) serves its continuation.
+        "byok_key_id": previous.byok_key_id,
+    }
+
+
 def estimate_micros(video: VideoInput) -> int:
     return usd_to_micros(video.model.price_per_second * video.duration)
 
@@ -45,16 +89,34 @@ async def submit_job(
     default_callback_url: str | None,
     limits: Limits,
     allowed_providers: list[str] | None = None,
+    continuation: dict[str, Any] | None = None,
+    billing: BillingPlan | None = None,
 ) -> VideoJob:
-    """Hold the estimated cost and store the job; it is durable when this returns."""
+    """Hold the estimated cost and store the job; it is durable when this returns.
+    `billing`: what to hold when the workspace's own keys may serve it (BYOK)."""
     estimate = estimate_micros(video)
+    credit_estimate = estimate if billing is None else billing.credit_hold
+    ttl = JOB_DEADLINE + timedelta(minutes=10)
     hold = await limits.admit(
         session,
         principal,
         model_id=video.model.id,
-        estimate_micros=estimate,
+        estimate_micros=credit_estimate,
         now=now,
-        ttl=JOB_DEADLINE + timedelta(minutes=10),
+        ttl=ttl,
+    )
+    byok_hold = (
+        await place_hold(
+            session,
+            account_id=principal.account.id,
+            key_hash=principal.key.hash,
+            amount_micros=estimate,
+            now=now,
+            is_byok=True,
+            ttl=ttl,
+        )
+        if billing is not None and billing.byok_hold
+        else None
     )
     job = VideoJob(
         id=f"vid_{secrets.token_hex(12)}",
@@ -67,13 +129,16 @@ async def submit_job(
             **video.params,
             "provider_options": video.provider_options,
             **({"allowed_providers": allowed_providers} if allowed_providers is not None else {}),
+            # The gateway's own: which finished job (and endpoint) this one continues.
+            **({"continuation": continuation} if continuation is not None else {}),
         },
         session_id=video.session_id,
         user=video.user,
         trace=video.trace,
         callback_url=video.callback_url or default_callback_url,
         hold_id=hold.id,
-        hold_micros=estimate,
+        hold_micros=credit_estimate,
+        byok_hold_id=None if byok_hold is None else byok_hold.id,
         next_run_at=now,
         created_at=now,
         updated_at=now,

@@ -13,6 +13,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import sqlalchemy as sa
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -20,6 +21,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.holds import Hold, drop_hold, settle_hold
 from server.billing.money import usd_to_micros
+from server.byok.routing import ByokRouting, PlannedAttempt
 from server.clock import Clock
 from server.db.engine import SessionFactory
 from server.db.models import Generation, VideoJob, WebhookDelivery
@@ -28,7 +30,13 @@ from server.observability.metrics import Metrics
 from server.observability.tracing import emit_generation_span
 from server.providers.endpoint import Endpoint
 from server.providers.failures import CLIENT_ERROR, REJECTED_CREDENTIALS, ProviderFailure
-from server.providers.video import VideoAdapter, VideoCall, VideoProgress
+from server.providers.video import (
+    CONTINUE_JOB,
+    VideoAdapter,
+    VideoCall,
+    VideoProgress,
+    can_continue,
+)
 from server.routing.catalog import Catalog, Model
 from server.videos import jobs
 from server.videos.content import ContentStore
@@ -61,7 +69,9 @@ class VideoWorker:
         on_webhook_queued: Callable[[], None] | None = None,
         metrics: Metrics | None = None,
         tracer: Tracer | None = None,
+        byok: ByokRouting | None = None,
     ) -> None:
+        self._byok = byok  # None: the operator's endpoints only
         self._on_webhook_queued = on_webhook_queued
         self._metrics = metrics or Metrics()
         self._tracer = tracer or NoOpTracer()
@@ -118,7 +128,10 @@ class VideoWorker:
         if job.provider_job_id is None:
             progress = await self._submit(job, model)
         else:
-            endpoint = model.endpoints[min(job.endpoint_index, len(model.endpoints) - 1)]
+            endpoint = await self._submitted_endpoint(job, model)
+            if endpoint is None:
+                await self.finish(job, model, error="The BYOK key of this job was removed")
+                return
             try:
                 with self._metrics.provider_call(endpoint.provider, "video_poll"):
                     progress = await self._adapters[endpoint.adapter].poll(
@@ -143,12 +156,53 @@ class VideoWorker:
         else:
             await self.finish(job, model, error=progress.error or "The provider failed")
 
+    @property
+    def adapters(self) -> Mapping[str, VideoAdapter]:
+        return self._adapters
+
+    async def _continue(
+        self, job: VideoJob, model: Model, continuation: dict[str, Any]
+    ) -> VideoProgress | None:
+        """A continuation runs on the endpoint that served the earlier job, or fails: another
+        provider knows nothing of that job, so there is no fallback."""
+        index = int(continuation["endpoint_index"])
+        allowed = job.params.get("allowed_providers")
+        endpoint = model.endpoints[index] if index < len(model.endpoints) else None
+        key_id = continuation.get("byok_key_id")
+        if endpoint is not None and key_id is not None:
+            endpoint = await self._key_endpoint(endpoint, str(key_id))
+        adapter = self._adapters.get(endpoint.adapter) if endpoint is not None else None
+        if (
+            endpoint is None
+            or not endpoint.available
+            or not can_continue(adapter)
+            or (allowed is not None and endpoint.provider not in allowed)
+        ):
+            await self.finish(
+                job, model, error="The provider of the previous job is no longer available"
+            )
+            return None
+        try:
+            with self._metrics.provider_call(endpoint.provider, "video_submit"):
+                progress: VideoProgress = await getattr(adapter, CONTINUE_JOB)(
+                    endpoint, str(continuation["provider_job_id"]), self._call(job, model, endpoint)
+                )
+        except ProviderFailure as failure:
+            await self.finish(job, model, error=f"Provider returned error: {failure.message}")
+            return None
+        await self._record_submission(job, PlannedAttempt(index, endpoint, key_id), progress)
+        return progress
+
     async def _submit(self, job: VideoJob, model: Model) -> VideoProgress | None:
         """Submit to the endpoints in order; a submission failure falls back to the next."""
+        continuation = job.params.get("continuation")
+        if continuation is not None:
+            return await self._continue(job, model, continuation)
         last_error = "No available provider meets the routing requirements"
         failed: str | None = None  # the provider that failed last
         allowed = job.params.get("allowed_providers")  # set when guardrails restrict them
-        for index, endpoint in enumerate(model.endpoints):
+        for attempt in await self._attempts(job, model):
+            index, endpoint = attempt.index, attempt.endpoint
             if index < job.endpoint_index or not endpoint.available:
                 continue
             if allowed is not None and endpoint.provider not in allowed:
@@ -166,7 +220,7 @@ class VideoWorker:
                 last_error = f"Provider returned error: {failure.message}"
                 failed = endpoint.provider
                 continue
-            await self._record_submission(job, index, endpoint.provider, progress)
+            await self._record_submission(job, attempt, progress)
             return progress
         await self.finish(job, model, error=last_error)
         return None
@@ -191,6 +245,7 @@ class VideoWorker:
         params = dict(job.params)
         provider_options = params.pop("provider_options", {}) or {}
         params.pop("allowed_providers", None)  # the gateway's, not the provider's
+        params.pop("continuation", None)
         return VideoCall(
             model=endpoint.model or model.upstream_name,
             params=params,
@@ -198,12 +253,45 @@ class VideoWorker:
             options=dict(provider_options.get(endpoint.provider, {})),
         )
 
+    async def _attempts(self, job: VideoJob, model: Model) -> list[PlannedAttempt]:
+        """The model's endpoints with the workspace's own keys around them (BYOK)."""
+        operator = [PlannedAttempt(i, e, None) for i, e in enumerate(model.endpoints)]
+        if self._byok is None:
+            return operator
+        async with self._sessions() as session:
+            return await self._byok.attempts(
+                session,
+                workspace_id=job.workspace_id,
+                key_hash=job.key_hash,
+                model_id=model.id,
+                endpoints=model.endpoints,
+                user=job.user,
+                now=self._clock.now(),
+            )
+
+    async def _submitted_endpoint(self, job: VideoJob, model: Model) -> Endpoint | None:
+        """The endpoint the job was submitted to, with the same credential."""
+        endpoint = model.endpoints[min(job.endpoint_index, len(model.endpoints) - 1)]
+        if job.byok_key_id is None:
+            return endpoint
+        return await self._key_endpoint(endpoint, job.byok_key_id)
+
+    async def _key_endpoint(self, endpoint: Endpoint, key_id: str) -> Endpoint | None:
+        """`endpoint` with the workspace's key `key_id` (None: that key is gone)."""
+        if self._byok is None:
+            return None
+        async with self._sessions() as session:
+            return await self._byok.key_endpoint(session, endpoint, key_id, self._clock.now())
+
     async def _record_submission(
-        self, job: VideoJob, index: int, provider: str, progress: VideoProgress
+        self, job: VideoJob, attempt: PlannedAttempt, progress: VideoProgress
     ) -> None:
+        index, provider = attempt.index, attempt.endpoint.provider
         job.endpoint_index = index
         job.provider = provider
         job.provider_job_id = progress.provider_job_id
+        job.byok_key_id = attempt.key_id
+        job.is_byok = attempt.key_id is not None
         async with self._sessions() as session:
             await session.exec(
                 sa.update(_JOBS)
@@ -212,6 +300,8 @@ class VideoWorker:
                     endpoint_index=index,
                     provider=provider,
                     provider_job_id=progress.provider_job_id,
+                    byok_key_id=job.byok_key_id,
+                    is_byok=job.is_byok,
                     updated_at=self._clock.now(),
                 )
             )
@@ -261,8 +351,18 @@ class VideoWorker:
             "completed_at": now,
             "expires_at": now + self._retention if not error else None,
         }
-        hold = Hold(job.hold_id or "", job.account_id, job.key_hash, job.hold_micros, job.is_byok)
+        hold = Hold(job.hold_id or "", job.account_id, job.key_hash, job.hold_micros, False)
+        # The provider cost held apart for a job the workspace's keys may serve (BYOK).
+        byok_hold = Hold(job.byok_hold_id or "", job.account_id, job.key_hash, 0, True)
+        charged = cost
+        # Served with the workspace's key: the provider cost goes to the BYOK counters, the
+        # platform fee to the credits (and is the job's cost).
+        served_by_key = job.is_byok and self._byok is not None and not error
         async with self._sessions() as session:
+            if served_by_key:
+                assert self._byok is not None
+                charged = await self._byok.fee_for(session, job.account_id, cost, now)
+                values["cost_micros"] = charged
             done = await session.exec(
                 sa.update(_JOBS)
                 .where(
@@ -275,12 +375,18 @@ class VideoWorker:
             if done.rowcount != 1:
                 await session.rollback()  # the lease was lost: another worker owns the job
                 return
+            if served_by_key:
+                await settle_hold(
+                    session, byok_hold, cost_micros=cost, now=now, reference=generation_id
+                )
+            else:
+                await drop_hold(session, byok_hold)
             if job.hold_id:
                 if error:
                     await drop_hold(session, hold)
                 else:
                     await settle_hold(
-                        session, hold, cost_micros=cost, now=now, reference=generation_id
+                        session, hold, cost_micros=charged, now=now, reference=generation_id
                     )
             record = Generation(
                 id=generation_id,
@@ -291,7 +397,7 @@ class VideoWorker:
                 model=job.model,
                 provider=job.provider,
                 status=status,
-                cost_micros=cost,
+                cost_micros=charged,
                 is_byok=job.is_byok,
                 seconds=duration if not error else None,
                 latency_ms=int((now - job.created_at).total_seconds() * 1000),

@@ -1,6 +1,8 @@
 """Fake video providers on loopback speaking two real protocols, scripted by model name:
 
-- the OpenAI videos API under /v1 (POST /v1/videos, GET /v1/videos/{id}, .../content);
+- the OpenAI videos API under /v1 (POST /v1/videos, GET /v1/videos/{id}, .../content, and
+  POST /v1/videos/{id}/remix {prompt}: a new job from a completed one,
+  https://platform.openai.com/docs/api-reference/videos/remix);
 - a fal-style queue under /queue (POST /queue/{model}, GET .../requests/{id}/status,
   GET .../requests/{id} -> {"video": {"url"}}, and the file itself).
 
@@ -70,7 +72,16 @@ class FakeVideoProviders:
                     return
                 parts = self.path.strip("/").split("/")
                 model = body.get("model") if parts[:2] == ["v1", "videos"] else parts[-1]
-                fake.submissions.append({"path": self.path, "model": model, "body": body})
+                remix_of = None
+                if parts[:2] == ["v1", "videos"] and parts[-1] == "remix":
+                    source = fake.jobs.get(parts[2])
+                    if source is None or source["looks"] < 2:  # not completed
+                        self._json(400, {"error": {"message": "not completed", "code": "invalid"}})
+                        return
+                    model, remix_of = source["model"], parts[2]
+                fake.submissions.append(
+                    {"path": self.path, "model": model, "body": body, "remix_of": remix_of}
+                )
                 if model == "submit-500":
                     self._json(500, {"error": {"message": "down", "code": "server_error"}})
                     return

@@ -98,7 +98,7 @@ async def test_lapsed_holds_are_swept_and_their_budget_is_free(
     await _hold(admin, issued, "0.4", timedelta(minutes=10))  # still running
     with pytest.raises(GatewayError) as refused:
         await _hold(admin, issued, "1", timedelta(minutes=10))
-    assert refused.value.metadata == {"limit_source": "in_flight_budget"}
+    assert refused.value.metadata == {"limit_source": "openrouter_in_flight_budget"}
 
     assert (await maintenance.run_once(clock.now()))["holds"] == 0  # nothing lapsed yet
     assert await admin.count(CreditHold) == 2
