@@ -46,12 +46,16 @@ from server.providers.assemblyai_stt import AssemblyAISttAdapter
 from server.providers.azure_openai_stt import AzureOpenAISttAdapter
 from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
+from server.providers.gemini_video import GeminiVideoAdapter
+from server.providers.kling_video import KlingVideoAdapter
 from server.providers.local_video import LocalVideoAdapter
+from server.providers.minimax_video import MiniMaxVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
 from server.providers.queue_video import QueueVideoAdapter
 from server.providers.stt import SttAdapter
+from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
@@ -146,6 +150,10 @@ def build_core(
         "local": LocalVideoAdapter(),
         "openai": OpenAIVideoAdapter(http),
         "queue": QueueVideoAdapter(http),
+        "gemini": GeminiVideoAdapter(http),
+        "vertex": VertexVideoAdapter(http),
+        "kling": KlingVideoAdapter(http, clock),
+        "minimax": MiniMaxVideoAdapter(http),
     }
     content = ContentStore(settings.content_dir)
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
