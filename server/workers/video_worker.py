@@ -121,7 +121,8 @@ class VideoWorker:
             await self.finish(job, None, error="The model is no longer in the catalog")
             return
         if now - job.created_at > jobs.JOB_DEADLINE:
-            await self._cancel_upstream(job, model)
+            # Given up on: stopped at the provider too, so it does not go on running there.
+            await self.cancel_at_provider(job)
             await self.finish(job, model, error="The provider did not finish in time")
             return
         if job.provider_job_id is None:
@@ -225,22 +226,6 @@ class VideoWorker:
             return progress
         await self.finish(job, model, error=last_error)
         return None
-
-    async def _cancel_upstream(self, job: VideoJob, model: Model) -> None:
-        """Best effort, for a job given up on: stop it at a provider that documents a cancel
-        call, so it does not go on running (and billing) there."""
-        if job.provider_job_id is None or not model.endpoints:
-            return
-        endpoint = model.endpoints[min(job.endpoint_index, len(model.endpoints) - 1)]
-        cancel = getattr(self._adapters.get(endpoint.adapter), "cancel", None)
-        if cancel is None:
-            return
-        try:
-            await cancel(endpoint, job.provider_job_id, self._call(job, model, endpoint))
-        except ProviderFailure as failure:
-            log.warning(
-                "cancelling %s at %s failed: %s", job.id, endpoint.provider, failure.message
-            )
 
     def _call(self, job: VideoJob, model: Model, endpoint: Endpoint) -> VideoCall:
         return jobs.provider_call(job, model, endpoint)
