@@ -13,6 +13,7 @@ from server.errors import (
     ERROR_STATUS,
     ERROR_STATUSES,
     FALLBACK_STATUS,
+    UNAVAILABLE_RETRY_SECONDS,
     EnvoyReply,
     ErrorStatus,
     GatewayError,
@@ -100,6 +101,13 @@ def _local_reply_mapper(entry: ErrorStatus, reply: EnvoyReply) -> dict[str, Any]
     if entry.status != reply.code:
         mapper["status_code"] = entry.status
     mapper["body"] = {"inline_string": reply.message or entry.message}
+    if reply.retry_after_seconds is not None:
+        mapper["headers_to_add"] = [
+            {
+                "header": {"key": "retry-after", "value": str(reply.retry_after_seconds)},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            }
+        ]
     if reply.metadata is not None:
         mapper["body_format_override"] = {
             "json_format": {
@@ -423,8 +431,8 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         "health_checks": [
             {
                 "timeout": "1s",
-                "interval": "2s",
-                "no_traffic_interval": "2s",
+                "interval": f"{UNAVAILABLE_RETRY_SECONDS}s",  # the 503's Retry-After
+                "no_traffic_interval": f"{UNAVAILABLE_RETRY_SECONDS}s",
                 "unhealthy_threshold": 1,
                 "healthy_threshold": 1,
                 "grpc_health_check": {},

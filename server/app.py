@@ -17,12 +17,15 @@ from opentelemetry.trace import Tracer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from server.auth import Authenticator
+from server.byok.fees import ByokFees
+from server.byok.routing import ByokRouting
 from server.clock import Clock, SystemClock
 from server.compute import ComputePool
 from server.config import EdgePolicy, Settings
 from server.contract import (
     SERVICES,
     audio_pb2_grpc,
+    byok_pb2_grpc,
     generations_pb2_grpc,
     guardrails_pb2_grpc,
     keys_pb2_grpc,
@@ -36,18 +39,27 @@ from server.db.migrate import upgrade
 from server.limits.admission import EnforcedLimits, Limits
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
-from server.observability.monitor import DatabaseMonitor
+from server.observability.monitor import DatabaseMonitor, recovery_retry_seconds
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
 from server.ports import GRPC_PORT, METRICS_PORT, ensure_free, listen_error
+from server.providers.assemblyai_stt import AssemblyAISttAdapter
+from server.providers.azure_openai_stt import AzureOpenAISttAdapter
+from server.providers.deepgram_stt import DeepgramSttAdapter
+from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
+from server.providers.gemini_video import GeminiVideoAdapter
+from server.providers.kling_video import KlingVideoAdapter
 from server.providers.local_video import LocalVideoAdapter
+from server.providers.minimax_video import MiniMaxVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
 from server.providers.queue_video import QueueVideoAdapter
 from server.providers.stt import SttAdapter
+from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
+from server.services.byok import ByokService
 from server.services.generations import GenerationsService
 from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
@@ -85,6 +97,7 @@ class Core:
     webhooks: WebhookDispatcher
     maintenance: Maintenance
     vault_master: MasterKey
+    byok: ByokRouting  # a workspace's own provider keys, and the platform fee on them
     metrics: Metrics
     tracer: Tracer
     tracer_provider: TracerProvider | None  # None: traces are not exported
@@ -128,13 +141,25 @@ def build_core(
     stt_adapters: dict[str, SttAdapter] = {
         "openai": OpenAISttAdapter(http),
         "pocketsphinx": PocketsphinxAdapter(local_stt),
+        "azure-openai": AzureOpenAISttAdapter(http),
+        "deepgram": DeepgramSttAdapter(http),
+        "elevenlabs": ElevenLabsSttAdapter(http),
+        "assemblyai": AssemblyAISttAdapter(http),
     }
     video_adapters: dict[str, VideoAdapter] = {
         "local": LocalVideoAdapter(),
         "openai": OpenAIVideoAdapter(http),
         "queue": QueueVideoAdapter(http),
+        "gemini": GeminiVideoAdapter(http),
+        "vertex": VertexVideoAdapter(http),
+        "kling": KlingVideoAdapter(http, clock),
+        "minimax": MiniMaxVideoAdapter(http),
     }
     content = ContentStore(settings.content_dir)
+    vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
+    byok = ByokRouting(
+        vault_master, ByokFees(settings.byok_fee_percent, settings.byok_free_requests_per_month)
+    )
     metrics = Metrics()
     tracer_provider = tracer_provider_from_environment()
     tracer = tracer_of(tracer_provider)
@@ -151,7 +176,16 @@ def build_core(
         catalog=catalog,
         http=http,
         limits=limits,
-        transcriber=Transcriber(catalog, stt_adapters, clock, limits, metrics, tracer, decoder),
+        transcriber=Transcriber(
+            catalog,
+            stt_adapters,
+            clock,
+            limits,
+            metrics,
+            tracer,
+            decoder,
+            byok=byok,
+        ),
         content=content,
         video_worker=VideoWorker(
             sessions,
@@ -164,6 +198,7 @@ def build_core(
             on_webhook_queued=webhooks.wake.set,
             metrics=metrics,
             tracer=tracer,
+            byok=byok,
         ),
         webhooks=webhooks,
         maintenance=Maintenance(
@@ -173,7 +208,8 @@ def build_core(
             metrics,
             interval=settings.maintenance_interval_seconds,
         ),
-        vault_master=load_master_key(settings.data_dir),
+        vault_master=vault_master,
+        byok=byok,
         metrics=metrics,
         tracer=tracer,
         tracer_provider=tracer_provider,
@@ -193,7 +229,15 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
     metadata_limit = metadata_limit_bytes(core.settings.edge)
     server = grpc.aio.server(
-        interceptors=[RequestInterceptor(core.metrics, core.tracer)],
+        interceptors=[
+            RequestInterceptor(
+                core.metrics,
+                core.tracer,
+                database_retry_seconds=recovery_retry_seconds(
+                    core.settings.health_interval_seconds
+                ),
+            )
+        ],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -220,11 +264,18 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             core.content,
             core.limits,
             core.video_worker.wake,
+            core.byok,
+            adapters=core.video_worker.adapters,
+            provider_cancel=core.video_worker.cancel_at_provider,
         ),
         server,
     )
     audio_pb2_grpc.add_AudioServicer_to_server(
         AudioService(core.auth, core.sessions, core.transcriber), server
+    )
+    byok_pb2_grpc.add_ByokServicer_to_server(
+        ByokService(core.auth, core.sessions, core.clock, core.catalog, core.vault_master),
+        server,
     )
     guardrails_pb2_grpc.add_GuardrailsServicer_to_server(
         GuardrailsService(core.auth, core.sessions, core.clock, core.catalog), server

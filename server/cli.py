@@ -457,6 +457,97 @@ async def cmd_guardrails_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def _byok_key_text(args: argparse.Namespace) -> str:
+    """The provider key, never from the command line (shell history, `ps`): the variable
+    --key-env names, else the first line of stdin."""
+    if args.key_env:
+        value = os.environ.get(args.key_env)
+        if not value:
+            raise GatewayError(400, f"--key-env: {args.key_env} is not set")
+        return value
+    return sys.stdin.readline().rstrip("\r\n")
+
+
+async def cmd_byok_create(args: argparse.Namespace) -> int:
+    from server.byok import keys as store
+    from server.routing.catalog import load_catalog
+    from server.vault.crypto import load_master_key
+
+    settings = load_settings(args.data_dir, args.database_url)
+    catalog = load_catalog(settings.catalog_file)
+    master = load_master_key(settings.data_dir)
+    changes = store.check_changes(
+        catalog,
+        {
+            "name": args.name,
+            "is_fallback": args.fallback,
+            "is_required": args.always_use,
+            "is_byok_only": args.byok_only,
+            "allowed_models": _names(args.allowed_models),
+        },
+    )
+    key = _byok_key_text(args)
+
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        workspace = await _workspace(session, args.workspace, now)
+        return await store.create_key(
+            session,
+            master,
+            catalog,
+            workspace_id=workspace.id,
+            provider=args.provider,
+            key=key,
+            changes=changes,
+            now=now,
+        )
+
+    row = await _with_session(args, work)
+    print(f"Created BYOK key {row.label} for {row.provider} in {args.workspace or 'default'}")
+    print(row.id)
+    return 0
+
+
+async def cmd_byok_list(args: argparse.Namespace) -> int:
+    from server.byok import keys as store
+
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        workspace = await _workspace(session, args.workspace, now)
+        rows, _ = await store.list_keys(
+            session, workspace.id, provider=args.provider, limit=100
+        )
+        return rows
+
+    for row in await _with_session(args, work):
+        flags = [
+            flag
+            for flag, on in (
+                ("fallback", row.is_fallback),
+                ("always-use", row.is_required),
+                ("byok-only", row.is_byok_only),
+                ("disabled", row.disabled),
+            )
+            if on
+        ]
+        models = f"models={','.join(row.allowed_models)}" if row.allowed_models else ""
+        line = f"{row.id}  {row.provider}  {row.sort_order}  {row.label}  {row.name or ''}"
+        print(f"{line}  {' '.join(flags)}  {models}".rstrip())
+    return 0
+
+
+async def cmd_byok_delete(args: argparse.Namespace) -> int:
+    from server.byok import keys as store
+
+    async def work(session: AsyncSession, now: datetime) -> Any:
+        workspace = await _workspace(session, args.workspace, now)
+        row = await store.find_key(session, args.id, [workspace.id])
+        await store.delete_key(session, row)
+        return row
+
+    row = await _with_session(args, work)
+    print(f"Deleted BYOK key {row.label} for {row.provider} ({row.id})")
+    return 0
+
+
 async def cmd_credits_add(args: argparse.Namespace) -> int:
     micros = exact_micros(args.amount)
     if micros <= 0:
@@ -661,6 +752,40 @@ def build_parser() -> argparse.ArgumentParser:
     guardrail_delete.add_argument("id")
     guardrail_delete.add_argument("--workspace")
     guardrail_delete.set_defaults(run=cmd_guardrails_delete)
+
+    byok = commands.add_parser(
+        "byok", help="manage a workspace's own provider keys (BYOK)"
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    byok_create = byok.add_parser(
+        "create",
+        parents=[common],
+        help="add a provider key, read from stdin or --key-env (the id is the last line)",
+    )
+    byok_create.add_argument("--provider", required=True, help="provider slug, e.g. openai")
+    byok_create.add_argument("--key-env", metavar="VAR", help="read the key from this variable")
+    byok_create.add_argument("--name")
+    byok_create.add_argument("--workspace", help="workspace name (default: 'default')")
+    byok_create.add_argument(
+        "--fallback", action="store_true", help="try it after the operator's endpoints"
+    )
+    byok_create.add_argument(
+        "--always-use",
+        action="store_true",
+        help="never fall back to the operator's credentials for its models",
+    )
+    byok_create.add_argument(
+        "--byok-only", action="store_true", help="never the operator's, for any model"
+    )
+    byok_create.add_argument("--allowed-models", metavar="A,B", help="only for these models")
+    byok_create.set_defaults(run=cmd_byok_create)
+    byok_list = byok.add_parser("list", parents=[common], help="list them (masked)")
+    byok_list.add_argument("--workspace")
+    byok_list.add_argument("--provider")
+    byok_list.set_defaults(run=cmd_byok_list)
+    byok_delete = byok.add_parser("delete", parents=[common], help="remove one")
+    byok_delete.add_argument("id")
+    byok_delete.add_argument("--workspace")
+    byok_delete.set_defaults(run=cmd_byok_delete)
 
     credits = commands.add_parser("credits", help="manage credits").add_subparsers(
         dest="action", required=True, metavar="ACTION"

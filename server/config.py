@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -169,6 +170,11 @@ class Settings(BaseSettings):
     decode_workers: int = Field(2, ge=1)
     local_stt_workers: int = Field(2, ge=1)
     local_stt_queue: int = Field(2, ge=0)
+    # The platform fee on requests served with a workspace's own provider key (BYOK): this
+    # percentage of the provider cost the catalog prices, after this many free BYOK
+    # requests per account and UTC month (OpenRouter's: 5% after 1,000,000).
+    byok_fee_percent: Decimal = Field(Decimal(5), ge=0, le=100, allow_inf_nan=False)
+    byok_free_requests_per_month: int = Field(1_000_000, ge=0)
     edge: EdgePolicy = Field(default_factory=lambda: edge_policy_from_environment(os.environ))
 
     @model_validator(mode="after")

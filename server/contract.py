@@ -26,6 +26,7 @@ SERVICES = (
     "gateway.v1.Guardrails",
     "gateway.v1.Models",
     "gateway.v1.Generations",
+    "gateway.v1.Byok",
 )
 
 
@@ -55,6 +56,8 @@ if str(GENERATED) not in sys.path:
 from gateway.v1 import (  # noqa: E402
     audio_pb2,
     audio_pb2_grpc,
+    byok_pb2,
+    byok_pb2_grpc,
     common_pb2,
     generations_pb2,
     generations_pb2_grpc,
@@ -80,6 +83,7 @@ def http_routes() -> dict[str, str]:
     routes: dict[str, str] = {}
     for module in (
         audio_pb2,
+        byok_pb2,
         generations_pb2,
         guardrails_pb2,
         keys_pb2,
@@ -104,6 +108,8 @@ __all__ = [
     "ContractError",
     "audio_pb2",
     "audio_pb2_grpc",
+    "byok_pb2",
+    "byok_pb2_grpc",
     "common_pb2",
     "generations_pb2",
     "generations_pb2_grpc",

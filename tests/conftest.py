@@ -34,6 +34,20 @@ PG_HOST = os.environ.get("GATEWAY_TEST_PG_HOST", "127.0.0.1")
 PG_USER = os.environ.get("GATEWAY_TEST_PG_USER", "postgres")
 PG_ADMIN_DSN = f"postgresql://{PG_USER}@{PG_HOST}:5432/test"
 BACKENDS = ("sqlite", "postgres")
+# What the end-to-end `stack` runs on: the route, Envoy and gRPC behave the same on either
+# database, so SQLite only, unless a test (or its module) is marked `both_backends` because
+# the database is its point (exactness under concurrency, holds, stored values, ...).
+STACK_BACKENDS = ("sqlite",)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    chosen = any(
+        "stack" in str(mark.args[0]) for mark in metafunc.definition.iter_markers("parametrize")
+    )  # a test that names its backends itself
+    if "stack" in metafunc.fixturenames and not chosen:
+        both = metafunc.definition.get_closest_marker("both_backends") is not None
+        backends = BACKENDS if both else STACK_BACKENDS
+        metafunc.parametrize("stack", backends, indirect=True, scope="session")
 
 
 async def _create_pg_database() -> str:
@@ -218,7 +232,7 @@ async def own_gateway(
         await asyncio.to_thread(gateway.stop)
 
 
-@pytest_asyncio.fixture(scope="session", params=BACKENDS)
+@pytest_asyncio.fixture(scope="session")
 async def stack(
     request: pytest.FixtureRequest,
     databases: Databases,
@@ -227,8 +241,9 @@ async def stack(
     webhook_receiver: WebhookReceiver,
     fake_video: FakeVideoProviders,
 ) -> AsyncIterator[Stack]:
-    """The real gateway (server + Envoy) on each backend, shared by the tests of a session,
-    with a catalog of fake providers on loopback."""
+    """The real gateway (server + Envoy), shared by the tests of a session, with a catalog of
+    fake providers on loopback: on SQLite, and on PostgreSQL too for tests marked
+    `both_backends` (see pytest_generate_tests)."""
     url = await databases.new(request.param)
     data_dir = tmp_path_factory.mktemp(f"stack-{request.param}")
     catalog = write_test_catalog(data_dir / "catalog.toml", fake_stt.base_url, fake_video.base)

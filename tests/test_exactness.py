@@ -19,6 +19,9 @@ from tests.support.audio import b64, fixture
 from tests.support.eventually import eventually
 from tests.support.processes import GatewayProcess
 
+# The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).
+pytestmark = pytest.mark.both_backends
+
 PRICEY = {"model": "fake/pricey", "input_audio": {"data": b64(fixture()), "format": "wav"}}
 COST = 1_075_125  # micro-dollars: 1.075125 s at 1 USD/s
 
@@ -68,7 +71,7 @@ async def test_a_key_cap_admits_exactly_k_and_reconciles(
     sources = {
         r.json()["error"]["metadata"]["limit_source"] for r in responses if r.status_code == 402
     }
-    assert sources <= {"key_limit", "in_flight_budget"}
+    assert sources <= {"openrouter_key_limit", "openrouter_in_flight_budget"}
     async with stack.admin.sessions() as session:
         charges = (
             await session.exec(

@@ -16,6 +16,9 @@ from tests.conftest import Stack
 from tests.support.admin import IssuedKey
 from tests.support.audio import b64, fixture
 
+# The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).
+pytestmark = pytest.mark.both_backends
+
 BODY = {"model": "fake/free:free", "input_audio": {"data": b64(fixture()), "format": "wav"}}
 
 

@@ -15,7 +15,6 @@ import asyncio
 import json
 
 import hypothesis
-import pytest
 from hypothesis import strategies as st
 
 from tests.conftest import Stack
@@ -37,10 +36,9 @@ from tests.support.fuzz import (
     wait_for_jobs,
 )
 
-# The raw fuzzers run on SQLite only: what they vary (header bytes, multipart framing, audio
-# bytes) is parsed by Envoy and the server before any SQL runs, the same on both backends;
-# the schemathesis fuzz (tests/test_fuzz_schema.py) covers both dialects.
-pytestmark = pytest.mark.parametrize("stack", ["sqlite"], indirect=True)
+# The raw fuzzers run on SQLite only (the `stack` default): what they vary (header bytes,
+# multipart framing, audio bytes) is parsed by Envoy and the server before any SQL runs, the
+# same on both backends; the schemathesis fuzz (tests/test_fuzz_schema.py) covers both.
 
 TCHAR = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 ALL_5XX = frozenset(range(500, 600))

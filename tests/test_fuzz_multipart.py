@@ -38,9 +38,8 @@ from tests.support.fuzz import (
     success_shape,
 )
 
-# SQLite only, as tests/test_fuzz_headers.py: framing and audio bytes are parsed before any
-# SQL runs; holds and billing are still checked on every answer.
-pytestmark = pytest.mark.parametrize("stack", ["sqlite"], indirect=True)
+# SQLite only (the `stack` default), as tests/test_fuzz_headers.py: framing and audio bytes
+# are parsed before any SQL runs; holds and billing are still checked on every answer.
 
 PATH = "/api/v1/audio/transcriptions"
 MODEL = "fake/ok"

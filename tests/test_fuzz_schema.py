@@ -250,6 +250,7 @@ CASES = [
 ]
 
 
+@pytest.mark.both_backends
 @pytest.mark.parametrize(("path", "method", "media_type", "mode"), CASES)
 async def test_schema_fuzz(
     stack: Stack,

@@ -27,6 +27,9 @@ from tests.support.audio import fixture
 from tests.support.eventually import eventually
 from tests.support.signals import admitted
 
+# The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).
+pytestmark = pytest.mark.both_backends
+
 
 async def _hold(admin: Admin, issued: IssuedKey, usd: str, **kw: object) -> object:
     async with admin.sessions() as session:
@@ -57,7 +60,7 @@ async def test_holds_settle_release_and_in_flight_budget(admin_db: Admin) -> Non
 
     first = await _hold(admin_db, issued, "0.6")
     waiting = await _refused(admin_db, issued, "0.6")
-    assert waiting.metadata == {"limit_source": "in_flight_budget"}
+    assert waiting.metadata == {"limit_source": "openrouter_in_flight_budget"}
     assert waiting.retry_after_seconds is not None
 
     async with admin_db.sessions() as session:
@@ -70,7 +73,7 @@ async def test_holds_settle_release_and_in_flight_budget(admin_db: Admin) -> Non
         )
         await session.commit()  # the caller commits the settlement with its record
     over = await _refused(admin_db, issued, "0.6")  # 0.5 left of the cap
-    assert over.metadata == {"limit_source": "key_limit"}
+    assert over.metadata == {"limit_source": "openrouter_key_limit"}
     second = await _hold(admin_db, issued, "0.5")
     async with admin_db.sessions() as session:
         await release_hold(session, second)  # type: ignore[arg-type]
@@ -87,7 +90,7 @@ async def test_expired_holds_stop_counting(admin_db: Admin) -> None:
     issued = await admin_db.key(workspace)
     await _hold(admin_db, issued, "1", ttl=timedelta(minutes=5))
     refused = await _refused(admin_db, issued, "0.5")
-    assert refused.metadata == {"limit_source": "in_flight_budget"}
+    assert refused.metadata == {"limit_source": "openrouter_in_flight_budget"}
     clock.advance(timedelta(minutes=5, seconds=1))  # the holder crashed; its hold lapsed
     await _hold(admin_db, issued, "0.5")
 
@@ -96,10 +99,12 @@ async def test_balance_at_zero_refuses_even_free_requests(admin_db: Admin) -> No
     workspace = await admin_db.workspace("zero")
     issued = await admin_db.key(workspace)
     refused = await _refused(admin_db, issued, "0")
-    assert refused.metadata == {"limit_source": "credits"}
+    assert refused.metadata == {"limit_source": "openrouter_credits"}
     await admin_db.credits(workspace, "1")
     await admin_db.charge(issued, "1")
-    assert (await _refused(admin_db, issued, "0")).metadata == {"limit_source": "credits"}
+    assert (await _refused(admin_db, issued, "0")).metadata == {
+        "limit_source": "openrouter_credits"
+    }
 
 
 async def test_a_request_in_flight_across_midnight(admin_db: Admin) -> None:
@@ -113,7 +118,7 @@ async def test_a_request_in_flight_across_midnight(admin_db: Admin) -> None:
     in_flight = await _hold(admin_db, issued, "0.6")
     clock.advance(timedelta(seconds=2))  # 2 July 00:00:01: a new day for the daily cap
     waiting = await _refused(admin_db, issued, "0.6")
-    assert waiting.metadata == {"limit_source": "in_flight_budget"}
+    assert waiting.metadata == {"limit_source": "openrouter_in_flight_budget"}
     async with admin_db.sessions() as session:
         await settle_hold(
             session,
@@ -134,7 +139,7 @@ async def test_a_request_in_flight_across_midnight(admin_db: Admin) -> None:
         ).all()
     assert [(str(d), s) for d, s in day_rows] == [("2026-07-02", 600_000)]
     over = await _refused(admin_db, issued, "0.6")  # 0.4 left of today's cap
-    assert over.metadata == {"limit_source": "key_limit"}
+    assert over.metadata == {"limit_source": "openrouter_key_limit"}
     clock.advance(timedelta(days=1))  # 3 July: the cap starts afresh
     await _hold(admin_db, issued, "0.6")
 

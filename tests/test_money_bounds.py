@@ -24,6 +24,9 @@ from tests.conftest import Stack
 from tests.support.admin import IssuedKey
 from tests.test_grpc import _error_info
 
+# The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).
+pytestmark = pytest.mark.both_backends
+
 GATEWAY = shutil.which("gateway")
 
 

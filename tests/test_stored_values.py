@@ -20,6 +20,9 @@ from tests.support.admin import IssuedKey
 from tests.support.audio import b64, fixture
 from tests.test_grpc import _error_info
 
+# The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).
+pytestmark = pytest.mark.both_backends
+
 # Raw JSON text: `\\ud800` is the JSON escape of a lone surrogate, NaN is what Python's (and
 # many clients') JSON writers emit for a float NaN.
 NUL = '"a\\u0000b"'

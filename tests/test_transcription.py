@@ -277,16 +277,16 @@ async def test_402_when_credits_or_key_limit_cannot_cover(stack: Stack, unique: 
     for model in ("fake/ok", "fake/free:free"):  # a balance <= 0 refuses free models too
         response = await transcribe_json(stack, broke, audio_body(model))
         assert response.status_code == 402
-        assert response.json()["error"]["metadata"] == {"limit_source": "credits"}
+        assert response.json()["error"]["metadata"] == {"limit_source": "openrouter_credits"}
     await stack.admin.credits(workspace, "1")
     too_dear = await transcribe_json(stack, broke, audio_body("fake/pricey"))  # 1.075 USD
     assert too_dear.status_code == 402
-    assert too_dear.json()["error"]["metadata"] == {"limit_source": "credits"}
+    assert too_dear.json()["error"]["metadata"] == {"limit_source": "openrouter_credits"}
     await stack.admin.credits(workspace, "5")
     capped = await stack.admin.key(workspace, "capped", limit="1")
     response = await transcribe_json(stack, capped, audio_body("fake/pricey"))
     assert response.status_code == 402
-    assert response.json()["error"]["metadata"] == {"limit_source": "key_limit"}
+    assert response.json()["error"]["metadata"] == {"limit_source": "openrouter_key_limit"}
     assert (await key_usage(stack, capped))["usage"] == 0
     assert (await key_usage(stack, broke))["usage"] == 0
     # Refused free requests were not counted; spent down to zero, free models refuse again.
@@ -296,7 +296,7 @@ async def test_402_when_credits_or_key_limit_cannot_cover(stack: Stack, unique: 
     await stack.admin.charge(broke, "6")
     response = await transcribe_json(stack, broke, audio_body("fake/free:free"))
     assert response.status_code == 402
-    assert response.json()["error"]["metadata"] == {"limit_source": "credits"}
+    assert response.json()["error"]["metadata"] == {"limit_source": "openrouter_credits"}
     assert (await key_usage(stack, broke))["free_model_daily_requests"]["used"] == 1
 
 

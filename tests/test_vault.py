@@ -282,6 +282,7 @@ async def test_the_value_never_leaks(vault: Vault) -> None:
     assert not any(SECRET in str(r[0].hosts) + r[0].fingerprint for r in rows)
 
 
+@pytest.mark.both_backends  # concurrent upserts: each database's locking is the point
 async def test_concurrent_writes_leave_one_whole_row(vault: Vault) -> None:
     values = [f"value-{i}" for i in range(12)]
     results = await asyncio.gather(

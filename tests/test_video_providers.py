@@ -3,8 +3,11 @@ fal-style queue, fallback when submission fails, provider failures."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
+from openrouter import OpenRouter
 
 from tests.conftest import Stack
 from tests.support.admin import IssuedKey
@@ -66,3 +69,39 @@ async def test_provider_failure_becomes_failed_with_error(
     job = await wait_for(stack, funded, response.json()["id"], "completed", "failed")
     assert job["status"] == "failed"
     assert "Provider failed" in job["error"]
+
+
+async def test_sdk_continues_a_completed_job_on_its_provider(
+    stack: Stack, funded: IssuedKey, unique: str
+) -> None:
+    """The openrouter SDK's `previous_job_id`: the continuation goes to the endpoint that
+    made the first video, as a remix of that provider job; a job not completed is 409."""
+    with OpenRouter(api_key=funded.key, server_url=stack.base_url) as sdk:
+        videos = sdk.video_generation
+        first = await asyncio.to_thread(
+            lambda: videos.generate(model="fakevideo/openai", prompt="a kite", duration=4)
+        )
+        done = await wait_for(stack, funded, first.id, "completed", "failed")
+        assert done["status"] == "completed", done
+        second = await asyncio.to_thread(
+            lambda: videos.generate(
+                model="fakevideo/openai",
+                prompt=f"the kite at night {unique}",
+                duration=4,
+                previous_job_id=first.id,
+            )
+        )
+        continued = await wait_for(stack, funded, second.id, "completed", "failed")
+    assert continued["status"] == "completed", continued
+    assert stack.fake_video is not None
+    prompt = {"prompt": f"the kite at night {unique}"}
+    (remix,) = [s for s in stack.fake_video.submissions if s["body"] == prompt]
+    assert remix["remix_of"] is not None and remix["path"].endswith("/remix")
+    async with httpx.AsyncClient() as client:
+        refused = await client.post(
+            f"{stack.base_url}/videos",
+            headers=funded.headers,
+            json={"model": "fakevideo/queue", "prompt": "x", "previous_job_id": first.id},
+        )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["metadata"]["param"] == "previous_job_id"

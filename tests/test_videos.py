@@ -219,7 +219,7 @@ async def test_402_when_credits_cannot_cover_the_estimate(stack: Stack, unique: 
         stack, issued, {"model": "fakevideo/frames", "prompt": "x", "duration": 1}
     )  # 0.01 > 0.005
     assert response.status_code == 402
-    assert response.json()["error"]["metadata"] == {"limit_source": "credits"}
+    assert response.json()["error"]["metadata"] == {"limit_source": "openrouter_credits"}
     async with stack.admin.sessions() as session:
         jobs = (
             await session.exec(

@@ -21,6 +21,7 @@ from tests.conftest import Stack
 from tests.fakes.webhook_receiver import ReceivedHook
 from tests.support.admin import Admin, IssuedKey
 from tests.support.eventually import eventually
+from tests.support.openrouter_webhooks import verify_openrouter
 
 
 @pytest.fixture
@@ -84,6 +85,10 @@ async def test_completed_job_sends_one_verifiable_signed_webhook(
     assert payload["data"]["usage"] == {"cost": 0.001, "is_byok": False}
     with pytest.raises(Exception):  # noqa: B017 (any verification failure)
         Webhook(secret).verify(hook.body + b" ", hook.headers)
+    # A receiver written for OpenRouter verifies the same delivery unchanged.
+    assert verify_openrouter(secret, hook.body, hook.headers["x-openrouter-signature"])
+    assert not verify_openrouter(secret, hook.body + b" ", hook.headers["x-openrouter-signature"])
+    assert hook.headers["x-openrouter-idempotency-key"] == f"{job_id}-completed"
     delivery = await settled_delivery(stack, job_id)
     assert (delivery.status, delivery.attempts) == ("delivered", 1)
     assert len(stack.webhooks.hooks(path)) == 1  # delivered once

@@ -30,6 +30,12 @@ FINISH_TIMEOUT_SECONDS = 30.0
 # How long a client is told to wait when only running requests' holds are in the way.
 IN_FLIGHT_RETRY_SECONDS = 1
 
+# The 402's `metadata.limit_source`, named as OpenRouter names them (all the sources are
+# listed in server/limits/sources.py).
+CREDITS = "openrouter_credits"  # the account's balance
+KEY_LIMIT = "openrouter_key_limit"  # the key's own credit limit
+IN_FLIGHT_BUDGET = "openrouter_in_flight_budget"  # held by requests still running
+
 
 @dataclass(frozen=True)
 class Hold:
@@ -118,7 +124,7 @@ def funded(account_id: str = "account_id") -> sa.Exists:
 
 
 def unfunded() -> GatewayError:
-    return insufficient("credits", "Insufficient credits: add credits to continue")
+    return insufficient(CREDITS, "Insufficient credits: add credits to continue")
 
 
 # Everything a hold decision needs, read in ONE statement, so it sees one snapshot: a
@@ -288,10 +294,10 @@ def refusal(row: sa.Row, amount_micros: int, is_byok: bool) -> GatewayError | No
         return unfunded()
     if not is_byok:
         if amount_micros > balance:
-            return insufficient("credits", "Insufficient credits for this request")
+            return insufficient(CREDITS, "Insufficient credits for this request")
         if amount_micros > balance - held:
             return insufficient(
-                "in_flight_budget",
+                IN_FLIGHT_BUDGET,
                 "Credits are held by requests still running; retry shortly",
                 IN_FLIGHT_RETRY_SECONDS,
             )
@@ -299,10 +305,10 @@ def refusal(row: sa.Row, amount_micros: int, is_byok: bool) -> GatewayError | No
     if counts_against_key and limit is not None:
         remaining = max(0, limit - key_used)
         if amount_micros > remaining:
-            return insufficient("key_limit", "This request exceeds the API key's credit limit")
+            return insufficient(KEY_LIMIT, "This request exceeds the API key's credit limit")
         if amount_micros > remaining - held_on_key:
             return insufficient(
-                "in_flight_budget",
+                IN_FLIGHT_BUDGET,
                 "The key's limit is held by requests still running; retry shortly",
                 IN_FLIGHT_RETRY_SECONDS,
             )

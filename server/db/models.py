@@ -191,6 +191,10 @@ class VideoJob(TableModel, table=True):
     callback_url: str | None = Field(default=None, max_length=2048)
     hold_id: str | None = Field(default=None, max_length=40)
     hold_micros: int = Field(default=0, sa_type=sa.BigInteger)
+    # BYOK: the provider cost held apart (the key's limit, if it counts BYOK), and the
+    # workspace key the job was submitted with (None: the operator's credential)
+    byok_hold_id: str | None = Field(default=None, max_length=40)
+    byok_key_id: str | None = Field(default=None, max_length=40)
     cost_micros: int | None = Field(default=None, sa_type=sa.BigInteger)
     is_byok: bool = False
     generation_id: str | None = Field(default=None, max_length=40)
@@ -296,6 +300,42 @@ class Guardrail(TableModel, table=True):
     updated_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
 
 
+class ByokKey(TableModel, table=True):
+    """A workspace's own provider key (bring your own key), sealed like vault values: the
+    key never leaves except to its provider; `label` is the masked form shown everywhere."""
+
+    __tablename__ = "byok_keys"
+    __table_args__ = (sa.Index("ix_byok_keys_workspace_provider", "workspace_id", "provider"),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    workspace_id: str = Field(foreign_key="workspaces.id", max_length=40)
+    provider: str = Field(max_length=64)
+    name: str | None = Field(default=None, max_length=255)
+    label: str = Field(max_length=32)
+    ciphertext: bytes = Field(sa_type=sa.LargeBinary)
+    nonce: bytes = Field(sa_type=sa.LargeBinary)
+    sort_order: int = 0
+    is_fallback: bool = False
+    is_required: bool = False  # "always use": no operator credential for its models
+    is_byok_only: bool = False  # "always use" for every model of the provider
+    disabled: bool = False
+    allowed_models: list[str] | None = Field(default=None, sa_type=sa.JSON)  # None: any
+    allowed_api_key_hashes: list[str] | None = Field(default=None, sa_type=sa.JSON)
+    allowed_user_ids: list[str] | None = Field(default=None, sa_type=sa.JSON)
+    declared_region: str | None = Field(default=None, max_length=16)
+    declared_zdr: bool | None = None
+    created_at: datetime = Field(sa_type=UtcDateTime)
+    updated_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
+
+
+class ByokMonthlyRequests(TableModel, table=True):
+    """BYOK requests an account made in a UTC month: the first ones each month pay no fee."""
+
+    __tablename__ = "byok_monthly_requests"
+
+    account_id: str = Field(primary_key=True, max_length=40)
+    month_start: date = Field(primary_key=True)
+    requests: int = Field(default=0, sa_type=sa.BigInteger)
 class GuardrailKeyAssignment(TableModel, table=True):
     """A guardrail assigned to a key: an assigned guardrail applies to its keys only."""
 

@@ -103,4 +103,7 @@ def _refusal(error: GatewayError) -> str:
     free-model limit."""
     if error.status == 429:
         return "free_model_limit"
-    return str((error.metadata or {}).get("limit_source", error.status))
+    # The label keeps its short name (credits, key_limit, in_flight_budget).
+    return str((error.metadata or {}).get("limit_source", error.status)).removeprefix(
+        "openrouter_"
+    )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +26,10 @@ from server.providers.failures import (
 )
 
 MAX_PROVIDER_MESSAGE = 300
+# What a provider's error body says: its error code and message. Each provider has its own
+# shape; the default reads OpenAI's ({"error": {"code", "message"}} or {"error": "..."}).
+ErrorFields = tuple[str | int | None, str]
+ErrorReader = Callable[[httpx.Response], ErrorFields]
 
 
 def retry_after_seconds(value: str | None, now: datetime | None = None) -> int | None:
@@ -43,7 +49,16 @@ def retry_after_seconds(value: str | None, now: datetime | None = None) -> int |
     return max(0, int(delta + 0.999))
 
 
-def _error_fields(response: httpx.Response) -> tuple[str | int | None, str]:
+def retry_hint(response: httpx.Response) -> int | None:
+    """Seconds to wait: Retry-After, or Azure's documented retry-after-ms."""
+    seconds = retry_after_seconds(response.headers.get("retry-after"))
+    millis = response.headers.get("retry-after-ms", "").strip()
+    if seconds is None and millis.isdigit():
+        seconds = math.ceil(int(millis) / 1000)
+    return seconds
+
+
+def _error_fields(response: httpx.Response) -> ErrorFields:
     try:
         body = response.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -61,9 +76,11 @@ def _error_fields(response: httpx.Response) -> tuple[str | int | None, str]:
     return None, ""
 
 
-def failure_from_response(response: httpx.Response) -> ProviderFailure:
+def failure_from_response(
+    response: httpx.Response, read_error: ErrorReader = _error_fields
+) -> ProviderFailure:
     status = response.status_code
-    code, message = _error_fields(response)
+    code, message = read_error(response)
     provider_code: str | int = code if code is not None else status
     message = message[:MAX_PROVIDER_MESSAGE]
     if status == 429:
@@ -72,7 +89,7 @@ def failure_from_response(response: httpx.Response) -> ProviderFailure:
             "Provider rate limited the request",
             status=status,
             provider_code=provider_code,
-            retry_after=retry_after_seconds(response.headers.get("retry-after")),
+            retry_after=retry_hint(response),
         )
     if status == 529 or (status == 503 and "overload" in message.lower()):
         return ProviderFailure(
@@ -80,7 +97,7 @@ def failure_from_response(response: httpx.Response) -> ProviderFailure:
             "Provider is overloaded",
             status=status,
             provider_code=provider_code,
-            retry_after=retry_after_seconds(response.headers.get("retry-after")),
+            retry_after=retry_hint(response),
         )
     if status in (401, 403):
         return ProviderFailure(
@@ -111,9 +128,11 @@ def authorized(endpoint: Endpoint, headers: dict[str, str] | None = None) -> dic
     return result
 
 
-async def send(http: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    """Send one provider request; transport failures and HTTP errors become
-    ProviderFailures."""
+async def send(
+    http: httpx.AsyncClient, request: httpx.Request, read_error: ErrorReader = _error_fields
+) -> httpx.Response:
+    """Send one provider request; transport failures and HTTP errors (their bodies read by
+    `read_error`) become ProviderFailures."""
     try:
         response = await http.send(request)
     except httpx.TimeoutException as exc:
@@ -121,7 +140,7 @@ async def send(http: httpx.AsyncClient, request: httpx.Request) -> httpx.Respons
     except httpx.TransportError as exc:
         raise ProviderFailure(UNREACHABLE, "Provider is unreachable") from exc
     if response.status_code >= 400:
-        raise failure_from_response(response)
+        raise failure_from_response(response, read_error)
     return response
 
 

@@ -11,7 +11,7 @@ import httpx
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.http import authorized, send
-from server.providers.stt import Segment, SttCall, Transcript, Word
+from server.providers.stt import Segment, SttCall, Transcript, Word, seconds
 
 MIME = {
     "wav": "audio/wav",
@@ -27,8 +27,9 @@ _SEGMENT_KEYS = ("id", "start", "end", "text")
 _WORD_KEYS = ("word", "start", "end")
 
 
-def _form(call: SttCall) -> dict[str, str | list[str]]:
-    """The multipart fields; a repeated field (timestamp_granularities[]) is a list."""
+def form(call: SttCall) -> dict[str, str | list[str]]:
+    """The multipart fields (also Azure OpenAI's); a repeated field (timestamp_granularities[])
+    is a list."""
     form: dict[str, str | list[str]] = {}
     for name, value in _fields(call):
         existing = form.get(name)
@@ -60,13 +61,7 @@ def _fields(call: SttCall) -> list[tuple[str, str]]:
     return fields
 
 
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("not a number")
-    return float(value)
-
-
-def _parse(body: Any, verbose: bool) -> Transcript:
+def parse(body: Any, verbose: bool) -> Transcript:
     if not isinstance(body, dict) or not isinstance(body.get("text"), str):
         raise ValueError("no text")
     transcript = Transcript(text=body["text"])
@@ -79,13 +74,13 @@ def _parse(body: Any, verbose: bool) -> Transcript:
     if isinstance(body.get("language"), str):
         transcript.language = body["language"]
     if body.get("duration") is not None:
-        transcript.duration = _number(body["duration"])
+        transcript.duration = seconds(body["duration"])
     for index, raw in enumerate(body.get("segments") or []):
         transcript.segments.append(
             Segment(
                 id=int(raw.get("id", index)),
-                start=_number(raw["start"]),
-                end=_number(raw["end"]),
+                start=seconds(raw["start"]),
+                end=seconds(raw["end"]),
                 text=str(raw["text"]),
                 extra={k: v for k, v in raw.items() if k not in _SEGMENT_KEYS},
             )
@@ -94,8 +89,8 @@ def _parse(body: Any, verbose: bool) -> Transcript:
         transcript.words.append(
             Word(
                 word=str(raw["word"]),
-                start=_number(raw["start"]),
-                end=_number(raw["end"]),
+                start=seconds(raw["start"]),
+                end=seconds(raw["end"]),
                 extra={k: v for k, v in raw.items() if k not in _WORD_KEYS},
             )
         )
@@ -110,7 +105,7 @@ class OpenAISttAdapter:
         request = self._http.build_request(
             "POST",
             f"{endpoint.base_url}/audio/transcriptions",
-            data=_form(call),
+            data=form(call),
             files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
             headers=authorized(endpoint),
             timeout=endpoint.timeout_seconds,
@@ -119,7 +114,7 @@ class OpenAISttAdapter:
         request.read()
         response = await send(self._http, request)
         try:
-            return _parse(response.json(), call.verbose)
+            return parse(response.json(), call.verbose)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ProviderFailure(
                 INVALID_RESPONSE, "Provider returned an invalid response", status=200

@@ -1,5 +1,7 @@
-"""The OpenAI videos API: `POST {base}/videos`, `GET {base}/videos/{id}`,
-`GET {base}/videos/{id}/content` (MP4)."""
+"""The OpenAI videos API (https://platform.openai.com/docs/api-reference/videos):
+`POST {base}/videos`, `GET {base}/videos/{id}`, `GET {base}/videos/{id}/content` (MP4), and
+`POST {base}/videos/{id}/remix` `{prompt}` to continue a completed video (the gateway's
+`previous_job_id`). The API has no cancel (DELETE removes a finished video only)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,20 @@ class OpenAIVideoAdapter:
         }
         response = await provider_http.call(
             self._http, endpoint, "POST", f"{endpoint.base_url}/videos", json=body
+        )
+        return await self._finish(endpoint, self._progress(provider_http.json_object(response)))
+
+    async def continue_job(
+        self, endpoint: Endpoint, previous_provider_job_id: str, call: VideoCall
+    ) -> VideoProgress:
+        """A remix of the finished video under the new prompt (its size and length are the
+        original's: the remix endpoint takes only the prompt)."""
+        response = await provider_http.call(
+            self._http,
+            endpoint,
+            "POST",
+            f"{endpoint.base_url}/videos/{previous_provider_job_id}/remix",
+            json={"prompt": call.params.get("prompt", "")},
         )
         return await self._finish(endpoint, self._progress(provider_http.json_object(response)))
 

@@ -54,3 +54,36 @@ class Transcript:
 
 class SttAdapter(Protocol):
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript: ...
+
+
+# A pause this long between two words starts a new segment (providers without segments).
+SEGMENT_PAUSE_SECONDS = 1.0
+_SENTENCE_END = (".", "?", "!", "\u3002", "\uff1f", "\uff01")  # and CJK full stops
+
+
+def seconds(value: Any) -> float:
+    """A provider's time value as float seconds; anything but a number is invalid."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("not a number")
+    return float(value)
+
+
+def segments_from_words(words: list[Word]) -> list[Segment]:
+    """Segments for a provider that returns only words: a segment ends after a word ending a
+    sentence (. ? !) or before a pause of SEGMENT_PAUSE_SECONDS; its text is its words
+    joined by spaces, its span from its first word's start to its last word's end."""
+    groups: list[list[Word]] = []
+    for word in words:
+        if groups and (
+            groups[-1][-1].word.endswith(_SENTENCE_END)
+            or word.start - groups[-1][-1].end >= SEGMENT_PAUSE_SECONDS
+        ):
+            groups.append([word])
+        elif groups:
+            groups[-1].append(word)
+        else:
+            groups.append([word])
+    return [
+        Segment(id=i, start=g[0].start, end=g[-1].end, text=" ".join(w.word for w in g))
+        for i, g in enumerate(groups)
+    ]

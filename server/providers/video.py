@@ -7,6 +7,12 @@ from typing import Any, Protocol
 
 from server.providers.endpoint import Endpoint
 
+CONTINUE_JOB = "continue_job"  # the optional adapter method that continues a finished job
+
+
+def can_continue(adapter: object) -> bool:
+    return callable(getattr(adapter, CONTINUE_JOB, None))
+
 
 @dataclass(frozen=True)
 class VideoCall:
@@ -27,6 +33,12 @@ class VideoProgress:
 
 
 class VideoAdapter(Protocol):
+    """Optional, where the provider's API has them (the worker checks with `hasattr`):
+    `async def continue_job(self, endpoint, previous_provider_job_id, call) -> VideoProgress`
+    starts a job that continues (remixes/extends) one the provider finished (POST /videos
+    `previous_job_id`); `async def cancel(self, endpoint, provider_job_id, call) -> None`
+    stops a running one."""
+
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress: ...
 
     async def poll(

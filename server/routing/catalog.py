@@ -132,6 +132,7 @@ class _EndpointTable(_Table):
     secret_key_env: str | None = None  # a second credential (Kling signs with two keys)
     model: str | None = None
     timeout_seconds: float = Field(default=120.0, gt=0)
+    api_version: str | None = None  # Azure OpenAI's api-version query parameter
 
 
 class _ModelTable(_Table):
@@ -205,6 +206,7 @@ class _ModelTable(_Table):
                     secret_key_env=e.secret_key_env,
                     model=e.model,
                     timeout_seconds=e.timeout_seconds,
+                    api_version=e.api_version,
                 )
                 for e in self.endpoints
             ),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -11,11 +11,14 @@ from google.api import httpbody_pb2
 from google.protobuf import json_format, struct_pb2
 
 from server.auth import Authenticator
+from server.byok.routing import ByokRouting, billing_plan
 from server.clock import Clock
 from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.engine import SessionFactory
+from server.db.models import VideoJob
 from server.guardrails.policy import guardrails_of
 from server.limits.admission import Limits
+from server.providers.video import VideoAdapter, can_continue
 from server.routing.catalog import Catalog, Model
 from server.services.rpc import (
     answer_with_status,
@@ -25,6 +28,7 @@ from server.services.rpc import (
     null,
 )
 from server.videos import jobs
+from server.videos.cancel import cancel_job
 from server.videos.content import ContentStore
 from server.videos.request import parse_video_request
 
@@ -76,7 +80,14 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         store: ContentStore,
         limits: Limits,
         wake_worker: asyncio.Event | None = None,
+        byok: ByokRouting | None = None,
+        *,
+        adapters: Mapping[str, VideoAdapter] | None = None,
+        provider_cancel: Callable[[VideoJob], Awaitable[None]] | None = None,
     ) -> None:
+        self._provider_cancel = provider_cancel
+        self._byok = byok  # None: the operator's endpoints only
+        self._adapters = adapters or {}
         self._auth = auth
         self._sessions = sessions
         self._clock = clock
@@ -97,6 +108,24 @@ class VideosService(videos_pb2_grpc.VideosServicer):
             endpoints = guardrails.endpoints(video.model)
             guardrails.check_video_duration(video.duration)
             guardrails.check_cost(jobs.estimate_micros(video))
+            continuation = await jobs.continuation_of(
+                session,
+                principal,
+                video,
+                lambda endpoint: can_continue(self._adapters.get(endpoint.adapter)),
+            )
+            billing = None
+            if self._byok is not None:
+                planned = await self._byok.endpoints(
+                    session,
+                    workspace_id=principal.workspace.id,
+                    key_hash=principal.key.hash,
+                    model_id=video.model.id,
+                    endpoints=endpoints,
+                    user=video.user,
+                    now=self._clock.now(),
+                )
+                billing = billing_plan(planned, jobs.estimate_micros(video), self._byok.fees)
             job = await jobs.submit_job(
                 session,
                 principal,
@@ -106,6 +135,8 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 self._limits,
                 # The worker uses only these endpoints when guardrails restrict them.
                 [e.provider for e in endpoints] if guardrails.rules else None,
+                continuation,
+                billing=billing,
                 budgets=guardrails.budgets,
             )
         if self._wake is not None:
@@ -119,6 +150,16 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
             job = await jobs.find_job(session, principal, request.job_id)
+        return _job_message(job)
+
+    async def CancelVideo(
+        self, request: videos_pb2.CancelVideoRequest, context: grpc.aio.ServicerContext
+    ) -> videos_pb2.VideoJob:
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate(session, metadata_of(context))
+        job = await cancel_job(
+            self._sessions, principal, request.job_id, self._clock.now(), self._provider_cancel
+        )
         return _job_message(job)
 
     async def GetVideoContent(

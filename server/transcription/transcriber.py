@@ -7,7 +7,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -17,8 +17,16 @@ from opentelemetry.trace import Tracer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
-from server.billing.holds import Hold, finish_uncancelled, release_hold, settle_hold
+from server.billing.holds import (
+    Hold,
+    drop_hold,
+    finish_uncancelled,
+    place_hold,
+    release_hold,
+    settle_hold,
+)
 from server.billing.money import micros_to_json_number, usd_to_micros
+from server.byok.routing import ByokRouting, billing_plan
 from server.clock import Clock
 from server.compute import ComputePool, PoolBusy, WorkerLost
 from server.db.models import Generation
@@ -50,6 +58,7 @@ class TranscriptionResult:
     cost_micros: int
     provider: str
     generation_id: str
+    is_byok: bool = False  # served with the workspace's own provider key
 
     def body(self) -> dict[str, Any]:
         """The response object of the API reference (2.4)."""
@@ -62,6 +71,7 @@ class TranscriptionResult:
                 "output_tokens": t.output_tokens,
                 "seconds": float(self.seconds),
                 "total_tokens": t.input_tokens + t.output_tokens,
+                "is_byok": self.is_byok,
             },
         }
         if not self.request.verbose:
@@ -99,7 +109,9 @@ class Transcriber:
         metrics: Metrics,
         tracer: Tracer,
         decoder: ComputePool,
+        byok: ByokRouting | None = None,
     ) -> None:
+        self._byok = byok  # None: no workspace keys (the operator's endpoints only)
         self._decoder = decoder  # where audio is decoded and measured
         self._catalog = catalog
         self._adapters = adapters
@@ -156,20 +168,47 @@ class Transcriber:
                 504, "Operation aborted due to timeout: the request's deadline passed"
             ) from exc
         guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
-        endpoints = guardrails.endpoints(model)
+        endpoints: Sequence[Endpoint] = guardrails.endpoints(model)
         if request.claimed_format is None or request.claimed_format != audio.format:
             request.claimed_format = audio.format
         cost = price(model, audio.seconds)
         guardrails.check_cost(cost)
         started = time.monotonic()
         started_at = self._clock.now()
+        if self._byok is not None:
+            endpoints = await self._byok.endpoints(
+                session,
+                workspace_id=principal.workspace.id,
+                key_hash=principal.key.hash,
+                model_id=model.id,
+                endpoints=endpoints,
+                user=request.user,
+                now=started_at,
+            )
+        fees = self._byok.fees if self._byok is not None else None
+        billing = billing_plan(endpoints, cost, fees)
         hold = await self._limits.admit(
             session,
             principal,
             model_id=model.id,
-            estimate_micros=cost,
+            estimate_micros=billing.credit_hold,
             now=self._clock.now(),
+            is_byok=billing.only_byok and cost == 0,
             budgets=guardrails.budgets,
+        )
+        # The provider cost of a BYOK attempt counts only where the key says (its limit,
+        # with include_byok_in_limit): held apart from the credits.
+        byok_hold = (
+            await place_hold(
+                session,
+                account_id=principal.account.id,
+                key_hash=principal.key.hash,
+                amount_micros=cost,
+                now=self._clock.now(),
+                is_byok=True,
+            )
+            if billing.byok_hold
+            else None
         )
         generation_id = f"gen_{secrets.token_hex(12)}"
         budget = _budget(deadline)
@@ -180,7 +219,7 @@ class Transcriber:
             await finish_uncancelled(
                 self._fail(
                     session,
-                    hold,
+                    (hold, byok_hold),
                     principal,
                     request,
                     model,
@@ -219,15 +258,16 @@ class Transcriber:
         try:
             # The charge and the generation record commit together; once the provider has
             # answered, that finishes even if the caller leaves meanwhile.
-            await finish_uncancelled(
+            charged = await finish_uncancelled(
                 self._settle(
                     session,
-                    hold,
+                    (hold, byok_hold),
                     principal,
                     request,
                     model,
                     generation_id,
                     provider=routed.endpoint.provider,
+                    is_byok=routed.endpoint.is_byok,
                     cost=cost,
                     seconds=audio.seconds,
                     started=started,
@@ -246,29 +286,42 @@ class Transcriber:
             request=request,
             transcript=routed.value,
             seconds=audio.seconds,
-            cost_micros=cost,
+            cost_micros=charged,
             provider=routed.endpoint.provider,
             generation_id=generation_id,
+            is_byok=routed.endpoint.is_byok,
         )
 
     async def _settle(
         self,
         session: AsyncSession,
-        hold: Hold,
+        holds: tuple[Hold, Hold | None],
         principal: Principal,
         request: TranscriptionInput,
         model: Model,
         generation_id: str,
         *,
         provider: str,
+        is_byok: bool,
         cost: int,
         seconds: Decimal,
         started: float,
         started_at: datetime,
-    ) -> None:
-        await settle_hold(
-            session, hold, cost_micros=cost, now=self._clock.now(), reference=generation_id
-        )
+    ) -> int:
+        """Charge the request (and record it); return what the credits paid. Served with
+        the workspace's key: the provider cost goes to the BYOK counters, the platform fee
+        to the credits."""
+        hold, byok_hold = holds
+        now = self._clock.now()
+        charged = cost
+        if is_byok and self._byok is not None and byok_hold is not None:
+            charged = await self._byok.fee_for(session, principal.account.id, cost, now)
+            await settle_hold(
+                session, byok_hold, cost_micros=cost, now=now, reference=generation_id
+            )
+        elif byok_hold is not None:
+            await drop_hold(session, byok_hold)
+        await settle_hold(session, hold, cost_micros=charged, now=now, reference=generation_id)
         await self._record(
             session,
             principal,
@@ -277,11 +330,13 @@ class Transcriber:
             generation_id,
             provider=provider,
             status="completed",
-            cost=cost,
+            cost=charged,
             seconds=seconds,
             started=started,
             started_at=started_at,
+            is_byok=is_byok,
         )
+        return charged
 
     async def _probe(self, request: TranscriptionInput) -> ProbedAudio:
         """The audio decoded to its end and measured, in a worker process (media.probe);
@@ -313,7 +368,7 @@ class Transcriber:
     async def _fail(
         self,
         session: AsyncSession,
-        hold: Hold,
+        holds: tuple[Hold, Hold | None],
         principal: Principal,
         request: TranscriptionInput,
         model: Model,
@@ -328,6 +383,9 @@ class Transcriber:
             # A statement cut off by the cancellation can leave the connection unusable:
             # drop it, so the release below runs on a fresh one.
             await session.invalidate()
+        hold, byok_hold = holds
+        if byok_hold is not None:
+            await drop_hold(session, byok_hold)
         await release_hold(session, hold)
         message = exc.message if isinstance(exc, GatewayError) else "request did not complete"
         try:
@@ -368,6 +426,7 @@ class Transcriber:
         started: float,
         started_at: datetime,
         error: str | None = None,
+        is_byok: bool = False,
     ) -> None:
         """Store the generation record (committing) and report it as a span."""
         now = self._clock.now()
@@ -381,6 +440,7 @@ class Transcriber:
             provider=provider,
             status=status,
             cost_micros=cost,
+            is_byok=is_byok,
             seconds=seconds,
             latency_ms=int((time.monotonic() - started) * 1000),
             session_id=request.session_id,

@@ -114,6 +114,14 @@ async def _data_key(
     return master.unwrap(row.wrapped_key)
 
 
+async def data_key(
+    session: AsyncSession, master: crypto.MasterKey, vault_id: str, now: datetime
+) -> bytes:
+    """A data key of its own for another sealed store (BYOK keys use "byok:<workspace>"):
+    created on first use, and re-wrapped by `rotate_master_key` with the vault's."""
+    return await _data_key(session, master, vault_id, now)
+
+
 def record(secret: VaultSecret) -> dict[str, Any]:
     """Metadata only: never the value."""
     return {

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,12 +12,17 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
+from server.billing.holds import place_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
+from server.byok.routing import BillingPlan
 from server.clock import rfc3339
-from server.db.models import VideoJob
+from server.db.models import VideoJob, WebhookDelivery
 from server.errors import GatewayError, bad_request, not_found
 from server.limits.admission import Limits
 from server.limits.guardrail_budgets import GuardrailBudget
+from server.providers.endpoint import Endpoint
+from server.providers.video import VideoCall
+from server.routing.catalog import Model
 from server.videos.content import ContentStore
 from server.videos.request import VideoInput
 
@@ -24,15 +30,60 @@ PENDING = "pending"
 IN_PROGRESS = "in_progress"
 COMPLETED = "completed"
 FAILED = "failed"
+CANCELLED = "cancelled"
 EXPIRED = "expired"
+RUNNING_STATES = (PENDING, IN_PROGRESS)  # the states a worker claims and a cancel stops
 # A job's credits stay held until it ends; a job that outlives this is failed.
 JOB_DEADLINE = timedelta(hours=2)
 
 _INSERT_JOB = sa.insert(VideoJob.__table__)
+_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)
 
 
 def polling_url(job_id: str) -> str:
     return f"/api/v1/videos/{job_id}"
+
+
+async def continuation_of(
+    session: AsyncSession,
+    principal: Principal,
+    video: VideoInput,
+    can_continue: Callable[[Endpoint], bool],
+) -> dict[str, Any] | None:
+    """What the worker needs to continue `video.previous_job_id` (the endpoint that served it
+    and its provider job id), or None when the request continues nothing. The earlier job
+    must be the caller's (404), of the same model (400 naming the field), completed (409),
+    and served by an endpoint whose provider can continue jobs (400)."""
+    if video.previous_job_id is None:
+        return None
+    previous = await find_job(session, principal, video.previous_job_id)
+    if previous.model != video.model.id:
+        raise bad_request(
+            f"previous_job_id {previous.id!r} was made by {previous.model}, not "
+            f"{video.model.id}: a continuation runs on the same model",
+            param="previous_job_id",
+        )
+    if previous.status != COMPLETED:
+        raise GatewayError(
+            409, f"Video job {previous.id!r} is {previous.status}: only a completed job continues"
+        )
+    endpoints = video.model.endpoints
+    if (
+        previous.provider_job_id is None
+        or previous.endpoint_index >= len(endpoints)
+        or not can_continue(endpoints[previous.endpoint_index])
+    ):
+        raise bad_request(
+            f"{video.model.id} does not support continuing a previous job",
+            param="previous_job_id",
+        )
+    return {
+        "job_id": previous.id,
+        "endpoint_index": previous.endpoint_index,
+        "provider_job_id": previous.provider_job_id,
+        # The earlier job's credential: a workspace's own key (BYOK) serves its continuation.
+        "byok_key_id": previous.byok_key_id,
+    }
 
 
 def estimate_micros(video: VideoInput) -> int:
@@ -47,19 +98,37 @@ async def submit_job(
     default_callback_url: str | None,
     limits: Limits,
     allowed_providers: list[str] | None = None,
+    continuation: dict[str, Any] | None = None,
+    billing: BillingPlan | None = None,
     budgets: Sequence[GuardrailBudget] = (),
 ) -> VideoJob:
     """Hold the estimated cost (within the key's guardrail `budgets`) and store the job; it is
-    durable when this returns."""
+    durable when this returns. `billing`: what to hold when the workspace's own keys may serve
+    it (BYOK)."""
     estimate = estimate_micros(video)
+    credit_estimate = estimate if billing is None else billing.credit_hold
+    ttl = JOB_DEADLINE + timedelta(minutes=10)
     hold = await limits.admit(
         session,
         principal,
         model_id=video.model.id,
-        estimate_micros=estimate,
+        estimate_micros=credit_estimate,
         now=now,
-        ttl=JOB_DEADLINE + timedelta(minutes=10),
+        ttl=ttl,
         budgets=budgets,
+    )
+    byok_hold = (
+        await place_hold(
+            session,
+            account_id=principal.account.id,
+            key_hash=principal.key.hash,
+            amount_micros=estimate,
+            now=now,
+            is_byok=True,
+            ttl=ttl,
+        )
+        if billing is not None and billing.byok_hold
+        else None
     )
     job = VideoJob(
         id=f"vid_{secrets.token_hex(12)}",
@@ -72,13 +141,16 @@ async def submit_job(
             **video.params,
             "provider_options": video.provider_options,
             **({"allowed_providers": allowed_providers} if allowed_providers is not None else {}),
+            # The gateway's own: which finished job (and endpoint) this one continues.
+            **({"continuation": continuation} if continuation is not None else {}),
         },
         session_id=video.session_id,
         user=video.user,
         trace=video.trace,
         callback_url=video.callback_url or default_callback_url,
         hold_id=hold.id,
-        hold_micros=estimate,
+        hold_micros=credit_estimate,
+        byok_hold_id=None if byok_hold is None else byok_hold.id,
         next_run_at=now,
         created_at=now,
         updated_at=now,
@@ -136,3 +208,35 @@ def webhook_payload(job: VideoJob, now: datetime) -> dict[str, Any]:
         "created_at": rfc3339(now),
         "data": {**job_document(job), "model": job.model},
     }
+
+
+async def queue_webhook(session: AsyncSession, job: VideoJob, now: datetime) -> None:
+    """Queue the job's terminal-state webhook in the caller's transaction (the outbox)."""
+    await session.exec(
+        _INSERT_DELIVERY,
+        params={
+            "id": f"msg_{secrets.token_hex(12)}",
+            "workspace_id": job.workspace_id,
+            "job_id": job.id,
+            "url": job.callback_url,
+            "payload": json.dumps(webhook_payload(job, now), separators=(",", ":")),
+            "status": "pending",
+            "attempts": 0,
+            "next_attempt_at": now,
+            "created_at": now,
+        },
+    )
+
+
+def provider_call(job: VideoJob, model: Model, endpoint: Endpoint) -> VideoCall:
+    """What the serving endpoint's adapter is handed for `job`."""
+    params = dict(job.params)
+    provider_options = params.pop("provider_options", {}) or {}
+    params.pop("allowed_providers", None)  # the gateway's, not the provider's
+    params.pop("continuation", None)
+    return VideoCall(
+        model=endpoint.model or model.upstream_name,
+        params=params,
+        # Only the serving provider's options are forwarded.
+        options=dict(provider_options.get(endpoint.provider, {})),
+    )

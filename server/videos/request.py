@@ -45,6 +45,7 @@ class VideoInput:
     user: str | None
     trace: dict[str, Any] | None
     provider_options: dict[str, Any] = field(default_factory=dict)
+    previous_job_id: str | None = None  # checked against the caller's jobs by submit_job
 
 
 def _allowed(value: str, allowed: tuple[str, ...] | None, param: str, model: Model) -> None:
@@ -127,6 +128,7 @@ class _VideoShape(Shape):
     user: BoundedId | None = None
     trace: Trace | None = None
     provider: Provider | None = None
+    previous_job_id: BoundedId | None = None
 
 
 def _dimensions(shape: _VideoShape, caps: VideoCapabilities, model: Model) -> dict[str, Any]:
@@ -262,4 +264,5 @@ def parse_video_request(
         user=shape.user,
         trace=fields.get("trace"),
         provider_options=shape.provider.options if shape.provider else {},
+        previous_job_id=shape.previous_job_id,
     )

@@ -7,12 +7,12 @@ guarded by the lease, so a job is charged exactly once."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import sqlalchemy as sa
 from opentelemetry.trace import NoOpTracer, Tracer
@@ -20,17 +20,25 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.holds import Hold, drop_hold, settle_hold
 from server.billing.money import usd_to_micros
+from server.byok.routing import ByokRouting, PlannedAttempt
 from server.clock import Clock
 from server.db.engine import SessionFactory
-from server.db.models import Generation, VideoJob, WebhookDelivery
+from server.db.models import Generation, VideoJob
 from server.observability.generations import store_generation
 from server.observability.metrics import Metrics
 from server.observability.tracing import emit_generation_span
 from server.providers.endpoint import Endpoint
 from server.providers.failures import CLIENT_ERROR, REJECTED_CREDENTIALS, ProviderFailure
-from server.providers.video import VideoAdapter, VideoCall, VideoProgress
+from server.providers.video import (
+    CONTINUE_JOB,
+    VideoAdapter,
+    VideoCall,
+    VideoProgress,
+    can_continue,
+)
 from server.routing.catalog import Catalog, Model
 from server.videos import jobs
+from server.videos.cancel import cancel_at_provider
 from server.videos.content import ContentStore
 from server.workers.leases import claim_one
 from server.workers.loop import run_until_stopped
@@ -38,7 +46,6 @@ from server.workers.loop import run_until_stopped
 log = logging.getLogger("gateway.jobs")
 
 _JOBS = VideoJob.__table__
-_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)
 
 
 def poll_delay(attempts: int) -> timedelta:
@@ -61,7 +68,9 @@ class VideoWorker:
         on_webhook_queued: Callable[[], None] | None = None,
         metrics: Metrics | None = None,
         tracer: Tracer | None = None,
+        byok: ByokRouting | None = None,
     ) -> None:
+        self._byok = byok  # None: the operator's endpoints only
         self._on_webhook_queued = on_webhook_queued
         self._metrics = metrics or Metrics()
         self._tracer = tracer or NoOpTracer()
@@ -112,12 +121,17 @@ class VideoWorker:
             await self.finish(job, None, error="The model is no longer in the catalog")
             return
         if now - job.created_at > jobs.JOB_DEADLINE:
+            # Given up on: stopped at the provider too, so it does not go on running there.
+            await self.cancel_at_provider(job)
             await self.finish(job, model, error="The provider did not finish in time")
             return
         if job.provider_job_id is None:
             progress = await self._submit(job, model)
         else:
-            endpoint = model.endpoints[min(job.endpoint_index, len(model.endpoints) - 1)]
+            endpoint = await self._submitted_endpoint(job, model)
+            if endpoint is None:
+                await self.finish(job, model, error="The BYOK key of this job was removed")
+                return
             try:
                 with self._metrics.provider_call(endpoint.provider, "video_poll"):
                     progress = await self._adapters[endpoint.adapter].poll(
@@ -130,24 +144,67 @@ class VideoWorker:
                 log.warning("polling %s failed: %s; will retry", job.id, failure.message)
                 await self._reschedule(job)
                 return
-        if progress is None:
-            return
+        if progress is None or progress.state == "cancelled":
+            return  # ended elsewhere (or cancelled meanwhile): nothing more to do here
         if progress.state == "running":
             await self._reschedule(job)
         elif progress.state == "completed":
             for index, video in enumerate(progress.videos):
                 await asyncio.to_thread(self._store.save, job.id, index, video)
             seconds = Decimal(str(progress.seconds)) if progress.seconds else None
-            await self.finish(job, model, videos=len(progress.videos), seconds=seconds)
+            if not await self.finish(job, model, videos=len(progress.videos), seconds=seconds):
+                # Cancelled (or taken over) meanwhile: the files saved above are nobody's.
+                await asyncio.to_thread(self._store.delete, job.id)
         else:
             await self.finish(job, model, error=progress.error or "The provider failed")
 
+    @property
+    def adapters(self) -> Mapping[str, VideoAdapter]:
+        return self._adapters
+
+    async def _continue(
+        self, job: VideoJob, model: Model, continuation: dict[str, Any]
+    ) -> VideoProgress | None:
+        """A continuation runs on the endpoint that served the earlier job, or fails: another
+        provider knows nothing of that job, so there is no fallback."""
+        index = int(continuation["endpoint_index"])
+        allowed = job.params.get("allowed_providers")
+        endpoint = model.endpoints[index] if index < len(model.endpoints) else None
+        key_id = continuation.get("byok_key_id")
+        if endpoint is not None and key_id is not None:
+            endpoint = await self._key_endpoint(endpoint, str(key_id))
+        adapter = self._adapters.get(endpoint.adapter) if endpoint is not None else None
+        if (
+            endpoint is None
+            or not endpoint.available
+            or not can_continue(adapter)
+            or (allowed is not None and endpoint.provider not in allowed)
+        ):
+            await self.finish(
+                job, model, error="The provider of the previous job is no longer available"
+            )
+            return None
+        try:
+            with self._metrics.provider_call(endpoint.provider, "video_submit"):
+                progress: VideoProgress = await getattr(adapter, CONTINUE_JOB)(
+                    endpoint, str(continuation["provider_job_id"]), self._call(job, model, endpoint)
+                )
+        except ProviderFailure as failure:
+            await self.finish(job, model, error=f"Provider returned error: {failure.message}")
+            return None
+        await self._record_submission(job, PlannedAttempt(index, endpoint, key_id), progress)
+        return progress
+
     async def _submit(self, job: VideoJob, model: Model) -> VideoProgress | None:
         """Submit to the endpoints in order; a submission failure falls back to the next."""
+        continuation = job.params.get("continuation")
+        if continuation is not None:
+            return await self._continue(job, model, continuation)
         last_error = "No available provider meets the routing requirements"
         failed: str | None = None  # the provider that failed last
         allowed = job.params.get("allowed_providers")  # set when guardrails restrict them
-        for index, endpoint in enumerate(model.endpoints):
+        for attempt in await self._attempts(job, model):
+            index, endpoint = attempt.index, attempt.endpoint
             if index < job.endpoint_index or not endpoint.available:
                 continue
             if allowed is not None and endpoint.provider not in allowed:
@@ -165,40 +222,92 @@ class VideoWorker:
                 last_error = f"Provider returned error: {failure.message}"
                 failed = endpoint.provider
                 continue
-            await self._record_submission(job, index, endpoint.provider, progress)
+            await self._record_submission(job, attempt, progress)
             return progress
         await self.finish(job, model, error=last_error)
         return None
 
     def _call(self, job: VideoJob, model: Model, endpoint: Endpoint) -> VideoCall:
-        params = dict(job.params)
-        provider_options = params.pop("provider_options", {}) or {}
-        params.pop("allowed_providers", None)  # the gateway's, not the provider's
-        return VideoCall(
-            model=endpoint.model or model.upstream_name,
-            params=params,
-            # Only the serving provider's options are forwarded.
-            options=dict(provider_options.get(endpoint.provider, {})),
-        )
+        return jobs.provider_call(job, model, endpoint)
+
+    async def _attempts(self, job: VideoJob, model: Model) -> list[PlannedAttempt]:
+        """The model's endpoints with the workspace's own keys around them (BYOK)."""
+        operator = [PlannedAttempt(i, e, None) for i, e in enumerate(model.endpoints)]
+        if self._byok is None:
+            return operator
+        async with self._sessions() as session:
+            return await self._byok.attempts(
+                session,
+                workspace_id=job.workspace_id,
+                key_hash=job.key_hash,
+                model_id=model.id,
+                endpoints=model.endpoints,
+                user=job.user,
+                now=self._clock.now(),
+            )
+
+    async def _submitted_endpoint(self, job: VideoJob, model: Model) -> Endpoint | None:
+        """The endpoint the job was submitted to, with the same credential."""
+        endpoint = model.endpoints[min(job.endpoint_index, len(model.endpoints) - 1)]
+        if job.byok_key_id is None:
+            return endpoint
+        return await self._key_endpoint(endpoint, job.byok_key_id)
+
+    async def _key_endpoint(self, endpoint: Endpoint, key_id: str) -> Endpoint | None:
+        """`endpoint` with the workspace's key `key_id` (None: that key is gone)."""
+        if self._byok is None:
+            return None
+        async with self._sessions() as session:
+            return await self._byok.key_endpoint(session, endpoint, key_id, self._clock.now())
 
     async def _record_submission(
-        self, job: VideoJob, index: int, provider: str, progress: VideoProgress
+        self, job: VideoJob, attempt: PlannedAttempt, progress: VideoProgress
     ) -> None:
+        index, provider = attempt.index, attempt.endpoint.provider
         job.endpoint_index = index
         job.provider = provider
         job.provider_job_id = progress.provider_job_id
+        job.byok_key_id = attempt.key_id
+        job.is_byok = attempt.key_id is not None
         async with self._sessions() as session:
-            await session.exec(
+            recorded = await session.exec(
                 sa.update(_JOBS)
                 .where(_JOBS.c.id == job.id, _JOBS.c.lease_owner == self.owner)
                 .values(
                     endpoint_index=index,
                     provider=provider,
                     provider_job_id=progress.provider_job_id,
+                    byok_key_id=job.byok_key_id,
+                    is_byok=job.is_byok,
                     updated_at=self._clock.now(),
                 )
             )
             await session.commit()
+            current = None if recorded.rowcount == 1 else await session.get(VideoJob, job.id)
+        if current is not None and current.status == jobs.CANCELLED and progress.provider_job_id:
+            # Cancelled while this submission was on its way: nobody else knows the provider
+            # job, so stop it here (where the provider's API can).
+            model = self._catalog.get(job.model)
+            if model is not None:
+                await cancel_at_provider(
+                    self._adapters,
+                    attempt.endpoint,  # with the credential that submitted it
+                    progress.provider_job_id,
+                    self._call(job, model, attempt.endpoint),
+                )
+            progress.state = "cancelled"
+
+    async def cancel_at_provider(self, job: VideoJob) -> None:
+        """After a cancel: ask the provider to stop the job's provider job, with the
+        credential that submitted it, where the adapter can."""
+        model = self._catalog.get(job.model)
+        if job.provider_job_id is None or model is None or not model.endpoints:
+            return
+        endpoint = await self._submitted_endpoint(job, model)
+        if endpoint is None:
+            return  # the workspace's key that submitted it is gone
+        call = self._call(job, model, endpoint)
+        await cancel_at_provider(self._adapters, endpoint, job.provider_job_id, call)
 
     async def _reschedule(self, job: VideoJob) -> None:
         now = self._clock.now()
@@ -224,9 +333,11 @@ class VideoWorker:
         videos: int = 0,
         seconds: Decimal | None = None,
         error: str | None = None,
-    ) -> None:
+    ) -> bool:
         """Move the job to its terminal state, charging (or releasing) its hold and queueing
-        its webhook, all in one transaction guarded by the lease."""
+        its webhook, all in one transaction guarded by the lease and by the job still being
+        in progress (a cancel clears the lease). False when it no longer was: nothing
+        changed."""
         now = self._clock.now()
         status = jobs.FAILED if error else jobs.COMPLETED
         duration = seconds or Decimal(int(job.params.get("duration", 0)))
@@ -244,8 +355,18 @@ class VideoWorker:
             "completed_at": now,
             "expires_at": now + self._retention if not error else None,
         }
-        hold = Hold(job.hold_id or "", job.account_id, job.key_hash, job.hold_micros, job.is_byok)
+        hold = Hold(job.hold_id or "", job.account_id, job.key_hash, job.hold_micros, False)
+        # The provider cost held apart for a job the workspace's keys may serve (BYOK).
+        byok_hold = Hold(job.byok_hold_id or "", job.account_id, job.key_hash, 0, True)
+        charged = cost
+        # Served with the workspace's key: the provider cost goes to the BYOK counters, the
+        # platform fee to the credits (and is the job's cost).
+        served_by_key = job.is_byok and self._byok is not None and not error
         async with self._sessions() as session:
+            if served_by_key:
+                assert self._byok is not None
+                charged = await self._byok.fee_for(session, job.account_id, cost, now)
+                values["cost_micros"] = charged
             done = await session.exec(
                 sa.update(_JOBS)
                 .where(
@@ -256,14 +377,21 @@ class VideoWorker:
                 .values(**values)
             )
             if done.rowcount != 1:
-                await session.rollback()  # the lease was lost: another worker owns the job
-                return
+                # The lease was lost (another worker owns the job) or the job was cancelled.
+                await session.rollback()
+                return False
+            if served_by_key:
+                await settle_hold(
+                    session, byok_hold, cost_micros=cost, now=now, reference=generation_id
+                )
+            else:
+                await drop_hold(session, byok_hold)
             if job.hold_id:
                 if error:
                     await drop_hold(session, hold)
                 else:
                     await settle_hold(
-                        session, hold, cost_micros=cost, now=now, reference=generation_id
+                        session, hold, cost_micros=charged, now=now, reference=generation_id
                     )
             record = Generation(
                 id=generation_id,
@@ -274,7 +402,7 @@ class VideoWorker:
                 model=job.model,
                 provider=job.provider,
                 status=status,
-                cost_micros=cost,
+                cost_micros=charged,
                 is_byok=job.is_byok,
                 seconds=duration if not error else None,
                 latency_ms=int((now - job.created_at).total_seconds() * 1000),
@@ -294,19 +422,7 @@ class VideoWorker:
             self._on_webhook_queued()
         emit_generation_span(self._tracer, record, job.created_at)
         log.info("video job %s %s", job.id, status)
+        return True
 
     async def _queue_webhook(self, session: AsyncSession, job: VideoJob, now: datetime) -> None:
-        await session.exec(
-            _INSERT_DELIVERY,
-            params={
-                "id": f"msg_{secrets.token_hex(12)}",
-                "workspace_id": job.workspace_id,
-                "job_id": job.id,
-                "url": job.callback_url,
-                "payload": json.dumps(jobs.webhook_payload(job, now), separators=(",", ":")),
-                "status": "pending",
-                "attempts": 0,
-                "next_attempt_at": now,
-                "created_at": now,
-            },
-        )
+        await jobs.queue_webhook(session, job, now)

@@ -1,4 +1,6 @@
-"""The webhook outbox dispatcher (Standard Webhooks). Each delivery keeps one `webhook-id`
+"""The webhook outbox dispatcher: each delivery is signed both as OpenRouter signs
+(`X-OpenRouter-Signature`, `X-OpenRouter-Idempotency-Key`) and as Standard Webhooks does
+(server/webhooks/signing.py). Each delivery keeps one `webhook-id` and one idempotency key
 across retries (at-least-once); 2xx ends it, 410 stops it, anything else is retried on a
 schedule of about a day. Deliveries are claimed with a lease like video jobs, so several
 server processes never send one at the same moment."""
@@ -6,18 +8,19 @@ server processes never send one at the same moment."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 from datetime import timedelta
 
 import httpx
 import sqlalchemy as sa
-from standardwebhooks import Webhook
 
 from server.clock import Clock
 from server.db.engine import SessionFactory
 from server.db.models import WebhookDelivery
 from server.webhooks.secrets import workspace_secret
+from server.webhooks.signing import signature_headers
 from server.webhooks.targets import RefusedTarget, UnresolvedTarget, resolve_target
 from server.workers.leases import claim_one
 from server.workers.loop import run_until_stopped
@@ -34,6 +37,15 @@ RETRY_SCHEDULE = (
     timedelta(hours=10),
 )
 _DELIVERIES = WebhookDelivery.__table__
+
+
+def _job_status(payload: str) -> str:
+    """The job status the event reports (`data.status` of the body the worker queued)."""
+    try:
+        data = json.loads(payload).get("data") or {}
+        return str(data.get("status") or "unknown")
+    except (ValueError, AttributeError):
+        return "unknown"
 
 
 class WebhookDispatcher:
@@ -91,10 +103,13 @@ class WebhookDispatcher:
                 "content-type": "application/json",
                 "host": target.host_header,
                 "user-agent": "inference-gateway-webhooks/1",
-                "webhook-id": delivery.id,
-                "webhook-timestamp": str(int(sent_at.timestamp())),
-                "webhook-signature": Webhook(secret).sign(
-                    delivery.id, sent_at.replace(microsecond=0), delivery.payload
+                **signature_headers(
+                    secret,
+                    delivery.id,
+                    sent_at,
+                    delivery.payload,
+                    job_id=delivery.job_id,
+                    status=_job_status(delivery.payload),
                 ),
             }
             response = await self._http.post(

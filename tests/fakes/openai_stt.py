@@ -4,6 +4,10 @@ according to the `model` form field, so one server can play every scripted provi
 
 ok, verbose, echo, ratelimit-<seconds>|ratelimit-none, error-<status>, overloaded, garbage,
 slow-<seconds>, bad-request, tokens.
+
+Authentication as OpenAI documents it (https://platform.openai.com/docs/api-reference/authentication):
+`Authorization: Bearer <key>`; any other key gets OpenAI's 401 `invalid_api_key`. `api_keys` are
+the keys this instance accepts (a test playing a workspace's own account sets its BYOK key).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class ReceivedCall:
 class FakeSttProvider:
     calls: list[ReceivedCall] = field(default_factory=list)
     server: ThreadingHTTPServer | None = None
+    api_keys: tuple[str, ...] = (API_KEY,)
 
     @property
     def base_url(self) -> str:
@@ -99,7 +104,9 @@ class FakeSttProvider:
                         model, fields, filename, len(audio), self.headers.get("Authorization")
                     )
                 )
-                if self.headers.get("Authorization") != f"Bearer {API_KEY}":
+                if self.headers.get("Authorization") not in {
+                    f"Bearer {key}" for key in provider.api_keys
+                }:
                     self._error(401, "bad key", "invalid_api_key")
                     return
                 self._respond(model, fields)

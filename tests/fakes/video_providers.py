@@ -1,10 +1,15 @@
 """Fake video providers on loopback speaking two real protocols, scripted by model name:
 
-- the OpenAI videos API under /v1 (POST /v1/videos, GET /v1/videos/{id}, .../content);
+- the OpenAI videos API under /v1 (POST /v1/videos, GET /v1/videos/{id}, .../content, and
+  POST /v1/videos/{id}/remix {prompt}: a new job from a completed one,
+  https://platform.openai.com/docs/api-reference/videos/remix);
 - a fal-style queue under /queue (POST /queue/{model}, GET .../requests/{id}/status,
-  GET .../requests/{id} -> {"video": {"url"}}, and the file itself).
+  GET .../requests/{id} -> {"video": {"url"}}, and the file itself; PUT
+  .../requests/{id}/cancel -> 202 {"status": "CANCELLATION_REQUESTED"}, 400
+  {"status": "ALREADY_COMPLETED"} once done: https://docs.fal.ai/model-apis/model-endpoints/queue).
 
-Models: "ok" completes on the second look, "fail" fails, "submit-500" refuses submission.
+Models: "ok" completes on the second look, "fail" fails, "submit-500" refuses submission,
+"slow" runs until cancelled.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ VIDEO = render_mp4({"width": 320, "height": 240, "duration": 1, "prompt": "fake 
 @dataclass
 class FakeVideoProviders:
     submissions: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)  # provider job ids cancelled
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     server: ThreadingHTTPServer | None = None
     _ids: Any = field(default_factory=lambda: itertools.count(1))
@@ -70,7 +76,16 @@ class FakeVideoProviders:
                     return
                 parts = self.path.strip("/").split("/")
                 model = body.get("model") if parts[:2] == ["v1", "videos"] else parts[-1]
-                fake.submissions.append({"path": self.path, "model": model, "body": body})
+                remix_of = None
+                if parts[:2] == ["v1", "videos"] and parts[-1] == "remix":
+                    source = fake.jobs.get(parts[2])
+                    if source is None or source["looks"] < 2:  # not completed
+                        self._json(400, {"error": {"message": "not completed", "code": "invalid"}})
+                        return
+                    model, remix_of = source["model"], parts[2]
+                fake.submissions.append(
+                    {"path": self.path, "model": model, "body": body, "remix_of": remix_of}
+                )
                 if model == "submit-500":
                     self._json(500, {"error": {"message": "down", "code": "server_error"}})
                     return
@@ -80,6 +95,21 @@ class FakeVideoProviders:
                     self._json(200, {"id": job_id, "object": "video", "status": "queued"})
                 else:
                     self._json(200, {"request_id": job_id})
+
+            def do_PUT(self) -> None:
+                if not self._authorized():
+                    return
+                parts = self.path.strip("/").split("/")  # queue {model} requests {id} cancel
+                job = fake.jobs.get(parts[3]) if len(parts) == 5 else None
+                if parts[0] != "queue" or parts[-1] != "cancel" or job is None:
+                    self._json(404, {"detail": "Request not found"})
+                    return
+                if job.get("cancelled") or (job["looks"] >= 2 and job["model"] != "slow"):
+                    self._json(400, {"status": "ALREADY_COMPLETED"})
+                    return
+                job["cancelled"] = True
+                fake.cancelled.append(parts[3])
+                self._json(202, {"status": "CANCELLATION_REQUESTED"})
 
             def do_GET(self) -> None:
                 if not self._authorized():
@@ -100,7 +130,7 @@ class FakeVideoProviders:
                     self._json(200, {"video": {"url": f"{fake.base}/files/{job_id}.mp4"}})
                     return
                 job["looks"] += 1
-                done = job["looks"] >= 2
+                done = job["looks"] >= 2 and job["model"] != "slow"
                 if parts[0] == "v1":
                     if job["model"] == "fail" and done:
                         self._json(

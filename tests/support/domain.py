@@ -152,7 +152,11 @@ class ScriptedProviders:
         parts = request.url.path.strip("/").split("/")  # v1 videos [id [content]]
         if request.method == "POST":
             job_id = f"pv_{len(self.video_jobs) + 1}"
-            self.video_jobs[job_id] = {"model": json.loads(request.content)["model"], "polls": 0}
+            if parts[-1] == "remix":  # POST /v1/videos/{id}/remix {prompt}: a new job
+                model = self.video_jobs[parts[2]]["model"]
+            else:
+                model = json.loads(request.content)["model"]
+            self.video_jobs[job_id] = {"model": model, "polls": 0}
             return httpx.Response(200, json={"id": job_id, "status": "queued"})
         job = self.video_jobs[parts[2]]
         if parts[-1] == "content":

@@ -82,7 +82,10 @@ async def test_free_model_day_window(any_domain: Domain) -> None:
 async def test_free_models_need_a_positive_balance(any_domain: Domain) -> None:
     issued = await any_domain.funded_key("free-broke", usd="0")
     refused = await _refusal(any_domain, issued)
-    assert (refused.status, (refused.metadata or {}).get("limit_source")) == (402, "credits")
+    assert (refused.status, (refused.metadata or {}).get("limit_source")) == (
+        402,
+        "openrouter_credits",
+    )
 
 
 async def test_holds_reserve_and_refuse_naming_the_limit(any_domain: Domain) -> None:
@@ -94,10 +97,10 @@ async def test_holds_reserve_and_refuse_naming_the_limit(any_domain: Domain) -> 
     assert await domain.count(CreditHold, CreditHold.account_id == account) == 1
 
     busy = await _refusal(domain, issued, "unit/ok", usd=0.6)  # the balance is held
-    assert (busy.status, busy.metadata) == (402, {"limit_source": "in_flight_budget"})
+    assert (busy.status, busy.metadata) == (402, {"limit_source": "openrouter_in_flight_budget"})
     assert busy.retry_after_seconds == 1
     too_much = await _refusal(domain, issued, "unit/ok", usd=1.5)  # more than the balance
-    assert (too_much.status, too_much.metadata) == (402, {"limit_source": "credits"})
+    assert (too_much.status, too_much.metadata) == (402, {"limit_source": "openrouter_credits"})
 
     async with domain.sessions() as session:
         await release_hold(session, first)
@@ -110,6 +113,6 @@ async def test_a_key_limit_refuses_what_the_account_could_pay(any_domain: Domain
     domain = any_domain
     issued = await domain.funded_key("capped", usd="10", limit="0.5")
     refused = await _refusal(domain, issued, "unit/ok", usd=0.6)
-    assert (refused.status, refused.metadata) == (402, {"limit_source": "key_limit"})
+    assert (refused.status, refused.metadata) == (402, {"limit_source": "openrouter_key_limit"})
     hold = await _admit(domain, issued, "unit/ok", usd=0.4)
     assert hold.amount_micros == 400_000

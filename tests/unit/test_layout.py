@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("contract", frozenset({"contract", "contract_stamp"})),
     # the domain, testable without gRPC, from the billable operations down:
     ("operations", frozenset({"transcription", "videos"})),
-    ("policy", frozenset({"guardrails", "limits", "routing", "vault"})),
+    ("policy", frozenset({"byok", "guardrails", "limits", "routing", "vault"})),
     ("identity", frozenset({"auth", "accounts"})),
     # money and its records, webhook rules, what is observed, the provider adapters
     ("domain base", frozenset({"billing", "webhooks", "observability", "providers"})),

@@ -82,5 +82,5 @@ async def test_an_unfunded_account_is_refused_before_any_provider_call(domain: D
     with pytest.raises(GatewayError) as refused:
         await _transcribe(domain, issued, "unit/ok")
     assert refused.value.status == 402
-    assert (refused.value.metadata or {}).get("limit_source") == "credits"
+    assert (refused.value.metadata or {}).get("limit_source") == "openrouter_credits"
     assert domain.providers.requests == []

@@ -14,11 +14,14 @@ from standardwebhooks import Webhook
 
 from server.db.models import WebhookDelivery
 from server.webhooks.secrets import workspace_secret
+from server.webhooks.signing import openrouter_signature
 from server.workers.webhook_dispatcher import RETRY_SCHEDULE, WebhookDispatcher
 from tests.support.domain import Domain
 from tests.support.eventually import eventually
 
-PAYLOAD = json.dumps({"type": "video.generation.completed", "data": {"id": "vid_x"}})
+PAYLOAD = json.dumps(
+    {"type": "video.generation.completed", "data": {"id": "vid_x", "status": "completed"}}
+)
 
 
 def _dispatcher(domain: Domain) -> WebhookDispatcher:
@@ -71,6 +74,12 @@ async def test_a_delivery_is_sent_once_and_signed(domain: Domain) -> None:
     assert Webhook(secret).verify(sent.content, dict(sent.headers)) == json.loads(PAYLOAD)
     with pytest.raises(Exception):  # noqa: B017 (any verification failure)
         Webhook(secret).verify(sent.content + b" ", dict(sent.headers))
+    # OpenRouter's header set too, under the same secret and timestamp.
+    sent_at = int(domain.clock.now().timestamp())
+    assert sent.headers["x-openrouter-signature"] == openrouter_signature(
+        secret, sent_at, sent.content
+    )
+    assert sent.headers["x-openrouter-idempotency-key"] == "vid_x-completed"
     row = await _delivery(domain, queued.id)
     assert (row.status, row.attempts, row.last_status) == ("delivered", 1, 200)
     assert row.delivered_at == domain.clock.now()
@@ -98,6 +107,7 @@ async def test_failures_are_retried_on_the_backoff_schedule(domain: Domain) -> N
     sent = domain.providers.webhooks("/flaky")
     assert [r.headers["webhook-id"] for r in sent] == [queued.id] * 3  # one id throughout
     assert len({r.headers["webhook-signature"] for r in sent}) == 3  # signed at each send
+    assert {r.headers["x-openrouter-idempotency-key"] for r in sent} == {"vid_x-completed"}
 
 
 async def test_a_410_stops_the_delivery(domain: Domain) -> None:

@@ -4,8 +4,8 @@ A guardrail may carry a spending budget (limit_micros over reset_interval: daily
 monthly), and may be assigned to keys: an assigned guardrail applies to those keys only, one
 without assignments to every key of its workspace.
 
-Revision ID: 0008_guardrail_budgets
-Revises: 0007
+Revision ID: 0009_guardrail_budgets
+Revises: 0008_byok
 Create Date: 2026-11-23
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008_guardrail_budgets"
-down_revision = "0007"
+revision = "0009_guardrail_budgets"
+down_revision = "0008_byok"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,201 @@
+"""AssemblyAI asynchronous speech-to-text, waited on within one request
+(https://www.assemblyai.com/docs/api-reference/transcripts/submit,
+https://www.assemblyai.com/docs/api-reference/files/upload,
+https://www.assemblyai.com/docs/pre-recorded-audio/transcript-status).
+
+1. `POST {base_url}/v2/upload` with the raw audio → `{upload_url}`;
+2. `POST {base_url}/v2/transcript` `{audio_url, speech_model, language_code |
+   language_detection: true, …}` → `{id, status}`;
+3. `GET {base_url}/v2/transcript/{id}` until `status` is `completed` or `error`: first at once,
+   then after POLL_INTERVALS (half a second growing to POLL_INTERVAL_MAX, the three seconds
+   AssemblyAI's examples wait), all within the endpoint's `timeout_seconds` counted from the
+   upload (past it: a provider timeout, so routing tries the next endpoint); the gateway's
+   own deadline for the request cuts it shorter when that comes first;
+4. for verbose_json, `GET {base_url}/v2/transcript/{id}/sentences` for the segments.
+
+Every request carries `authorization: <key>` (the key itself, no scheme). Times (`start`, `end`)
+are milliseconds and converted to seconds; `language_code` is the language AssemblyAI reports.
+`audio_duration` is not used: the gateway bills the duration it measured itself.
+`provider.options[<slug>]` members (slug: the endpoint's `provider`) are further JSON fields of
+the transcript request as AssemblyAI documents them (`speaker_labels`, `keyterms_prompt`,
+`punctuate`, …); they cannot replace what the gateway sends, nor set `webhook_url`. AssemblyAI
+has no temperature and no free-text prompt for every model, so neither is sent (key terms:
+`keyterms_prompt`). Errors: HTTP failures carry `{"error": "..."}`; a transcript that ends in
+`error` is a provider failure with its message.
+
+How an operator configures it: an endpoint with `adapter = "assemblyai"`,
+`base_url = "https://api.assemblyai.com"` (EU: `https://api.eu.assemblyai.com`),
+`api_key_env = "ASSEMBLYAI_API_KEY"` and `model = "universal"` (the `speech_model`: `best`,
+`nano`, `slam-1`, `universal`); set ASSEMBLYAI_API_KEY to an AssemblyAI API key. Give the
+endpoint a `timeout_seconds` that covers AssemblyAI's processing of the longest audio
+accepted (it takes a fraction of the audio's length; the default is 120 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import httpx
+
+from server.providers.endpoint import Endpoint
+from server.providers.failures import INVALID_RESPONSE, SERVER_ERROR, TIMEOUT, ProviderFailure
+from server.providers.http import MAX_PROVIDER_MESSAGE, json_object, send
+from server.providers.stt import Segment, SttCall, Transcript, Word, seconds
+
+POLL_INTERVALS = (0.5, 1.0, 2.0)
+POLL_INTERVAL_MAX = 3.0
+_RESERVED = frozenset({"audio_url", "webhook_url", "webhook_auth_header_name"})
+_RESERVED |= {"webhook_auth_header_value"}
+_WORD_KEYS = ("text", "start", "end")
+_SEGMENT_KEYS = ("text", "start", "end", "words")
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+def transcript_request(call: SttCall, audio_url: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"audio_url": audio_url, "speech_model": call.model}
+    if call.language:
+        body["language_code"] = call.language
+    elif "language_code" not in call.options:  # AssemblyAI refuses both at once
+        body["language_detection"] = True
+    for name, value in call.options.items():
+        if name not in body and name not in _RESERVED:
+            body[name] = value
+    return body
+
+
+def _ms(value: Any) -> float:
+    return seconds(value) / 1000
+
+
+def words_of(raw_words: list[dict[str, Any]]) -> list[Word]:
+    return [
+        Word(
+            word=str(raw["text"]),
+            start=_ms(raw["start"]),
+            end=_ms(raw["end"]),
+            extra={k: v for k, v in raw.items() if k not in _WORD_KEYS},
+        )
+        for raw in raw_words
+    ]
+
+
+def parse(body: dict[str, Any], sentences: list[dict[str, Any]] | None) -> Transcript:
+    text = body.get("text")
+    if text is None:
+        text = ""  # a completed transcript of audio without speech
+    if not isinstance(text, str):
+        raise ValueError("no text")
+    language = body.get("language_code")
+    transcript = Transcript(text=text, language=language if isinstance(language, str) else None)
+    if sentences is None:
+        return transcript
+    transcript.words = words_of(body.get("words") or [])
+    transcript.segments = [
+        Segment(
+            id=index,
+            start=_ms(raw["start"]),
+            end=_ms(raw["end"]),
+            text=str(raw["text"]),
+            extra={k: v for k, v in raw.items() if k not in _SEGMENT_KEYS},
+        )
+        for index, raw in enumerate(sentences)
+    ]
+    return transcript
+
+
+def poll_intervals() -> Iterator[float]:
+    yield from POLL_INTERVALS
+    while True:
+        yield POLL_INTERVAL_MAX
+
+
+class AssemblyAISttAdapter:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        sleep: Sleep = asyncio.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._http = http
+        self._sleep = sleep  # injectable: tests poll without waiting
+        self._monotonic = monotonic
+
+    async def _request(
+        self, endpoint: Endpoint, deadline: float, method: str, path: str, **kwargs: Any
+    ) -> dict[str, Any]:
+        remaining = deadline - self._monotonic()
+        if remaining <= 0:
+            raise ProviderFailure(TIMEOUT, "Provider timed out")
+        headers = dict(kwargs.pop("headers", {}))
+        credential = endpoint.credential()
+        if credential:
+            headers["authorization"] = credential  # the key itself: AssemblyAI has no scheme
+        request = self._http.build_request(
+            method, f"{endpoint.base_url}{path}", headers=headers, timeout=remaining, **kwargs
+        )
+        return json_object(await send(self._http, request))
+
+    async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
+        deadline = self._monotonic() + endpoint.timeout_seconds
+        try:
+            uploaded = await self._request(
+                endpoint,
+                deadline,
+                "POST",
+                "/v2/upload",
+                content=call.audio,
+                headers={"Content-Type": "application/octet-stream"},
+            )
+            audio_url = uploaded["upload_url"]
+            if not isinstance(audio_url, str):
+                raise ValueError("no upload_url")
+            submitted = await self._request(
+                endpoint,
+                deadline,
+                "POST",
+                "/v2/transcript",
+                json=transcript_request(call, audio_url),
+            )
+            transcript_id = str(submitted["id"])
+            body = await self._wait(endpoint, deadline, transcript_id)
+            sentences = None
+            if call.verbose:
+                answer = await self._request(
+                    endpoint, deadline, "GET", f"/v2/transcript/{transcript_id}/sentences"
+                )
+                sentences = answer["sentences"]
+            return parse(body, sentences)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ProviderFailure(
+                INVALID_RESPONSE, "Provider returned an invalid response", status=200
+            ) from exc
+
+    async def _wait(
+        self, endpoint: Endpoint, deadline: float, transcript_id: str
+    ) -> dict[str, Any]:
+        """The transcript once AssemblyAI has finished it (polled, sleeping in between)."""
+        intervals = poll_intervals()
+        while True:
+            body = await self._request(endpoint, deadline, "GET", f"/v2/transcript/{transcript_id}")
+            status = body.get("status")
+            if status == "completed":
+                return body
+            if status == "error":
+                message = body.get("error")
+                detail = message[:MAX_PROVIDER_MESSAGE] if isinstance(message, str) else ""
+                raise ProviderFailure(
+                    SERVER_ERROR,
+                    f"Provider failed the transcription: {detail}".rstrip(": "),
+                    status=200,
+                    provider_code="error",
+                )
+            if status not in ("queued", "processing"):
+                raise ValueError(f"unknown status {status!r}")
+            pause = next(intervals)
+            if self._monotonic() + pause >= deadline:
+                raise ProviderFailure(TIMEOUT, "Provider did not finish the transcription in time")
+            await self._sleep(pause)

@@ -1,0 +1,60 @@
+"""Azure OpenAI speech-to-text on a model deployment: multipart
+`POST {resource}/openai/deployments/{deployment}/audio/transcriptions?api-version=…`
+(https://learn.microsoft.com/azure/ai-foundry/openai/reference#transcriptions---create).
+
+The request and answer are OpenAI's (openai_stt.form / openai_stt.parse: `file`, `model`,
+`response_format`, `language`, `prompt`, `temperature`, `timestamp_granularities[]`, and the
+members of `provider.options[<slug>]` (slug: the endpoint's `provider`) as further form
+fields); the differences are the URL, which names the deployment and the API version, and the
+credential header `api-key: <key>`.
+Errors are OpenAI-shaped (`{"error": {"code", "message"}}`); a 429 carries `retry-after`
+and/or `retry-after-ms`.
+
+How an operator configures it: an endpoint with `adapter = "azure-openai"`, `base_url` = the
+resource's endpoint (`https://<resource>.openai.azure.com`, without `/openai`), `model` =
+the deployment's name (e.g. `whisper`; without `model` the part of the catalog id after the
+slash is used), optionally `api_version` (default DEFAULT_API_VERSION, the current GA data
+plane version), and `api_key_env = "AZURE_OPENAI_API_KEY"`; set AZURE_OPENAI_API_KEY to one
+of the resource's keys. A Whisper deployment answers verbose_json (set `verbose_json = true`
+on the model); gpt-4o-transcribe deployments answer json only.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import httpx
+
+from server.providers.endpoint import Endpoint
+from server.providers.failures import INVALID_RESPONSE, ProviderFailure
+from server.providers.http import send
+from server.providers.openai_stt import MIME, form, parse
+from server.providers.stt import SttCall, Transcript
+
+DEFAULT_API_VERSION = "2024-10-21"
+
+
+class AzureOpenAISttAdapter:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
+        credential = endpoint.credential()
+        deployment = quote(call.model, safe="")
+        request = self._http.build_request(
+            "POST",
+            f"{endpoint.base_url}/openai/deployments/{deployment}/audio/transcriptions",
+            params={"api-version": endpoint.api_version or DEFAULT_API_VERSION},
+            data=form(call),
+            files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
+            headers={"api-key": credential} if credential else {},
+            timeout=endpoint.timeout_seconds,
+        )
+        request.read()
+        response = await send(self._http, request)
+        try:
+            return parse(response.json(), call.verbose)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ProviderFailure(
+                INVALID_RESPONSE, "Provider returned an invalid response", status=200
+            ) from exc

@@ -1,0 +1,125 @@
+"""ElevenLabs speech-to-text (Scribe): multipart `POST {base_url}/v1/speech-to-text`
+(https://elevenlabs.io/docs/api-reference/speech-to-text/convert).
+
+Request: header `xi-api-key: <key>`; form fields `file`, `model_id`, `language_code` (when the
+caller names one; otherwise ElevenLabs detects it), `temperature`, and `timestamps_granularity`
+= `word` for verbose_json, `none` otherwise. `provider.options[<slug>]` members (slug: the
+endpoint's `provider`) are further form fields as ElevenLabs documents them (`diarize`,
+`num_speakers`, `tag_audio_events`, …: booleans as true/false, other values as text); they
+cannot replace what the gateway sends. Scribe takes no free-text prompt, so a `prompt` is not
+sent.
+
+Response: `{language_code, text, words: [{text, start, end, type, speaker_id?, logprob?}]}`
+with times in seconds; `type` is `word`, `spacing` or `audio_event`. Words are the entries of
+type `word`; ElevenLabs returns no segments, so they are built from those words: a segment
+ends after a word ending a sentence (. ? !) or before a pause of a second or more
+(stt.segments_from_words). Errors: `{"detail": {"status", "message"}}`, or for a 422
+`{"detail": [{"loc", "msg", "type"}]}`.
+
+How an operator configures it: an endpoint with `adapter = "elevenlabs"`,
+`base_url = "https://api.elevenlabs.io"`, `api_key_env = "ELEVENLABS_API_KEY"` and
+`model = "scribe_v1"` (or `scribe_v2`); set ELEVENLABS_API_KEY to an ElevenLabs API key.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from server.providers.endpoint import Endpoint
+from server.providers.failures import INVALID_RESPONSE, ProviderFailure
+from server.providers.http import MAX_PROVIDER_MESSAGE, ErrorFields, json_object, send
+from server.providers.openai_stt import MIME
+from server.providers.stt import SttCall, Transcript, Word, seconds, segments_from_words
+
+_WORD_KEYS = ("text", "start", "end", "type")
+
+
+def read_error(response: httpx.Response) -> ErrorFields:
+    """ElevenLabs' error bodies: {"detail": {"status", "message"}}, a validation list, or a
+    plain {"detail": "..."}."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None, ""
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, dict):
+        code, message = detail.get("status"), detail.get("message")
+    elif isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        code, message = detail[0].get("type"), detail[0].get("msg")
+    else:
+        code, message = None, detail
+    return (
+        code if isinstance(code, str) else None,
+        message[:MAX_PROVIDER_MESSAGE] if isinstance(message, str) else "",
+    )
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def form(call: SttCall) -> dict[str, str]:
+    fields = {
+        "model_id": call.model,
+        "timestamps_granularity": "word" if call.verbose else "none",
+    }
+    if call.language:
+        fields["language_code"] = call.language
+    if call.temperature is not None:
+        fields["temperature"] = repr(call.temperature)
+    for name, value in call.options.items():
+        if name not in fields and name not in ("file", "cloud_storage_url", "webhook"):
+            fields[name] = _text(value)
+    return fields
+
+
+def parse(body: dict[str, Any], call: SttCall) -> Transcript:
+    if not isinstance(body.get("text"), str):
+        raise ValueError("no text")
+    transcript = Transcript(text=body["text"])
+    language = body.get("language_code")
+    transcript.language = language if isinstance(language, str) else call.language
+    if not call.verbose:
+        return transcript
+    for raw in body.get("words") or []:
+        if raw.get("type", "word") != "word":
+            continue
+        transcript.words.append(
+            Word(
+                word=str(raw["text"]),
+                start=seconds(raw["start"]),
+                end=seconds(raw["end"]),
+                extra={k: v for k, v in raw.items() if k not in _WORD_KEYS},
+            )
+        )
+    transcript.segments = segments_from_words(transcript.words)
+    return transcript
+
+
+class ElevenLabsSttAdapter:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
+        credential = endpoint.credential()
+        request = self._http.build_request(
+            "POST",
+            f"{endpoint.base_url}/v1/speech-to-text",
+            data=form(call),
+            files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
+            headers={"xi-api-key": credential} if credential else {},
+            timeout=endpoint.timeout_seconds,
+        )
+        request.read()
+        response = await send(self._http, request, read_error)
+        try:
+            return parse(json_object(response), call)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ProviderFailure(
+                INVALID_RESPONSE, "Provider returned an invalid response", status=200
+            ) from exc
