@@ -212,7 +212,7 @@ def _cors_policy(edge: EdgePolicy) -> dict[str, Any]:
         "allow_methods": "GET, POST, PUT, PATCH, DELETE, OPTIONS",
         "allow_headers": "authorization, content-type, x-session-id, x-request-id, traceparent",
         "expose_headers": "x-request-id, retry-after, x-ratelimit-limit, x-ratelimit-remaining, "
-        "x-ratelimit-reset",
+        "x-ratelimit-reset, x-generation-id",
         "max_age": "86400",
         # A preflight from an origin that is not allowed gets no allow headers.
         "forward_not_matching_preflights": False,
