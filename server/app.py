@@ -58,6 +58,7 @@ from server.providers.stt import SttAdapter
 from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
+from server.routing.cooldowns import Cooldowns
 from server.services.audio import AudioService
 from server.services.byok import ByokService
 from server.services.generations import GenerationsService
@@ -160,6 +161,7 @@ def build_core(
     byok = ByokRouting(
         vault_master, ByokFees(settings.byok_fee_percent, settings.byok_free_requests_per_month)
     )
+    cooldowns = Cooldowns(clock)  # shared by transcription and video submission routing
     metrics = Metrics()
     tracer_provider = tracer_provider_from_environment()
     tracer = tracer_of(tracer_provider)
@@ -185,6 +187,7 @@ def build_core(
             tracer,
             decoder,
             byok=byok,
+            cooldowns=cooldowns,
         ),
         content=content,
         video_worker=VideoWorker(
@@ -199,6 +202,7 @@ def build_core(
             metrics=metrics,
             tracer=tracer,
             byok=byok,
+            cooldowns=cooldowns,
         ),
         webhooks=webhooks,
         maintenance=Maintenance(

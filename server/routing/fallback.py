@@ -18,6 +18,7 @@ from server.providers.failures import (
     TIMEOUT,
     ProviderFailure,
 )
+from server.routing.cooldowns import Cooldowns, all_cooling_down
 
 log = logging.getLogger("gateway.routing")
 T = TypeVar("T")
@@ -67,12 +68,20 @@ async def route(
     attempt: Callable[[Endpoint], Awaitable[T]],
     metrics: Metrics,
     operation: str,
+    cooldowns: Cooldowns | None = None,
 ) -> Routed[T]:
     """Run `attempt` on each usable endpoint until one succeeds. A failure that is the
-    client's fault ends the request at once (another provider would refuse it too)."""
+    client's fault ends the request at once (another provider would refuse it too). An
+    endpoint cooling down (it asked to wait: `cooldowns`) is skipped; when all are, 503 with
+    the earliest time to retry."""
     failures: list[Attempt] = []
+    cooling: list[float] = []
     for endpoint in endpoints:
         if not endpoint.available:
+            continue
+        wait = cooldowns.remaining(endpoint) if cooldowns is not None else None
+        if wait is not None:
+            cooling.append(wait)
             continue
         if failures:  # handed on from the provider that just failed
             metrics.fallbacks.labels(model_id, failures[-1].endpoint.provider).inc()
@@ -91,7 +100,11 @@ async def route(
                 failure.kind,
                 failure.status,
             )
+            if cooldowns is not None:
+                cooldowns.note(endpoint, failure)
             failures.append(Attempt(endpoint, failure))
             continue
         return Routed(value=value, endpoint=endpoint, attempts=tuple(failures))
+    if not failures and cooling:
+        raise all_cooling_down(min(cooling))
     raise final_error(failures)

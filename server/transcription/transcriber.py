@@ -40,6 +40,7 @@ from server.observability.tracing import emit_generation_span
 from server.providers.endpoint import Endpoint
 from server.providers.stt import SttAdapter, SttCall, Transcript
 from server.routing.catalog import Catalog, Model
+from server.routing.cooldowns import Cooldowns
 from server.routing.fallback import route
 from server.transcription.media import ProbedAudio, Refusal, probe_in_worker
 from server.transcription.request import TranscriptionInput
@@ -110,7 +111,9 @@ class Transcriber:
         tracer: Tracer,
         decoder: ComputePool,
         byok: ByokRouting | None = None,
+        cooldowns: Cooldowns | None = None,
     ) -> None:
+        self._cooldowns = cooldowns  # providers that asked to wait (None: none remembered)
         self._byok = byok  # None: no workspace keys (the operator's endpoints only)
         self._decoder = decoder  # where audio is decoded and measured
         self._catalog = catalog
@@ -244,6 +247,7 @@ class Transcriber:
                     ),
                     self._metrics,
                     "transcription",
+                    self._cooldowns,
                 )
         except TimeoutError as exc:
             # Providers' own timeouts are ProviderFailures: this is the caller's deadline.

@@ -37,6 +37,7 @@ from server.providers.video import (
     can_continue,
 )
 from server.routing.catalog import Catalog, Model
+from server.routing.cooldowns import Cooldowns
 from server.videos import jobs
 from server.videos.cancel import cancel_at_provider
 from server.videos.content import ContentStore
@@ -69,7 +70,9 @@ class VideoWorker:
         metrics: Metrics | None = None,
         tracer: Tracer | None = None,
         byok: ByokRouting | None = None,
+        cooldowns: Cooldowns | None = None,
     ) -> None:
+        self._cooldowns = cooldowns  # providers that asked to wait (None: none remembered)
         self._byok = byok  # None: the operator's endpoints only
         self._on_webhook_queued = on_webhook_queued
         self._metrics = metrics or Metrics()
@@ -202,12 +205,17 @@ class VideoWorker:
             return await self._continue(job, model, continuation)
         last_error = "No available provider meets the routing requirements"
         failed: str | None = None  # the provider that failed last
+        cooling: list[float] = []  # seconds until each endpoint that asked to wait may be called
         allowed = job.params.get("allowed_providers")  # set when guardrails restrict them
         for attempt in await self._attempts(job, model):
             index, endpoint = attempt.index, attempt.endpoint
             if index < job.endpoint_index or not endpoint.available:
                 continue
             if allowed is not None and endpoint.provider not in allowed:
+                continue
+            wait = self._cooldowns.remaining(endpoint) if self._cooldowns is not None else None
+            if wait is not None:  # it asked to wait: not called until then
+                cooling.append(wait)
                 continue
             if failed is not None:
                 self._metrics.fallbacks.labels(model.id, failed).inc()
@@ -221,9 +229,16 @@ class VideoWorker:
                 )
                 last_error = f"Provider returned error: {failure.message}"
                 failed = endpoint.provider
+                if self._cooldowns is not None:
+                    self._cooldowns.note(endpoint, failure)
                 continue
             await self._record_submission(job, attempt, progress)
             return progress
+        if failed is None and cooling:
+            # Every usable endpoint asked to wait: the job waits with them (it is accepted
+            # already), and is submitted once the first of them may be called.
+            await self._reschedule(job, delay=timedelta(seconds=min(cooling)))
+            return None
         await self.finish(job, model, error=last_error)
         return None
 
@@ -309,7 +324,7 @@ class VideoWorker:
         call = self._call(job, model, endpoint)
         await cancel_at_provider(self._adapters, endpoint, job.provider_job_id, call)
 
-    async def _reschedule(self, job: VideoJob) -> None:
+    async def _reschedule(self, job: VideoJob, delay: timedelta | None = None) -> None:
         now = self._clock.now()
         async with self._sessions() as session:
             await session.exec(
@@ -317,7 +332,7 @@ class VideoWorker:
                 .where(_JOBS.c.id == job.id, _JOBS.c.lease_owner == self.owner)
                 .values(
                     attempts=job.attempts + 1,
-                    next_run_at=now + poll_delay(job.attempts),
+                    next_run_at=now + (delay or poll_delay(job.attempts)),
                     lease_owner=None,
                     lease_expires_at=None,
                     updated_at=now,
