@@ -1,7 +1,8 @@
 """Queue-style video APIs (fal's queue, and the same shape elsewhere): submit
 `POST {base}/{model}` → `{request_id}`; status `GET {base}/{model}/requests/{id}/status` →
 `{status: IN_QUEUE | IN_PROGRESS | COMPLETED | FAILED}`; result
-`GET {base}/{model}/requests/{id}` → `{video: {url}}` or `{videos: [{url}, ...]}`."""
+`GET {base}/{model}/requests/{id}` → `{video: {url}}` or `{videos: [{url}, ...]}`. fal.ai itself
+has its own adapter (fal_video.py), which follows the URLs fal returns."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
 
 
-def _input(call: VideoCall) -> dict[str, Any]:
+def queue_input(call: VideoCall) -> dict[str, Any]:
     params = call.params
     body: dict[str, Any] = {
         "prompt": params.get("prompt", ""),
@@ -45,7 +46,7 @@ class QueueVideoAdapter:
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         response = await provider_http.call(
-            self._http, endpoint, "POST", self._base(endpoint, call), json=_input(call)
+            self._http, endpoint, "POST", self._base(endpoint, call), json=queue_input(call)
         )
         request_id = provider_http.json_object(response).get("request_id")
         if not isinstance(request_id, str) or not request_id:

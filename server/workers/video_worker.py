@@ -122,6 +122,7 @@ class VideoWorker:
             await self.finish(job, None, error="The model is no longer in the catalog")
             return
         if now - job.created_at > jobs.JOB_DEADLINE:
+            await self._cancel_at_provider(job, model)
             await self.finish(job, model, error="The provider did not finish in time")
             return
         if job.provider_job_id is None:
@@ -217,6 +218,10 @@ class VideoWorker:
                     "submitting %s to %s failed: %s", job.id, endpoint.provider, failure.message
                 )
                 last_error = f"Provider returned error: {failure.message}"
+                if failure.kind == CLIENT_ERROR:
+                    # The request itself was refused (invalid, or its content): another
+                    # provider would refuse it too (server/routing/fallback.py's rule).
+                    break
                 failed = endpoint.provider
                 continue
             await self._record_submission(job, attempt, progress)
@@ -289,6 +294,22 @@ class VideoWorker:
                 )
             )
             await session.commit()
+
+    async def _cancel_at_provider(self, job: VideoJob, model: Model) -> None:
+        """Best effort: stop a submitted job at its provider (where the adapter can), so a
+        task the gateway gave up on is not left running there."""
+        if job.provider_job_id is None:
+            return
+        endpoint = await self._submitted_endpoint(job, model)
+        cancel = getattr(self._adapters.get(endpoint.adapter), "cancel", None) if endpoint else None
+        if endpoint is None or cancel is None:
+            return
+        try:
+            await cancel(endpoint, job.provider_job_id, self._call(job, model, endpoint))
+        except ProviderFailure as failure:
+            log.warning(
+                "cancelling %s at %s failed: %s", job.id, endpoint.provider, failure.message
+            )
 
     async def _reschedule(self, job: VideoJob) -> None:
         now = self._clock.now()
