@@ -26,7 +26,7 @@ from server.providers.failures import (
 from server.providers.fal_video import FalVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
-from server.providers.video import VideoCall, VideoProgress
+from server.providers.video import VideoAdapter, VideoCall, VideoProgress
 from tests.fakes import dashscope, fal, replicate, seedance
 from tests.fakes.video_providers import VIDEO
 
@@ -156,7 +156,7 @@ def _call(endpoint: Endpoint, options: dict[str, Any] | None = None, **extra: An
     return VideoCall(model=endpoint.model, params=_params(**extra), options=options or {})
 
 
-async def _run(adapter: Any, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
+async def _run(adapter: VideoAdapter, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
     """Submit, then poll until the job leaves `running` (each fake takes a few looks)."""
     progress = await adapter.submit(endpoint, call)
     for _ in range(5):
