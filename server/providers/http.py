@@ -4,6 +4,7 @@ failures, and reading a provider's HTTP failure (status, error code, retry hint)
 from __future__ import annotations
 
 import email.utils
+import ipaddress
 import json
 import math
 from collections.abc import Callable
@@ -168,10 +169,29 @@ async def call(
     return await send(http, request, read_error)
 
 
+def downloadable(url: object, base_url: str | None) -> bool:
+    """Whether the gateway fetches a file URL from a provider's answer: on the endpoint's own
+    origin, or HTTPS to a public host (a CDN, signed storage), never to a loopback, private
+    or link-local address the answer names (no requests into the gateway's network)."""
+    if not isinstance(url, str):
+        return False
+    got, base = urlsplit(url), urlsplit(base_url or "")
+    if not got.hostname:
+        return False
+    if (got.scheme, got.netloc) == (base.scheme, base.netloc):
+        return True
+    if got.scheme != "https" or got.hostname == "localhost":
+        return False
+    try:
+        return ipaddress.ip_address(got.hostname).is_global
+    except ValueError:
+        return True  # a host name: the provider's CDN or storage
+
+
 async def download(http: httpx.AsyncClient, endpoint: Endpoint, url: object) -> bytes:
     """A result file a provider pointed at (often a CDN or signed storage URL): fetched
     without the endpoint's credential, which belongs to the provider's API host only."""
-    if not isinstance(url, str) or urlsplit(url).scheme not in ("https", "http"):
+    if not isinstance(url, str) or not downloadable(url, endpoint.base_url):
         raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video URL")
     request = http.build_request("GET", url, timeout=endpoint.timeout_seconds)
     return (await send(http, request)).content

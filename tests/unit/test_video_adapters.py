@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from server.providers import http as provider_http
 from server.providers.dashscope_video import FIRST_AND_LAST_FRAME_PATH, DashScopeVideoAdapter
 from server.providers.endpoint import Endpoint
 from server.providers.failures import (
@@ -468,3 +469,30 @@ async def test_replicate_sends_input_and_downloads_every_output(fakes: Fakes) ->
     assert fakes.replicate.requests[0].url.path == "/v1/models/owner/ok-list/predictions"
     assert fakes.replicate.requests[-1].url.path == "/v1/predictions"
     assert json.loads(fakes.replicate.requests[-1].read())["version"] == "5c7d5dc6dd8b"
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("https://v3.fal.media/files/out.mp4", True),
+        ("https://ark.test/files/out.mp4", True),
+        ("http://cdn.example.com/out.mp4", False),  # plain HTTP off the endpoint's origin
+        ("https://169.254.169.254/latest/meta-data", False),
+        ("https://10.0.0.7/out.mp4", False),
+        ("https://[::1]/out.mp4", False),
+        ("https://localhost/out.mp4", False),
+        ("file:///etc/passwd", False),
+    ],
+)
+def test_only_public_or_same_origin_video_urls_are_downloaded(url: str, allowed: bool) -> None:
+    assert provider_http.downloadable(url, "https://ark.test/api/v3") is allowed
+
+
+async def test_a_video_url_into_the_gateways_network_is_not_fetched(fakes: Fakes) -> None:
+    provider = PROVIDERS["seedance"]
+    endpoint = provider.endpoint("ok")
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        with pytest.raises(ProviderFailure) as failed:
+            await provider_http.download(http, endpoint, "https://169.254.169.254/latest")
+    assert failed.value.kind == INVALID_RESPONSE
+    assert fakes.seedance.requests == []
