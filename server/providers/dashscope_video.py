@@ -96,8 +96,8 @@ def task_request(call: VideoCall) -> tuple[str, dict[str, Any]]:
         parameters["duration"] = params["duration"]
     if "seed" in params:
         parameters["seed"] = params["seed"]
-    if params.get("generate_audio"):
-        parameters["audio"] = True
+    if "generate_audio" in params:  # explicit both ways: Wan 2.5+ adds audio unless told not to
+        parameters["audio"] = bool(params["generate_audio"])
     options = dict(call.options)
     for name in _INPUT_OPTIONS:
         if name in options:

@@ -386,6 +386,7 @@ async def test_dashscope_image_inputs_use_img_url_or_the_first_and_last_frame_ap
     assert i2v_path.endswith("/video-generation/video-synthesis")
     assert i2v["input"]["img_url"] == "https://img.test/a.png"
     assert i2v["parameters"]["resolution"] == "720P" and "size" not in i2v["parameters"]
+    assert i2v["parameters"]["audio"] is False  # asked without audio: said so explicitly
     assert kf_path.endswith(FIRST_AND_LAST_FRAME_PATH)
     assert (kf["input"]["first_frame_url"], kf["input"]["last_frame_url"]) == (
         "https://img.test/a.png",
