@@ -39,7 +39,7 @@ from server.db.migrate import upgrade
 from server.limits.admission import EnforcedLimits, Limits
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
-from server.observability.monitor import DatabaseMonitor
+from server.observability.monitor import DatabaseMonitor, recovery_retry_seconds
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
 from server.ports import GRPC_PORT, METRICS_PORT, ensure_free, listen_error
 from server.providers.assemblyai_stt import AssemblyAISttAdapter
@@ -48,7 +48,10 @@ from server.providers.dashscope_video import DashScopeVideoAdapter
 from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
 from server.providers.fal_video import FalVideoAdapter
+from server.providers.gemini_video import GeminiVideoAdapter
+from server.providers.kling_video import KlingVideoAdapter
 from server.providers.local_video import LocalVideoAdapter
+from server.providers.minimax_video import MiniMaxVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
@@ -56,6 +59,7 @@ from server.providers.queue_video import QueueVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.stt import SttAdapter
+from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.services.audio import AudioService
@@ -150,6 +154,10 @@ def build_core(
         "local": LocalVideoAdapter(),
         "openai": OpenAIVideoAdapter(http),
         "queue": QueueVideoAdapter(http),
+        "gemini": GeminiVideoAdapter(http),
+        "vertex": VertexVideoAdapter(http),
+        "kling": KlingVideoAdapter(http, clock),
+        "minimax": MiniMaxVideoAdapter(http),
         "seedance": SeedanceVideoAdapter(http),
         "dashscope": DashScopeVideoAdapter(http),
         "fal": FalVideoAdapter(http),
@@ -229,7 +237,15 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
     metadata_limit = metadata_limit_bytes(core.settings.edge)
     server = grpc.aio.server(
-        interceptors=[RequestInterceptor(core.metrics, core.tracer)],
+        interceptors=[
+            RequestInterceptor(
+                core.metrics,
+                core.tracer,
+                database_retry_seconds=recovery_retry_seconds(
+                    core.settings.health_interval_seconds
+                ),
+            )
+        ],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -258,6 +274,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             core.video_worker.wake,
             core.byok,
             adapters=core.video_worker.adapters,
+            provider_cancel=core.video_worker.cancel_at_provider,
         ),
         server,
     )

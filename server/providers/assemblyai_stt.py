@@ -13,15 +13,15 @@ https://www.assemblyai.com/docs/pre-recorded-audio/transcript-status).
    own deadline for the request cuts it shorter when that comes first;
 4. for verbose_json, `GET {base_url}/v2/transcript/{id}/sentences` for the segments.
 
-Every request carries `authorization: <key>` (the key itself, no scheme). Times (`start`,
-`end`) are milliseconds and converted to seconds; `language_code` is the language AssemblyAI
-reports. `audio_duration` is not used: the gateway bills the duration it measured itself.
-`provider.options.assemblyai` members are further JSON fields of the transcript request as
-AssemblyAI documents them (`speaker_labels`, `keyterms_prompt`, `punctuate`, …); they
-cannot replace what the gateway sends, nor set `webhook_url`. AssemblyAI has no temperature
-and no free-text prompt for every model, so neither is sent (key terms: `keyterms_prompt`).
-Errors: HTTP failures carry `{"error": "..."}`; a transcript that ends in `error` is a
-provider failure with its message.
+Every request carries `authorization: <key>` (the key itself, no scheme). Times (`start`, `end`)
+are milliseconds and converted to seconds; `language_code` is the language AssemblyAI reports.
+`audio_duration` is not used: the gateway bills the duration it measured itself.
+`provider.options[<slug>]` members (slug: the endpoint's `provider`) are further JSON fields of
+the transcript request as AssemblyAI documents them (`speaker_labels`, `keyterms_prompt`,
+`punctuate`, …); they cannot replace what the gateway sends, nor set `webhook_url`. AssemblyAI
+has no temperature and no free-text prompt for every model, so neither is sent (key terms:
+`keyterms_prompt`). Errors: HTTP failures carry `{"error": "..."}`; a transcript that ends in
+`error` is a provider failure with its message.
 
 How an operator configures it: an endpoint with `adapter = "assemblyai"`,
 `base_url = "https://api.assemblyai.com"` (EU: `https://api.eu.assemblyai.com`),
@@ -59,7 +59,7 @@ def transcript_request(call: SttCall, audio_url: str) -> dict[str, Any]:
     body: dict[str, Any] = {"audio_url": audio_url, "speech_model": call.model}
     if call.language:
         body["language_code"] = call.language
-    else:
+    elif "language_code" not in call.options:  # AssemblyAI refuses both at once
         body["language_detection"] = True
     for name, value in call.options.items():
         if name not in body and name not in _RESERVED:
@@ -84,12 +84,13 @@ def words_of(raw_words: list[dict[str, Any]]) -> list[Word]:
 
 
 def parse(body: dict[str, Any], sentences: list[dict[str, Any]] | None) -> Transcript:
-    if not isinstance(body.get("text"), str):
+    text = body.get("text")
+    if text is None:
+        text = ""  # a completed transcript of audio without speech
+    if not isinstance(text, str):
         raise ValueError("no text")
     language = body.get("language_code")
-    transcript = Transcript(
-        text=body["text"], language=language if isinstance(language, str) else None
-    )
+    transcript = Transcript(text=text, language=language if isinstance(language, str) else None)
     if sentences is None:
         return transcript
     transcript.words = words_of(body.get("words") or [])

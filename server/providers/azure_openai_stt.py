@@ -3,9 +3,10 @@
 (https://learn.microsoft.com/azure/ai-foundry/openai/reference#transcriptions---create).
 
 The request and answer are OpenAI's (openai_stt.form / openai_stt.parse: `file`, `model`,
-`response_format`, `language`, `prompt`, `temperature`, `timestamp_granularities[]`, and
-`provider.options.azure` members as further form fields); the differences are the URL, which
-names the deployment and the API version, and the credential header `api-key: <key>`.
+`response_format`, `language`, `prompt`, `temperature`, `timestamp_granularities[]`, and the
+members of `provider.options[<slug>]` (slug: the endpoint's `provider`) as further form
+fields); the differences are the URL, which names the deployment and the API version, and the
+credential header `api-key: <key>`.
 Errors are OpenAI-shaped (`{"error": {"code", "message"}}`); a 429 carries `retry-after`
 and/or `retry-after-ms`.
 

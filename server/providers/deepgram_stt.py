@@ -1,15 +1,16 @@
 """Deepgram pre-recorded speech-to-text: `POST {base_url}/v1/listen?model=…` with the raw audio
 as the body (https://developers.deepgram.com/reference/speech-to-text/listen-pre-recorded).
 
-Request: `Authorization: Token <key>`, `Content-Type` of the audio; query parameters
-`model`, `language` (or `detect_language=true` when the caller names none), `smart_format=true`
+Request: `Authorization: Token <key>`, `Content-Type` of the audio; query parameters `model`,
+`language` (or `detect_language=true` when the caller names none), `smart_format=true`
 (punctuation and formatting; an option can turn it off) and, for verbose_json,
-`utterances=true`. `provider.options.deepgram` members are further query parameters as
-Deepgram documents them (true/false for booleans, a list repeats the parameter, e.g.
-`{"keyterm": ["Acme", "Zorp"]}`); they cannot replace model/language/utterances, nor ask for a
+`utterances=true`. `provider.options[<slug>]` members (slug: the endpoint's `provider`) are
+further query parameters as Deepgram documents them (true/false for booleans, a list repeats the
+parameter, e.g. `{"keyterm": ["Acme", "Zorp"]}`, `{"language": "multi"}` when the request names
+no language); they cannot replace the model, the request's language or utterances, nor ask for a
 `callback` (the answer must come back on this request). Deepgram has no temperature and no
-free-text prompt (keyterm prompting takes a list of terms), so neither is sent: key terms go
-in `provider.options.deepgram.keyterm`.
+free-text prompt (keyterm prompting takes a list of terms), so neither is sent: key terms go in
+the `keyterm` option.
 
 Response: `results.channels[0].alternatives[0]` gives the transcript and its words
 (`punctuated_word` when smart formatting is on, with `confidence`); segments are
@@ -27,6 +28,7 @@ part of the catalog id after the slash is used); set DEEPGRAM_API_KEY to a Deepg
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -44,9 +46,8 @@ from server.providers.stt import (
     segments_from_words,
 )
 
-# Query parameters an option may not set: what the gateway decides, and an asynchronous
-# answer (Deepgram would answer the callback URL instead of this request).
-_RESERVED = frozenset({"model", "language", "detect_language", "utterances", "callback"})
+# An option may not ask for an asynchronous answer (callback, callback_method): Deepgram
+# would answer that URL instead of this request.
 _RESERVED_PREFIX = "callback"
 _WORD_KEYS = ("word", "punctuated_word", "start", "end")
 
@@ -70,23 +71,28 @@ def read_error(response: httpx.Response) -> ErrorFields:
 def _query_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def query(call: SttCall) -> tuple[tuple[str, str], ...]:
-    """The query parameters, in order; a list-valued option repeats its parameter."""
+    """The query parameters, in order; a list-valued option repeats its parameter. Options
+    may change the defaults (smart_format; language detection when the request names no
+    language, e.g. `{"language": "multi"}`), not what the request decided."""
     params: list[tuple[str, str]] = [("model", call.model)]
     if call.language:
         params.append(("language", call.language))
-    else:
-        params.append(("detect_language", "true"))
     if call.verbose:
         params.append(("utterances", "true"))
     defaults = {"smart_format": "true"}
+    if not call.language:
+        defaults["detect_language"] = "true"
+    decided = {name for name, _ in params}
     for name, value in call.options.items():
-        if name in _RESERVED or name.startswith(_RESERVED_PREFIX):
+        if name in decided or name.startswith(_RESERVED_PREFIX):
             continue
         defaults.pop(name, None)
+        if name == "language":
+            defaults.pop("detect_language", None)
         values = value if isinstance(value, list) else [value]
         params.extend((name, _query_value(v)) for v in values if v is not None)
     params.extend(defaults.items())
@@ -96,7 +102,9 @@ def query(call: SttCall) -> tuple[tuple[str, str], ...]:
 def parse(body: dict[str, Any], call: SttCall) -> Transcript:
     channel = body["results"]["channels"][0]
     alternative = channel["alternatives"][0]
-    transcript = Transcript(text=str(alternative["transcript"]))
+    if not isinstance(alternative["transcript"], str):
+        raise ValueError("no transcript")
+    transcript = Transcript(text=alternative["transcript"])
     detected = channel.get("detected_language")
     transcript.language = call.language or (detected if isinstance(detected, str) else None)
     if not call.verbose:

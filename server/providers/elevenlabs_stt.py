@@ -1,13 +1,13 @@
 """ElevenLabs speech-to-text (Scribe): multipart `POST {base_url}/v1/speech-to-text`
 (https://elevenlabs.io/docs/api-reference/speech-to-text/convert).
 
-Request: header `xi-api-key: <key>`; form fields `file`, `model_id`, `language_code` (when
-the caller names one; otherwise ElevenLabs detects it), `temperature`, and
-`timestamps_granularity` = `word` for verbose_json, `none` otherwise.
-`provider.options.elevenlabs` members are further form fields as ElevenLabs documents them
-(`diarize`, `num_speakers`, `tag_audio_events`, …: booleans as true/false, other values as
-text); they cannot replace what the gateway sends. Scribe takes no free-text prompt, so a
-`prompt` is not sent.
+Request: header `xi-api-key: <key>`; form fields `file`, `model_id`, `language_code` (when the
+caller names one; otherwise ElevenLabs detects it), `temperature`, and `timestamps_granularity`
+= `word` for verbose_json, `none` otherwise. `provider.options[<slug>]` members (slug: the
+endpoint's `provider`) are further form fields as ElevenLabs documents them (`diarize`,
+`num_speakers`, `tag_audio_events`, …: booleans as true/false, other values as text); they
+cannot replace what the gateway sends. Scribe takes no free-text prompt, so a `prompt` is not
+sent.
 
 Response: `{language_code, text, words: [{text, start, end, type, speaker_id?, logprob?}]}`
 with times in seconds; `type` is `word`, `spacing` or `audio_event`. Words are the entries of

@@ -167,7 +167,7 @@ class Transcriber:
             raise GatewayError(
                 504, "Operation aborted due to timeout: the request's deadline passed"
             ) from exc
-        guardrails = await guardrails_of(session, principal.workspace.id)
+        guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
         endpoints: Sequence[Endpoint] = guardrails.endpoints(model)
         if request.claimed_format is None or request.claimed_format != audio.format:
             request.claimed_format = audio.format
@@ -194,6 +194,7 @@ class Transcriber:
             estimate_micros=billing.credit_hold,
             now=self._clock.now(),
             is_byok=billing.only_byok and cost == 0,
+            budgets=guardrails.budgets,
         )
         # The provider cost of a BYOK attempt counts only where the key says (its limit,
         # with include_byok_in_limit): held apart from the credits.

@@ -5,7 +5,7 @@ https://developers.deepgram.com/docs/utterances, /docs/language-detection, /docs
 
 `POST /v1/listen?model=…` with the raw audio as the body (`Content-Type: audio/*`) and
 `Authorization: Token <key>`. Scripted by the `model` query parameter: any model answers a
-transcript of "hello world" except `ratelimit-<seconds>` (429 TOO_MANY_REQUESTS, Retry-After),
+transcript of "hello world" except `ratelimit` (429 TOO_MANY_REQUESTS, no retry hint documented),
 `error-<status>` (that status, Deepgram's error body), `garbage` (200, not JSON).
 `metadata.duration` claims CLAIMED_DURATION seconds, which the gateway must not bill.
 """
@@ -42,13 +42,9 @@ class FakeDeepgram:
             return _error(400, "Bad Request", "Bad Request: failed to process audio")
         params = request.url.params
         model = params.get("model", "")
-        if model.startswith("ratelimit-"):
-            return _error(
-                429,
-                "TOO_MANY_REQUESTS",
-                "Too many requests. Please try again later",
-                **{"Retry-After": model.split("-", 1)[1]},
-            )
+        if model == "ratelimit":
+            # Deepgram limits concurrent requests; its 429 carries no documented Retry-After.
+            return _error(429, "TOO_MANY_REQUESTS", "Too many requests. Please try again later")
         if model.startswith("error-"):
             return _error(int(model.split("-", 1)[1]), "INTERNAL_SERVER_ERROR", "upstream broke")
         if model == "garbage":

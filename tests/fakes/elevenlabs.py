@@ -6,8 +6,9 @@ logprob}]}`), https://elevenlabs.io/docs/api-reference/errors (`{"detail": {"sta
 
 `POST /v1/speech-to-text`, multipart with `file` and `model_id`, header `xi-api-key`.
 Scripted by `model_id`: any model answers "Hello, world. Bye." (two sentences, with a
-spacing entry between words and an audio event) except `ratelimit-<seconds>` (429
-too_many_concurrent_requests, Retry-After), `error-<status>`, `garbage`.
+spacing entry between words and an audio event) except `ratelimit` (429
+too_many_concurrent_requests), `busy` (429 system_busy), `error-<status>`, `garbage`
+(https://help.elevenlabs.io/hc/en-us/articles/19571824571921-API-Error-Code-429).
 """
 
 from __future__ import annotations
@@ -68,13 +69,16 @@ class FakeElevenLabs:
         granularity = fields.get("timestamps_granularity", ["word"])[0]
         if granularity not in GRANULARITIES:
             return _invalid("timestamps_granularity", f"Input should be {GRANULARITIES}")
-        if model.startswith("ratelimit-"):
+        if model == "ratelimit":
+            # Over the plan's concurrency; the documented headers say how far, no Retry-After.
             return _error(
                 429,
                 "too_many_concurrent_requests",
                 "Too many concurrent requests",
-                **{"Retry-After": model.split("-", 1)[1]},
+                **{"current-concurrent-requests": "16", "maximum-concurrent-requests": "15"},
             )
+        if model == "busy":
+            return _error(429, "system_busy", "Our services are experiencing high traffic")
         if model.startswith("error-"):
             return _error(int(model.split("-", 1)[1]), "internal_error", "upstream broke")
         if model == "garbage":

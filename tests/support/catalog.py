@@ -74,6 +74,7 @@ def provider_video_models(video_base: str) -> list[str]:
         model("fakevideo/fallback", [("openai", "openai", "submit-500"), ("fal", "queue", "ok")]),
         model("fakevideo/provider-fails", [("openai", "openai", "fail")]),
         model("fakevideo/queue-fails", [("fal", "queue", "fail")]),
+        model("fakevideo/queue-slow", [("fal", "queue", "slow")]),  # runs until cancelled
     ]
 
 

@@ -23,6 +23,7 @@ from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
 from server.providers.endpoint import Endpoint
 from server.providers.failures import (
+    CLIENT_ERROR,
     INVALID_RESPONSE,
     RATE_LIMITED,
     REJECTED_CREDENTIALS,
@@ -30,6 +31,7 @@ from server.providers.failures import (
     TIMEOUT,
     ProviderFailure,
 )
+from server.providers.http import retry_hint
 from server.providers.stt import SttCall, Word, segments_from_words
 from server.routing.catalog import load_catalog
 from server.transcription.request import TranscriptionInput
@@ -360,11 +362,12 @@ ADAPTERS = {
 # (adapter, model, expected kind, status, provider_code, retry_after)
 FAILURES = [
     ("deepgram", "nova-3", REJECTED_CREDENTIALS, 401, "INVALID_AUTH", None),
-    ("deepgram", "ratelimit-7", RATE_LIMITED, 429, "TOO_MANY_REQUESTS", 7),
+    ("deepgram", "ratelimit", RATE_LIMITED, 429, "TOO_MANY_REQUESTS", None),
     ("deepgram", "error-503", SERVER_ERROR, 503, "INTERNAL_SERVER_ERROR", None),
     ("deepgram", "garbage", INVALID_RESPONSE, None, None, None),
     ("elevenlabs", "scribe_v1", REJECTED_CREDENTIALS, 401, "invalid_api_key", None),
-    ("elevenlabs", "ratelimit-4", RATE_LIMITED, 429, "too_many_concurrent_requests", 4),
+    ("elevenlabs", "ratelimit", RATE_LIMITED, 429, "too_many_concurrent_requests", None),
+    ("elevenlabs", "busy", RATE_LIMITED, 429, "system_busy", None),
     ("elevenlabs", "error-500", SERVER_ERROR, 500, "internal_error", None),
     ("elevenlabs", "garbage", INVALID_RESPONSE, None, None, None),
     ("assemblyai", "universal", REJECTED_CREDENTIALS, 401, 401, None),
@@ -482,3 +485,156 @@ api_key_env = "{KEY_ENV}"
     assert body["language"] == "en"
     assert body["segments"][0]["text"] == "Hello, world."
     assert await domain.charges(issued.workspace.account_id) == [result.cost_micros]
+
+
+async def test_deepgram_language_option_replaces_detection_when_the_request_names_none(
+    monkeypatch: pytest.MonkeyPatch, mock_http: Callable[[Handler], httpx.AsyncClient]
+) -> None:
+    monkeypatch.setenv(KEY_ENV, deepgram.API_KEY)
+    fake = deepgram.FakeDeepgram()
+    adapter = DeepgramSttAdapter(mock_http(fake.handle))
+    endpoint = _endpoint("deepgram", "http://dg.test")
+    await adapter.transcribe(endpoint, _call("nova-3", options={"language": "multi"}))
+    await adapter.transcribe(endpoint, _call("nova-3", language="en", options={"language": "de"}))
+    first, second = (request.url.params for request in fake.requests)
+    assert first.get_list("language") == ["multi"] and "detect_language" not in first
+    assert second.get_list("language") == ["en"]  # the request's own language stands
+
+
+async def test_assemblyai_language_code_option_replaces_detection(
+    monkeypatch: pytest.MonkeyPatch, mock_http: Callable[[Handler], httpx.AsyncClient]
+) -> None:
+    monkeypatch.setenv(KEY_ENV, assemblyai.API_KEY)
+    fake = assemblyai.FakeAssemblyAI()
+    clock = RecordedSleeps()
+    adapter = AssemblyAISttAdapter(mock_http(fake.handle), clock.sleep, clock.monotonic)
+    call = _call("universal", options={"language_code": "en_au"})
+    transcript = await adapter.transcribe(_endpoint("assemblyai", "http://aai.test"), call)
+    submitted = json.loads(fake.requests[1].content)
+    assert submitted["language_code"] == "en_au" and "language_detection" not in submitted
+    assert transcript.language == "en_au"
+
+
+def test_the_catalog_names_an_azure_deployment_and_its_api_version(tmp_path: Path) -> None:
+    catalog_file = tmp_path / "azure.toml"
+    catalog_file.write_text(
+        """
+[[models]]
+id = "azure/whisper"
+kind = "stt"
+price_per_second = "0.0001"
+[[models.endpoints]]
+provider = "azure"
+adapter = "azure-openai"
+base_url = "https://my-resource.openai.azure.com/"
+api_key_env = "AZURE_OPENAI_API_KEY"
+model = "my-whisper"
+api_version = "2025-03-01-preview"
+"""
+    )
+    model = load_catalog(catalog_file).get("azure/whisper")
+    assert model is not None
+    (endpoint,) = model.endpoints
+    assert endpoint.base_url == "https://my-resource.openai.azure.com"
+    assert (endpoint.model, endpoint.api_version) == ("my-whisper", "2025-03-01-preview")
+
+
+def test_azures_retry_after_ms_is_a_retry_hint_in_whole_seconds() -> None:
+    assert retry_hint(httpx.Response(429, headers={"retry-after-ms": "2500"})) == 3
+    assert retry_hint(httpx.Response(429, headers={"retry-after": "4", "retry-after-ms": "1"})) == 4
+    assert retry_hint(httpx.Response(429)) is None
+
+
+async def test_a_rate_limited_vendor_falls_back_to_the_next_one(
+    domain: Domain,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mock_http: Callable[[Handler], httpx.AsyncClient],
+) -> None:
+    monkeypatch.setenv("UNIT_DEEPGRAM_KEY", deepgram.API_KEY)
+    monkeypatch.setenv("UNIT_ELEVENLABS_KEY", elevenlabs.API_KEY)
+    catalog_file = tmp_path / "fallback.toml"
+    catalog_file.write_text(
+        """
+[[models]]
+id = "vendors/fallback"
+kind = "stt"
+price_per_second = "0.01"
+[[models.endpoints]]
+provider = "deepgram"
+adapter = "deepgram"
+base_url = "http://dg.test"
+api_key_env = "UNIT_DEEPGRAM_KEY"
+model = "ratelimit"
+[[models.endpoints]]
+provider = "elevenlabs"
+adapter = "elevenlabs"
+base_url = "http://el.test"
+api_key_env = "UNIT_ELEVENLABS_KEY"
+model = "scribe_v1"
+"""
+    )
+    dg, el = deepgram.FakeDeepgram(), elevenlabs.FakeElevenLabs()
+
+    def by_host(request: httpx.Request) -> httpx.Response:
+        return (dg if request.url.host == "dg.test" else el).handle(request)
+
+    http = mock_http(by_host)
+    decoder: ComputePool = InlinePool()  # type: ignore[assignment]
+    transcriber = Transcriber(
+        load_catalog(catalog_file),
+        {"deepgram": DeepgramSttAdapter(http), "elevenlabs": ElevenLabsSttAdapter(http)},
+        domain.clock,
+        domain.limits,
+        domain.metrics,
+        NoOpTracer(),
+        decoder,
+    )
+    issued = await domain.funded_key("stt-vendor-fallback")
+    request = TranscriptionInput(
+        model="vendors/fallback",
+        audio=fixture("hello"),
+        claimed_format="wav",
+        filename="hello.wav",
+        audio_param="file",
+        provider_options={"elevenlabs": {"diarize": True}, "deepgram": {"diarize": True}},
+    )
+    async with domain.sessions() as session:
+        principal = await domain.principal(issued)
+        result = await transcriber.transcribe(session, principal, request)
+    assert (len(dg.requests), len(el.requests)) == (1, 1)
+    assert result.provider == "elevenlabs"
+    assert result.transcript.text == "Hello, world. (laughs) Bye."
+    assert el.forms[0]["diarize"] == ["true"]  # that provider's own options
+    assert domain.metrics.fallbacks.labels("vendors/fallback", "deepgram")._value.get() == 1
+
+
+# (adapter, model, status, provider_code, the provider's message) for a request it refuses
+CLIENT_ERRORS = [
+    ("deepgram", "nova-3", 400, "Bad Request", "failed to process audio"),
+    ("elevenlabs", "scribe_v1", 422, "value_error", "Field required"),
+    ("assemblyai", "universal", 400, 400, "Upload failed: empty body"),
+    ("azure-openai", "not-deployed", 404, "DeploymentNotFound", "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("adapter", "model", "status", "code", "message"), CLIENT_ERRORS)
+async def test_a_refused_request_carries_the_providers_code_and_message(
+    monkeypatch: pytest.MonkeyPatch,
+    mock_http: Callable[[Handler], httpx.AsyncClient],
+    adapter: str,
+    model: str,
+    status: int,
+    code: str | int,
+    message: str,
+) -> None:
+    monkeypatch.setenv(KEY_ENV, fake_key(adapter))
+    build, fake_of, _ = ADAPTERS[adapter]
+    fake = fake_of()
+    with pytest.raises(ProviderFailure) as failure:
+        await build(mock_http(fake.handle)).transcribe(
+            _endpoint(adapter, "http://p.test"), _call(model, audio=b"")
+        )
+    assert failure.value.kind == CLIENT_ERROR  # not tried elsewhere: the gateway answers 400
+    assert (failure.value.status, failure.value.provider_code) == (status, code)
+    assert message in failure.value.message
