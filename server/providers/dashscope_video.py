@@ -20,8 +20,9 @@ dimensions; image-to-video (a first frame, or else the first image reference) ge
 `resolution` (480P/720P/1080P) instead, the frame fixing the shape; duration, seed, and
 generate_audio → `audio` (Wan 2.5+); an audio reference → `input.audio_url` when the model
 honours audio references; video references are not supported and dropped.
-`provider.options.dashscope` entries go to `parameters` (e.g. `{"prompt_extend": false,
-"watermark": false}`), except `negative_prompt`, which DashScope takes in `input`. A task
+`provider.options.dashscope` entries go to `parameters`, never over what the gateway mapped
+(duration, size: what it charges for) (e.g. `{"prompt_extend": false, "watermark": false}`),
+except `negative_prompt`, which DashScope takes in `input`. A task
 id that is UNKNOWN (expired after 24 h) fails the job.
 
 How an operator configures it: an endpoint `adapter = "dashscope"`, `base_url =
@@ -43,7 +44,8 @@ from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_tasks import failed, reported_seconds
+from server.providers.video_http import merged, seconds_of
+from server.providers.video_tasks import failed
 
 _RUNNING = ("PENDING", "RUNNING")
 _TASK_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -105,7 +107,7 @@ def task_request(call: VideoCall) -> tuple[str, dict[str, Any]]:
     return path, {
         "model": call.model,
         "input": task_input,
-        "parameters": {**parameters, **options},
+        "parameters": merged(parameters, options),
     }
 
 
@@ -151,7 +153,7 @@ class DashScopeVideoAdapter:
             video = await provider_http.download(self._http, endpoint, output.get("video_url"))
             usage = body.get("usage")
             duration = usage.get("video_duration") if isinstance(usage, dict) else None
-            seconds = reported_seconds(duration)
+            seconds = seconds_of(duration)
             return VideoProgress(
                 state="completed", provider_job_id=provider_job_id, videos=[video], seconds=seconds
             )

@@ -21,8 +21,9 @@ make the gateway send its key elsewhere; the video itself (fal's CDN) is fetched
 Mapping of the API reference's fields (fal's common video input names): prompt, duration,
 resolution, aspect_ratio, seed, generate_audio; frame_images → `image_url` (first frame)
 and `end_image_url` (last frame); image references → `reference_urls`; audio and video
-references are dropped. `provider.options.fal` is merged into the input as the model's own
-fields (e.g. `{"negative_prompt": "blur", "duration": "5"}` for a model that takes text).
+references are dropped. `provider.options.fal` is added to the input in the model's own
+names (e.g. `{"negative_prompt": "blur", "cfg_scale": 0.5}`), never over what the gateway
+mapped (the duration it charges for) nor a callback URL.
 
 How an operator configures it: an endpoint `adapter = "fal"`, `base_url =
 "https://queue.fal.run"`, `api_key_env = "FAL_KEY"`, and `model` the fal model id, e.g.
@@ -44,6 +45,7 @@ from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.queue_video import queue_input
 from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_http import merged
 from server.providers.video_tasks import failed
 
 AUTH_SCHEME = "Key"
@@ -71,7 +73,10 @@ def read_error(response: httpx.Response) -> provider_http.ErrorFields:
 
 def fal_input(call: VideoCall) -> dict[str, Any]:
     images_only = [r for r in call.params.get("input_references", []) if r["type"] == "image_url"]
-    return queue_input(replace(call, params={**call.params, "input_references": images_only}))
+    mapped = queue_input(
+        replace(call, params={**call.params, "input_references": images_only}, options={})
+    )
+    return merged(mapped, call.options)
 
 
 def _job_path(endpoint: Endpoint, response_url: object) -> str:

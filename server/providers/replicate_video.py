@@ -19,8 +19,9 @@ Mapping of the API reference's fields (the input names most Replicate video mode
 prompt, duration, resolution, aspect_ratio, seed, generate_audio; frame_images → `image`
 (first frame) and `last_frame_image`; image references → `reference_images`; audio and video
 references are dropped. Replicate does not report the output's length, so the job is billed
-on the requested duration. `provider.options.replicate` is merged into `input` (a model's own
-names, e.g. `{"start_image": "https://…", "negative_prompt": "blur"}`).
+on the requested duration. `provider.options.replicate` is added to `input` in the model's
+own names (e.g. `{"start_image": "https://…", "negative_prompt": "blur"}`), never over what
+the gateway mapped (the duration it charges for) nor a callback URL.
 
 How an operator configures it: an endpoint `adapter = "replicate"`, `base_url =
 "https://api.replicate.com/v1"`, `api_key_env = "REPLICATE_API_TOKEN"`, and `model`
@@ -40,6 +41,7 @@ from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, RATE_LIMITED, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_http import merged
 from server.providers.video_tasks import failed
 
 _RUNNING = ("starting", "processing")
@@ -72,7 +74,7 @@ def prediction_input(call: VideoCall) -> dict[str, Any]:
     images = [r["url"] for r in params.get("input_references", []) if r["type"] == "image_url"]
     if images:
         body["reference_images"] = images
-    return {**body, **call.options}
+    return merged(body, call.options)
 
 
 def _prediction_id(value: object) -> str:

@@ -21,7 +21,8 @@ model's default), aspect_ratio → `ratio`, duration, seed, generate_audio (Seed
 frame_images → image content with role first_frame / last_frame, input_references →
 reference_image / reference_video / reference_audio (the catalog's input_reference_types
 says which the model honours; the request drops the rest). `provider.options.seedance` is
-merged into the body (e.g. `{"camera_fixed": true, "watermark": false}`).
+added to the body, never over what the gateway mapped (model, duration: what it
+charges for) nor a callback URL (e.g. `{"camera_fixed": true, "watermark": false}`).
 
 How an operator configures it: an endpoint `adapter = "seedance"`, `base_url =
 "https://ark.ap-southeast.bytepluses.com/api/v3"` (an Ark key works in its own region only),
@@ -40,7 +41,8 @@ from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_tasks import failed, reported_seconds
+from server.providers.video_http import merged, seconds_of
+from server.providers.video_tasks import failed
 
 RESOLUTIONS = ("480p", "720p", "1080p")
 RATIOS = ("16:9", "4:3", "1:1", "3:4", "9:16", "21:9")
@@ -78,7 +80,7 @@ def task_body(call: VideoCall) -> dict[str, Any]:
         body["seed"] = params["seed"]
     if "generate_audio" in params:
         body["generate_audio"] = bool(params["generate_audio"])
-    return {**body, **call.options}
+    return merged(body, call.options)
 
 
 def _task_url(endpoint: Endpoint, task_id: str) -> str:
@@ -120,7 +122,7 @@ class SeedanceVideoAdapter:
             url = content.get("video_url") if isinstance(content, dict) else None
             video = await provider_http.download(self._http, endpoint, url)
             duration = task.get("duration")
-            seconds = reported_seconds(duration)
+            seconds = seconds_of(duration)
             return VideoProgress(
                 state="completed", provider_job_id=provider_job_id, videos=[video], seconds=seconds
             )

@@ -1,4 +1,4 @@
-"""Small pieces the task-style video adapters (seedance, dashscope, fal, replicate) share."""
+"""What the seedance, dashscope, fal and replicate adapters share beyond video_http.py."""
 
 from __future__ import annotations
 
@@ -13,10 +13,3 @@ def failed(provider_job_id: str, detail: object) -> VideoProgress:
         provider_job_id=provider_job_id,
         error=f"Provider failed: {str(detail)[:MAX_PROVIDER_MESSAGE]}",
     )
-
-
-def reported_seconds(value: object) -> float | None:
-    """An output duration the provider reported, when it is a positive number."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        return None
-    return float(value)

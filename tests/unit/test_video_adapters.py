@@ -497,3 +497,22 @@ async def test_a_video_url_into_the_gateways_network_is_not_fetched(fakes: Fakes
             await provider_http.download(http, endpoint, "https://169.254.169.254/latest")
     assert failed.value.kind == INVALID_RESPONSE
     assert fakes.seedance.requests == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+async def test_provider_options_cannot_override_what_the_gateway_charges_for(
+    fakes: Fakes, name: str
+) -> None:
+    provider = PROVIDERS[name]
+    endpoint = provider.endpoint("ok")
+    options = {"duration": 60, "callback_url": "https://elsewhere.test/hook", "style": "anime"}
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        await provider.make(http).submit(endpoint, _call(endpoint, options=options))
+    sent: dict[str, Any] = {
+        "seedance": lambda: fakes.seedance.created()[0],
+        "dashscope": lambda: fakes.dashscope.created()[0][1]["parameters"],
+        "fal": lambda: fakes.fal.submitted()[0][1],
+        "replicate": lambda: fakes.replicate.created()[0],
+    }[name]()
+    assert (sent["duration"], sent["style"]) == (5, "anime")
+    assert "callback_url" not in sent
