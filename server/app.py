@@ -44,8 +44,10 @@ from server.observability.tracing import tracer_of, tracer_provider_from_environ
 from server.ports import GRPC_PORT, METRICS_PORT, ensure_free, listen_error
 from server.providers.assemblyai_stt import AssemblyAISttAdapter
 from server.providers.azure_openai_stt import AzureOpenAISttAdapter
+from server.providers.dashscope_video import DashScopeVideoAdapter
 from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
+from server.providers.fal_video import FalVideoAdapter
 from server.providers.gemini_video import GeminiVideoAdapter
 from server.providers.kling_video import KlingVideoAdapter
 from server.providers.local_video import LocalVideoAdapter
@@ -54,6 +56,8 @@ from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
 from server.providers.queue_video import QueueVideoAdapter
+from server.providers.replicate_video import ReplicateVideoAdapter
+from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.stt import SttAdapter
 from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
@@ -155,6 +159,10 @@ def build_core(
         "vertex": VertexVideoAdapter(http),
         "kling": KlingVideoAdapter(http, clock),
         "minimax": MiniMaxVideoAdapter(http),
+        "seedance": SeedanceVideoAdapter(http),
+        "dashscope": DashScopeVideoAdapter(http),
+        "fal": FalVideoAdapter(http),
+        "replicate": ReplicateVideoAdapter(http),
     }
     content = ContentStore(settings.content_dir)
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys

@@ -3,7 +3,8 @@
 `{status: IN_QUEUE | IN_PROGRESS | COMPLETED | FAILED}`; result
 `GET {base}/{model}/requests/{id}` → `{video: {url}}` or `{videos: [{url}, ...]}`; cancel
 `PUT {base}/{model}/requests/{id}/cancel` → 202 `{status: CANCELLATION_REQUESTED}` (400
-`ALREADY_COMPLETED` once done) — https://docs.fal.ai/model-apis/model-endpoints/queue."""
+`ALREADY_COMPLETED` once done) — https://docs.fal.ai/model-apis/model-endpoints/queue.
+fal.ai itself has its own adapter (fal_video.py), which follows the URLs fal returns."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
 
 
-def _input(call: VideoCall) -> dict[str, Any]:
+def queue_input(call: VideoCall) -> dict[str, Any]:
     params = call.params
     body: dict[str, Any] = {
         "prompt": params.get("prompt", ""),
@@ -47,7 +48,7 @@ class QueueVideoAdapter:
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         response = await provider_http.call(
-            self._http, endpoint, "POST", self._base(endpoint, call), json=_input(call)
+            self._http, endpoint, "POST", self._base(endpoint, call), json=queue_input(call)
         )
         request_id = provider_http.json_object(response).get("request_id")
         if not isinstance(request_id, str) or not request_id:

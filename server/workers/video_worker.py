@@ -228,6 +228,10 @@ class VideoWorker:
                     "submitting %s to %s failed: %s", job.id, endpoint.provider, failure.message
                 )
                 last_error = f"Provider returned error: {failure.message}"
+                if failure.kind == CLIENT_ERROR:
+                    # The request itself was refused (invalid, or its content): another
+                    # provider would refuse it too (server/routing/fallback.py's rule).
+                    break
                 failed = endpoint.provider
                 if self._cooldowns is not None:
                     self._cooldowns.note(endpoint, failure)
