@@ -61,7 +61,7 @@ from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.stt import SttAdapter
 from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
-from server.routing.catalog import Catalog, load_catalog
+from server.routing.catalog import Catalog, load_catalog, served_by
 from server.routing.cooldowns import Cooldowns
 from server.services.audio import AudioService
 from server.services.byok import ByokService
@@ -164,6 +164,8 @@ def build_core(
         "fal": FalVideoAdapter(http),
         "replicate": ReplicateVideoAdapter(http),
     }
+    # Every catalog endpoint must name a registered adapter (startup error otherwise).
+    catalog = served_by(catalog, stt_adapters.keys(), video_adapters.keys())
     content = ContentStore(settings.content_dir)
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
     byok = ByokRouting(

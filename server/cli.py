@@ -384,6 +384,18 @@ def _names(text: str | None) -> list[str] | None:
     return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
 
 
+async def cmd_models(args: argparse.Namespace) -> int:
+    """Each catalog model (the one `gateway up` would load), its endpoints and whether each
+    is routable with the credentials in this environment, and why not."""
+    from server.routing.catalog import load_catalog
+    from server.routing.readiness import report
+
+    catalog = load_catalog(load_settings(catalog_file=args.catalog).catalog_file)
+    for line in report(catalog):
+        print(line)
+    return 0
+
+
 async def cmd_guardrails_create(args: argparse.Namespace) -> int:
     from server.guardrails import store
     from server.routing.catalog import load_catalog
@@ -512,9 +524,7 @@ async def cmd_byok_list(args: argparse.Namespace) -> int:
 
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await _workspace(session, args.workspace, now)
-        rows, _ = await store.list_keys(
-            session, workspace.id, provider=args.provider, limit=100
-        )
+        rows, _ = await store.list_keys(session, workspace.id, provider=args.provider, limit=100)
         return rows
 
     for row in await _with_session(args, work):
@@ -786,6 +796,16 @@ def build_parser() -> argparse.ArgumentParser:
     byok_delete.add_argument("id")
     byok_delete.add_argument("--workspace")
     byok_delete.set_defaults(run=cmd_byok_delete)
+
+    models = commands.add_parser(
+        "models", help="list the catalog's models and which providers are configured"
+    )
+    models.add_argument(
+        "--catalog",
+        metavar="FILE",
+        help="operator provider catalog, as for `gateway up` (env GATEWAY_CATALOG)",
+    )
+    models.set_defaults(run=cmd_models)
 
     credits = commands.add_parser("credits", help="manage credits").add_subparsers(
         dest="action", required=True, metavar="ACTION"

@@ -3,9 +3,11 @@ in fallback order. Built-in TOML plus an optional operator file that adds or rep
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
+from collections.abc import Collection
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -82,6 +84,7 @@ class Model:
     endpoints: tuple[Endpoint, ...]
     verbose_json: bool = False
     video: VideoCapabilities | None = None
+    built_in: bool = False  # from the catalog shipped with the gateway, not the operator's
 
     @property
     def upstream_name(self) -> str:
@@ -260,7 +263,7 @@ def _problem(error: ErrorDetails) -> str:
     return str(error["msg"]).removeprefix("Value error, ")
 
 
-def _read(path: Path) -> dict[str, Model]:
+def _read(path: Path, *, built_in: bool = False) -> dict[str, Model]:
     try:
         text = path.read_text()
         document = tomllib.loads(text)
@@ -275,12 +278,36 @@ def _read(path: Path) -> dict[str, Model]:
             where = f"{path}, line {line}" if line is not None else str(path)
             problems.append(f"{where}: {param_of(error['loc'])}: {_problem(error)}")
         raise CatalogError("; ".join(problems)) from None
-    return {table.id: table.build() for table in parsed.models}
+    return {
+        table.id: dataclasses.replace(table.build(), built_in=built_in) for table in parsed.models
+    }
 
 
 def load_catalog(operator_file: str | os.PathLike[str] | None = None) -> Catalog:
     """The built-in catalog, with the operator's models added or replacing same-id ones."""
-    models = _read(BUILT_IN)
+    models = _read(BUILT_IN, built_in=True)
     if operator_file:
         models.update(_read(Path(operator_file)))
+    return Catalog(models)
+
+
+def served_by(
+    catalog: Catalog, stt_adapters: Collection[str], video_adapters: Collection[str]
+) -> Catalog:
+    """The catalog restricted to the adapters this build registers (server/app.py). An
+    operator's model naming an adapter that is not registered is a startup error (a typo or
+    a build without it); a built-in one loses that endpoint (the model, if none is left), so
+    a build is never refused for the catalog it ships with."""
+    models: dict[str, Model] = {}
+    for model in catalog.models.values():
+        registered = stt_adapters if model.kind == "stt" else video_adapters
+        absent = [e.adapter for e in model.endpoints if e.adapter not in registered]
+        if absent and not model.built_in:
+            raise CatalogError(
+                f"model {model.id}: adapter {absent[0]!r} is not implemented in this build"
+                f" (available {model.kind} adapters: {', '.join(sorted(registered))})"
+            )
+        kept = tuple(e for e in model.endpoints if e.adapter in registered)
+        if kept:
+            models[model.id] = dataclasses.replace(model, endpoints=kept)
     return Catalog(models)

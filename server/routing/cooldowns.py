@@ -12,18 +12,15 @@ other way round."""
 from __future__ import annotations
 
 import hashlib
-import math
 from datetime import datetime, timedelta
 
 from server.clock import Clock
-from server.errors import GatewayError
 from server.providers.endpoint import Endpoint
 from server.providers.failures import OVERLOADED, RATE_LIMITED, ProviderFailure
 
 # A provider's hint is trusted up to this long: a bad header must not take an endpoint out of
 # routing for hours.
 MAX_COOLDOWN_SECONDS = 300
-NO_PROVIDER = "No available provider meets the routing requirements"
 
 _Key = tuple[str, str, str | None, str | None, str]
 
@@ -60,12 +57,3 @@ class Cooldowns:
             del self._until[key]
             return None
         return left
-
-
-def all_cooling_down(seconds: float) -> GatewayError:
-    """Every usable endpoint asked to wait: 503, retry once the first of them may be called."""
-    return GatewayError(
-        503,
-        f"{NO_PROVIDER}: every provider for this model asked the gateway to wait",
-        retry_after_seconds=max(1, math.ceil(seconds)),
-    )

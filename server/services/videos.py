@@ -20,6 +20,8 @@ from server.guardrails.policy import guardrails_of
 from server.limits.admission import Limits
 from server.providers.video import VideoAdapter, can_continue
 from server.routing.catalog import Catalog, Model
+from server.routing.fallback import no_provider
+from server.routing.readiness import model_problem
 from server.services.rpc import (
     answer_with_status,
     header_value,
@@ -44,6 +46,7 @@ def _bool_or_null(flag: bool | None) -> struct_pb2.Value:
 def model_message(model: Model) -> videos_pb2.VideoModel:
     caps = model.video
     assert caps is not None
+    problem = model_problem(model)
     pricing = struct_pb2.Value()
     pricing.struct_value.update({"per_second": str(model.price_per_second)})
     upscale = null()
@@ -67,6 +70,8 @@ def model_message(model: Model) -> videos_pb2.VideoModel:
         allowed_passthrough_parameters=list(caps.passthrough),
         pricing_skus=pricing,
         hugging_face_id=null(),
+        available=problem is None,
+        unavailable_reason=null() if problem is None else struct_pb2.Value(string_value=problem),
     )
 
 
@@ -126,6 +131,11 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                     now=self._clock.now(),
                 )
                 billing = billing_plan(planned, jobs.estimate_micros(video), self._byok.fees)
+                usable = any(e.available for e in planned)
+            else:
+                usable = any(e.available for e in endpoints)
+            if not usable:  # refused now, not by a job that fails later; nothing written
+                raise no_provider(video.model.id, endpoints)
             job = await jobs.submit_job(
                 session,
                 principal,

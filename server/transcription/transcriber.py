@@ -41,7 +41,7 @@ from server.providers.endpoint import Endpoint
 from server.providers.stt import SttAdapter, SttCall, Transcript
 from server.routing.catalog import Catalog, Model
 from server.routing.cooldowns import Cooldowns
-from server.routing.fallback import route
+from server.routing.fallback import no_provider, route
 from server.transcription.media import ProbedAudio, Refusal, probe_in_worker
 from server.transcription.request import TranscriptionInput
 
@@ -188,6 +188,8 @@ class Transcriber:
                 user=request.user,
                 now=started_at,
             )
+        if not any(e.available for e in endpoints):  # before anything is held
+            raise no_provider(model.id, guardrails.endpoints(model))
         fees = self._byok.fees if self._byok is not None else None
         billing = billing_plan(endpoints, cost, fees)
         hold = await self._limits.admit(
