@@ -359,7 +359,10 @@ class VideoWorker:
         changed."""
         now = self._clock.now()
         status = jobs.FAILED if error else jobs.COMPLETED
-        duration = seconds or Decimal(int(job.params.get("duration", 0)))
+        requested = Decimal(int(job.params.get("duration", 0)))
+        # A provider's reported length bills what it delivered, never more than was asked for
+        # (and held): a provider's claim cannot raise the caller's bill.
+        duration = min(seconds, requested) if seconds else requested
         cost = usd_to_micros(model.price_per_second * duration) if model and not error else 0
         generation_id = f"gen_{secrets.token_hex(12)}"
         values = {
