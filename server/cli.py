@@ -412,8 +412,11 @@ async def cmd_guardrails_create(args: argparse.Namespace) -> int:
         if args.max_cost_per_request is None
         else exact_micros(args.max_cost_per_request),
         "max_video_duration_seconds": args.max_video_duration,
+        "limit_micros": None if args.limit_usd is None else exact_micros(args.limit_usd),
+        "reset_interval": args.reset_interval,
     }
     changes = store.check_changes(catalog, given)
+    store.check_budget(changes["limit_micros"], changes["reset_interval"])
 
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await _workspace(session, args.workspace, now)
@@ -442,6 +445,10 @@ async def cmd_guardrails_list(args: argparse.Namespace) -> int:
             if guardrail.max_cost_per_request_micros is None
             else str(micros_to_usd(guardrail.max_cost_per_request_micros)),
             "max_video_duration_seconds": guardrail.max_video_duration_seconds,
+            "limit_usd": None
+            if guardrail.limit_micros is None
+            else str(micros_to_usd(guardrail.limit_micros)),
+            "reset_interval": guardrail.reset_interval,
         }
         shown = " ".join(f"{k}={v}" for k, v in rules.items() if v is not None)
         print(f"{guardrail.id}  {guardrail.name}  {shown}".rstrip())
@@ -743,6 +750,10 @@ def build_parser() -> argparse.ArgumentParser:
     guardrail_create.add_argument(
         "--max-video-duration", type=_positive_seconds, metavar="S", help="refuse longer videos"
     )
+    guardrail_create.add_argument(
+        "--limit-usd", type=_usd, metavar="USD", help="a budget per key (with --reset-interval)"
+    )
+    guardrail_create.add_argument("--reset-interval", choices=LIMIT_RESETS)
     guardrail_create.set_defaults(run=cmd_guardrails_create)
     guardrail_list = guardrails.add_parser("list", parents=[common], help="list them")
     guardrail_list.add_argument("--workspace")

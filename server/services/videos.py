@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -15,6 +15,7 @@ from server.byok.routing import ByokRouting, billing_plan
 from server.clock import Clock
 from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.engine import SessionFactory
+from server.db.models import VideoJob
 from server.guardrails.policy import guardrails_of
 from server.limits.admission import Limits
 from server.providers.video import VideoAdapter, can_continue
@@ -29,6 +30,7 @@ from server.services.rpc import (
     null,
 )
 from server.videos import jobs
+from server.videos.cancel import cancel_job
 from server.videos.content import ContentStore
 from server.videos.request import parse_video_request
 
@@ -86,7 +88,9 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         byok: ByokRouting | None = None,
         *,
         adapters: Mapping[str, VideoAdapter] | None = None,
+        provider_cancel: Callable[[VideoJob], Awaitable[None]] | None = None,
     ) -> None:
+        self._provider_cancel = provider_cancel
         self._byok = byok  # None: the operator's endpoints only
         self._adapters = adapters or {}
         self._auth = auth
@@ -105,7 +109,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
             video = parse_video_request(
                 request, self._catalog, header_value(context, "x-session-id")
             )
-            guardrails = await guardrails_of(session, principal.workspace.id)
+            guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
             endpoints = guardrails.endpoints(video.model)
             guardrails.check_video_duration(video.duration)
             guardrails.check_cost(jobs.estimate_micros(video))
@@ -143,6 +147,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 [e.provider for e in endpoints] if guardrails.rules else None,
                 continuation,
                 billing=billing,
+                budgets=guardrails.budgets,
             )
         if self._wake is not None:
             self._wake.set()
@@ -155,6 +160,16 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
             job = await jobs.find_job(session, principal, request.job_id)
+        return _job_message(job)
+
+    async def CancelVideo(
+        self, request: videos_pb2.CancelVideoRequest, context: grpc.aio.ServicerContext
+    ) -> videos_pb2.VideoJob:
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate(session, metadata_of(context))
+        job = await cancel_job(
+            self._sessions, principal, request.job_id, self._clock.now(), self._provider_cancel
+        )
         return _job_message(job)
 
     async def GetVideoContent(
@@ -176,7 +191,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
     ) -> videos_pb2.VideoModelsResponse:
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
-            guardrails = await guardrails_of(session, principal.workspace.id)
+            guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
         models = sorted(
             (m for m in self._catalog.of_kind("video") if guardrails.allows(m)),
             key=lambda m: m.id,
