@@ -38,6 +38,7 @@ from server.providers.video import (
 )
 from server.routing.catalog import Catalog, Model
 from server.routing.cooldowns import Cooldowns
+from server.routing.fallback import no_provider
 from server.videos import jobs
 from server.videos.cancel import cancel_at_provider
 from server.videos.content import ContentStore
@@ -203,7 +204,8 @@ class VideoWorker:
         continuation = job.params.get("continuation")
         if continuation is not None:
             return await self._continue(job, model, continuation)
-        last_error = "No available provider meets the routing requirements"
+        # None usable (a credential removed since the job was accepted): say what to set.
+        last_error = no_provider(model.id, model.endpoints).message
         failed: str | None = None  # the provider that failed last
         cooling: list[float] = []  # seconds until each endpoint that asked to wait may be called
         allowed = job.params.get("allowed_providers")  # set when guardrails restrict them

@@ -286,3 +286,46 @@ def test_the_gateway_refuses_to_start_on_an_operator_adapter_it_does_not_registe
     monkeypatch.setattr(catalog_module, "STT_ADAPTERS", (*STT_ADAPTERS, "unbuilt"))
     with pytest.raises(CatalogError, match=r"model acme/stt: adapter 'unbuilt' is not implemented"):
         build_core(load_settings(tmp_path, catalog_file=str(path)))
+
+
+async def test_a_job_whose_credentials_were_removed_fails_naming_the_variable(
+    domain: Domain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from server.db.models import VideoJob
+    from server.videos import jobs
+    from server.videos.content import ContentStore
+    from server.videos.request import VideoInput
+    from server.workers.video_worker import VideoWorker
+
+    issued = await domain.funded_key("credentials-removed")
+    model = domain.catalog.get("unitvideo/ok")
+    assert model is not None
+    video = VideoInput(
+        model=model,
+        params={"prompt": "a lighthouse", "duration": 2, "width": 854, "height": 480},
+        duration=2,
+        callback_url=None,
+        session_id=None,
+        user=None,
+        trace=None,
+    )
+    principal = await domain.principal(issued)
+    async with domain.sessions() as session:
+        job = await jobs.submit_job(
+            session, principal, video, domain.clock.now(), None, domain.limits
+        )
+    monkeypatch.delenv(PROVIDER_KEY_ENV)  # accepted, then the operator removed the key
+    worker = VideoWorker(
+        domain.sessions,
+        domain.clock,
+        domain.catalog,
+        domain.video_adapters(),
+        ContentStore(tmp_path / "content"),
+    )
+    claimed = await worker.claim()
+    assert claimed is not None
+    await worker.step(claimed)
+    (failed,) = await domain.rows(VideoJob, VideoJob.id == job.id)
+    assert failed.status == jobs.FAILED
+    assert failed.error.endswith(f"the operator must set {PROVIDER_KEY_ENV}")
+    assert domain.providers.sent_to("video.test") == []
