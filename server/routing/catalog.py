@@ -7,7 +7,7 @@ import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -85,10 +85,22 @@ class Model:
     verbose_json: bool = False
     video: VideoCapabilities | None = None
     built_in: bool = False  # from the catalog shipped with the gateway, not the operator's
+    # Video outputs priced apart (resolution or "WxH" size -> USD per second).
+    output_prices: tuple[tuple[str, Decimal], ...] = ()
 
     @property
     def upstream_name(self) -> str:
         return self.id.split("/", 1)[1]
+
+    def video_price(self, params: Mapping[str, Any]) -> Decimal:
+        """USD per second of a video with these validated parameters: its size's or its
+        resolution's own price where the catalog gives one, else price_per_second."""
+        prices = dict(self.output_prices)
+        size = f"{params.get('width')}x{params.get('height')}"
+        for output in (size, params.get("resolution")):
+            if isinstance(output, str) and output in prices:
+                return prices[output]
+        return self.price_per_second
 
 
 @dataclass(frozen=True)
@@ -145,6 +157,14 @@ class _ModelTable(_Table):
     price_per_second: Annotated[
         Decimal, BeforeValidator(_price), Field(strict=False, ge=0, allow_inf_nan=False)
     ]
+    # A video output's own price where the provider charges more for it, keyed by resolution
+    # ("1080p") or size ("1024x1792"); every other output pays price_per_second.
+    output_prices: dict[
+        str,
+        Annotated[
+            Decimal, BeforeValidator(_price), Field(strict=False, ge=0, allow_inf_nan=False)
+        ],
+    ] = {}
     verbose_json: bool = False
     endpoints: list[_EndpointTable] = Field(min_length=1)
     # What a video model accepts (kind = "video"); absent: the parameter is not supported.
@@ -173,6 +193,12 @@ class _ModelTable(_Table):
                 raise ValueError(f"{where}.adapter must be one of {', '.join(allowed)}")
             if endpoint.adapter not in LOCAL_ADAPTERS and not endpoint.base_url:
                 raise ValueError(f"{where}: adapter {endpoint.adapter!r} needs base_url")
+        offered = {*(self.resolutions or ()), *(self.sizes or ())}
+        for output in self.output_prices:
+            if self.kind != "video" or output not in offered:
+                raise ValueError(
+                    f"output_prices.{output}: not one of the model's resolutions or sizes"
+                )
         return self
 
     def build(self) -> Model:
@@ -215,6 +241,7 @@ class _ModelTable(_Table):
             ),
             verbose_json=self.verbose_json,
             video=video,
+            output_prices=tuple(self.output_prices.items()),
         )
 
 

@@ -48,7 +48,13 @@ def model_message(model: Model) -> videos_pb2.VideoModel:
     assert caps is not None
     problem = model_problem(model)
     pricing = struct_pb2.Value()
-    pricing.struct_value.update({"per_second": str(model.price_per_second)})
+    # OpenRouter's SKU map: the base per-second price, then each output priced apart.
+    pricing.struct_value.update(
+        {
+            "per_second": str(model.price_per_second),
+            **{f"per_second_{output}": str(price) for output, price in model.output_prices},
+        }
+    )
     upscale = null()
     if caps.upscaling:
         upscale = struct_pb2.Value()

@@ -87,7 +87,7 @@ async def continuation_of(
 
 
 def estimate_micros(video: VideoInput) -> int:
-    return usd_to_micros(video.model.price_per_second * video.duration)
+    return usd_to_micros(video.model.video_price(video.params) * video.duration)
 
 
 async def submit_job(

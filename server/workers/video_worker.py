@@ -365,7 +365,7 @@ class VideoWorker:
         # A provider's reported length bills what it delivered, never more than was asked for
         # (and held): a provider's claim cannot raise the caller's bill.
         duration = min(seconds, requested) if seconds else requested
-        cost = usd_to_micros(model.price_per_second * duration) if model and not error else 0
+        cost = usd_to_micros(model.video_price(job.params) * duration) if model and not error else 0
         generation_id = f"gen_{secrets.token_hex(12)}"
         values = {
             "status": status,
