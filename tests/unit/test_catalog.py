@@ -167,5 +167,5 @@ def test_an_output_priced_apart_costs_its_own_price(tmp_path: Path) -> None:
 def test_a_price_for_an_output_the_model_does_not_offer_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "catalog.toml"
     path.write_text(_PRICED.replace('"1080p" = "0.40"', '"4K" = "0.90"'))
-    with pytest.raises(CatalogError, match="output_prices.4K"):
+    with pytest.raises(CatalogError, match=r"output_prices\.4K"):
         load_catalog(path)
