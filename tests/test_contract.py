@@ -44,6 +44,11 @@ PUBLIC_ROUTES = {
     ("GET", "/api/v1/byok/{id}"),
     ("PATCH", "/api/v1/byok/{id}"),
     ("DELETE", "/api/v1/byok/{id}"),
+    ("GET", "/api/v1/activity"),
+    ("GET", "/api/v1/generations"),
+    ("GET", "/api/v1/videos"),
+    ("GET", "/api/v1/videos/{job_id}/webhooks"),
+    ("GET", "/console/{path=**}"),
 }
 
 
