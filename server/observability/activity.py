@@ -95,7 +95,8 @@ async def activity(
     if key_hash:
         query = query.where(col(Generation.key_hash) == key_hash)
     totals: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
-    for created_at, model, provider, row_key, cost, is_byok in await session.execute(query):
+    connection = await session.connection()
+    for created_at, model, provider, row_key, cost, is_byok in await connection.execute(query):
         group = (
             created_at.astimezone(UTC).date().isoformat(),
             model,
