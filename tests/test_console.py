@@ -39,6 +39,7 @@ class Console:
     workspace: Workspace
     management: IssuedKey
     standard: IssuedKey
+    webhooks: WebhookReceiver
 
     @property
     def url(self) -> str:
@@ -62,7 +63,8 @@ async def console(
         await own.admin.credits(workspace, "10")
         management = await own.admin.key(workspace, "console admin", management=True)
         standard = await own.admin.key(workspace, "console reader")
-        yield Console(f"http://127.0.0.1:{own.port}", own.admin, workspace, management, standard)
+        origin = f"http://127.0.0.1:{own.port}"
+        yield Console(origin, own.admin, workspace, management, standard, webhook_receiver)
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -215,7 +217,12 @@ async def test_a_management_key_runs_the_console(console: Console, browser: Brow
         submitted = await client.post(
             "/videos",
             headers=console.management.headers,
-            json={"model": "local/renderer", "prompt": "a lighthouse", "duration": 1},
+            json={
+                "model": "local/renderer",
+                "prompt": "a lighthouse",
+                "duration": 1,
+                "callback_url": console.webhooks.url("/console-hook"),
+            },
         )
     assert submitted.status_code == 202, submitted.text
     await nav(page, "Videos").click()
@@ -227,7 +234,12 @@ async def test_a_management_key_runs_the_console(console: Console, browser: Brow
         "return v && v.readyState >= 2 && v.duration > 0; }",
         timeout=30_000,
     )
-    await expect(page.get_by_text("No webhook was sent")).to_be_visible()
+    deliveries = page.get_by_role("region", name="Webhook deliveries")
+    await expect(deliveries).to_contain_text("video.generation.completed")
+    await expect(deliveries.locator("tbody tr").first.locator(".status")).to_have_text(
+        "delivered", timeout=15_000
+    )
+    await expect(deliveries).to_contain_text("HTTP 200")
     await screenshots(page, "video")
 
     # Vault: store a secret, see its metadata (never the value), delete it.

@@ -501,10 +501,15 @@ function VideoPage({ id }) {
         if (!live) return;
         setJob(current);
         const deliveries = await api(`/videos/${encodeURIComponent(id)}/webhooks`);
-        if (live) setHooks(deliveries.data);
+        if (!live) return;
+        setHooks(deliveries.data);
+        // Follow the job until it ends, and its webhooks until they are delivered or given up.
         if (UNFINISHED.has(current.status)) {
           timer = setTimeout(poll, 1500);
-        } else if (current.status === "completed" && !objectUrl) {
+        } else if (deliveries.data.some((d) => d.status === "pending")) {
+          timer = setTimeout(poll, 3000);
+        }
+        if (current.status === "completed" && !objectUrl) {
           // <video src> cannot send the Authorization header: fetch the MP4 with the key.
           const response = await api(`/videos/${encodeURIComponent(id)}/content?index=0`, { raw: true });
           const blob = await response.blob();
