@@ -291,3 +291,28 @@ async def test_a_wrong_key_is_explained(console: Console, browser: Browser) -> N
     await expect(page.get_by_role("alert")).to_contain_text("This API key was not accepted")
     await eventually(lambda: page.evaluate("() => sessionStorage.length === 0"))
     await context.close()
+
+
+async def test_the_console_works_with_the_keyboard_alone(
+    console: Console, browser: Browser
+) -> None:
+    context = await browser.new_context(viewport=PHONE)
+    page = await context.new_page()
+    await page.goto(console.url)
+    await page.keyboard.press("Tab")
+    await expect(page.get_by_label("API key")).to_be_focused()
+    await page.keyboard.type(console.management.key)
+    await page.keyboard.press("Enter")
+    heading = page.get_by_role("heading", name="Usage", level=1)
+    await expect(heading).to_be_focused()  # focus moves to the page's heading
+    # Tab from the top reaches the navigation's links in order; Enter follows one.
+    await page.locator("body").focus()
+    names: list[str] = []
+    while "Activity" not in names:
+        await page.keyboard.press("Tab")
+        names.append(await page.evaluate("() => document.activeElement.textContent.trim()"))
+        assert len(names) < 20, names
+    assert names.index("Sign out") < names.index("Usage") < names.index("Activity")
+    await page.keyboard.press("Enter")
+    await expect(page.get_by_role("heading", name="Activity", level=1)).to_be_focused()
+    await context.close()

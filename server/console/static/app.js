@@ -717,7 +717,7 @@ function App() {
     if (!storedKey()) return;
     api("/key").then((r) => setMe(r.data), () => sessionStorage.removeItem(KEY_SLOT)).finally(() => setChecking(false));
   }, []);
-  useEffect(() => { if (heading.current) heading.current.focus(); }, [route.section, route.id]);
+  useEffect(() => { if (heading.current) heading.current.focus(); }, [route.section, route.id, me]);
   if (checking) return html`<p class="loading">Loading the console…</p>`;
   if (!me) return html`<${SignIn} onSignedIn=${setMe} />`;
   const signOut = () => { sessionStorage.removeItem(KEY_SLOT); setMe(null); location.hash = "#/"; };
