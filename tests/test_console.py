@@ -167,6 +167,8 @@ async def test_activity_routes_answer_the_workspace_and_only_a_key_s_own_for_sta
         bad_date = await client.get("/activity?date=yesterday", headers=manager)
         bad_limit = await client.get("/generations?limit=500", headers=manager)
         videos = (await client.get("/videos", headers=manager)).json()
+        purchases = (await client.get("/credits/purchases", headers=manager)).json()
+        no_purchases = await client.get("/credits/purchases", headers=reader)
     row = next(r for r in activity["data"] if r["api_key_hash"] == console.standard.hash)
     assert row["model"] == "local/pocketsphinx-en" and row["requests"] >= 1 and row["usage"] > 0
     assert generation in [g["id"] for g in listed["data"]] and listed["total_count"] >= 1
@@ -175,6 +177,8 @@ async def test_activity_routes_answer_the_workspace_and_only_a_key_s_own_for_sta
     assert bad_date.status_code == 400 and bad_date.json()["error"]["metadata"]["param"] == "date"
     assert bad_limit.status_code == 400
     assert isinstance(videos["total_count"], int)
+    assert [p["amount"] for p in purchases["data"]] == [10] and purchases["total_count"] == 1
+    assert no_purchases.status_code == 403
 
 
 async def test_a_management_key_runs_the_console(console: Console, browser: Browser) -> None:
@@ -257,6 +261,9 @@ async def test_a_management_key_runs_the_console(console: Console, browser: Brow
     await expect(page.get_by_text("Secret console_token deleted.")).to_be_visible()
     await expect(secrets_table.get_by_role("cell", name="console_token")).to_have_count(0)
 
+    await page.goto(f"{console.url}#/credits")
+    purchases = page.get_by_role("region", name="Purchases")
+    await expect(purchases.get_by_role("cell", name="$10.00")).to_be_visible()
     for name in ("credits", "guardrails", "byok"):
         await page.goto(f"{console.url}#/{name}")
         await expect(page.locator("main h1")).to_be_visible()

@@ -8,11 +8,12 @@ import grpc
 from google.protobuf import json_format
 
 from server.auth import Authenticator, Principal
+from server.billing.purchases import list_purchases, purchase_document
 from server.clock import Clock
 from server.contract import console_pb2, console_pb2_grpc
 from server.db.engine import SessionFactory
 from server.errors import forbidden
-from server.observability.activity import activity, list_generations, page_of
+from server.observability.activity import Page, activity, list_generations, page_of
 from server.observability.generations import generation_document
 from server.services.rpc import metadata_of
 from server.videos.listing import delivery_document, job_deliveries, job_summary, list_jobs
@@ -26,6 +27,17 @@ def _key_filter(principal: Principal, wanted: str) -> str:
     if wanted and wanted != principal.key.hash:
         raise forbidden("A key that is not a management key sees only its own activity")
     return principal.key.hash
+
+
+def _page(
+    request: console_pb2.ListGenerationsRequest
+    | console_pb2.ListVideosRequest
+    | console_pb2.ListCreditPurchasesRequest,
+) -> Page:
+    return page_of(
+        request.offset if request.HasField("offset") else None,
+        request.limit if request.HasField("limit") else None,
+    )
 
 
 class ActivityService(console_pb2_grpc.ActivityServicer):
@@ -52,12 +64,9 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
     async def ListGenerations(
         self, request: console_pb2.ListGenerationsRequest, context: grpc.aio.ServicerContext
     ) -> console_pb2.GenerationListResponse:
-        page = page_of(
-            request.offset if request.HasField("offset") else None,
-            request.limit if request.HasField("limit") else None,
-        )
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
+            page = _page(request)
             records, total = await list_generations(
                 session,
                 principal.workspace.id,
@@ -75,12 +84,9 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
     async def ListVideos(
         self, request: console_pb2.ListVideosRequest, context: grpc.aio.ServicerContext
     ) -> console_pb2.VideoJobListResponse:
-        page = page_of(
-            request.offset if request.HasField("offset") else None,
-            request.limit if request.HasField("limit") else None,
-        )
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
+            page = _page(request)
             jobs, total = await list_jobs(
                 session,
                 principal.workspace.id,
@@ -92,6 +98,20 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
         for job in jobs:
             json_format.ParseDict(job_summary(job), response.data.add())
         return response
+
+    async def ListCreditPurchases(
+        self, request: console_pb2.ListCreditPurchasesRequest, context: grpc.aio.ServicerContext
+    ) -> console_pb2.CreditPurchaseListResponse:
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate_management(session, metadata_of(context))
+            page = _page(request)
+            entries, total = await list_purchases(
+                session, principal.account.id, page.offset, page.limit
+            )
+        return json_format.ParseDict(
+            {"data": [purchase_document(e) for e in entries], "total_count": total},
+            console_pb2.CreditPurchaseListResponse(),
+        )
 
     async def ListVideoWebhooks(
         self, request: console_pb2.ListVideoWebhooksRequest, context: grpc.aio.ServicerContext

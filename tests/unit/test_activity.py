@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from server.billing.purchases import list_purchases, purchase_document
 from server.db.models import Generation, VideoJob, WebhookDelivery
 from server.errors import GatewayError
 from server.observability.activity import activity, list_generations, page_of
@@ -180,3 +181,16 @@ async def test_video_jobs_and_their_webhook_deliveries_are_listed(domain: Domain
     [document] = [delivery_document(d) for d in deliveries]
     assert document["event"] == "video.generation.completed" and document["attempts"] == 2
     assert document["last_status"] == 500 and document["next_attempt_at"] is not None
+
+
+async def test_purchases_are_the_account_s_own_newest_first(domain: Domain) -> None:
+    issued = await domain.funded_key("purchases", usd="3")
+    other = await domain.funded_key("purchases-other", usd="7")
+    domain.clock.advance(timedelta(minutes=1))
+    await domain.admin.credits(issued.workspace, "1.5")
+    async with domain.sessions() as session:
+        entries, total = await list_purchases(session, issued.workspace.account_id, 0, 20)
+        second_page, _ = await list_purchases(session, issued.workspace.account_id, 1, 1)
+    assert [purchase_document(e)["amount"] for e in entries] == [1.5, 3] and total == 2
+    assert [e.id for e in second_page] == [entries[1].id]
+    assert other.workspace.account_id not in {e.account_id for e in entries}

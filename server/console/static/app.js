@@ -388,8 +388,14 @@ function copy(text) {
 }
 
 function CreditsPage({ me }) {
+  const [offset, setOffset] = useState(0);
   const [credits, error] = useLoad(() => (me.is_management_key ? api("/credits") : Promise.resolve(null)), []);
+  const [purchases, purchasesError] = useLoad(
+    () => (me.is_management_key ? api(`/credits/purchases${query({ offset, limit: PAGE })}`) : Promise.resolve(null)),
+    [offset],
+  );
   if (!me.is_management_key) return html`<${Restricted} />`;
+  const bought = purchases?.data || [];
   const c = credits?.data;
   // Shown to the micro-dollar: the API's amounts are exact to 6 decimals.
   const balance = c ? (Math.round(c.total_credits * 1e6) - Math.round(c.total_usage * 1e6)) / 1e6 : null;
@@ -402,6 +408,13 @@ function CreditsPage({ me }) {
     </div>
     <p class="muted">Credits are added by the operator (<code>gateway credits add --amount USD</code>).
       Spend per day is on the <a href="#/">Usage</a> page.</p>` : null}
+    <h2>Purchases</h2>
+    <${ErrorBox} error=${purchasesError} />
+    <${Table} label="Purchases">
+      <thead><tr><th>When (UTC)</th><th class="num">Amount</th></tr></thead>
+      <tbody>${bought.map((p) => html`<tr key=${p.id}><td>${when(p.created_at)}</td><td class="num">${usd(p.amount)}</td></tr>`)}</tbody>
+    <//>
+    <${Pager} label="Purchases" offset=${offset} count=${bought.length} total=${purchases?.total_count} onMove=${setOffset} />
   </section>`;
 }
 
