@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
+from openrouter import OpenRouter
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
 from server.db.models import Workspace
@@ -169,6 +170,11 @@ async def test_activity_routes_answer_the_workspace_and_only_a_key_s_own_for_sta
         videos = (await client.get("/videos", headers=manager)).json()
         purchases = (await client.get("/credits/purchases", headers=manager)).json()
         no_purchases = await client.get("/credits/purchases", headers=reader)
+    async with OpenRouter(api_key=console.management.key, server_url=console.api) as sdk:
+        by_sdk = await sdk.analytics.get_user_activity_async(
+            request={"api_key_hash": console.standard.hash}
+        )
+    assert [item.model for item in by_sdk.data] == ["local/pocketsphinx-en"]
     row = next(r for r in activity["data"] if r["api_key_hash"] == console.standard.hash)
     assert row["model"] == "local/pocketsphinx-en" and row["requests"] >= 1 and row["usage"] > 0
     assert generation in [g["id"] for g in listed["data"]] and listed["total_count"] >= 1

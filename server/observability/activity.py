@@ -119,6 +119,7 @@ async def activity(
             "prompt_tokens": 0,
             "completion_tokens": 0,
             "reasoning_tokens": 0,
+            "cached_tokens": 0,
             "api_key_hash": row_key or None,
         }
         for (day, model, provider, row_key), (charged, byok, requests) in sorted(totals.items())

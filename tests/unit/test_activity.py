@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from openrouter import components
 
 from server.billing.purchases import list_purchases, purchase_document
 from server.db.models import Generation, VideoJob, WebhookDelivery
@@ -91,6 +92,9 @@ async def test_activity_is_spend_per_day_model_and_provider_of_the_last_30_days(
     assert split[(second.hash, "unit/ok")]["usage"] == 0.004
     assert split[(first.hash, "unit/ok")]["requests"] == 3
     assert other_key == []  # another workspace's key: nothing of this workspace
+    # The official SDK's model reads the answer.
+    parsed = components.ActivityResponse.model_validate({"data": by_key}).data
+    assert {item.model for item in parsed} == {"unit/ok", "unit/other"}
 
 
 async def test_generations_are_listed_newest_first_filtered_and_paged(domain: Domain) -> None:
