@@ -142,12 +142,15 @@ function Pager({ offset, total, count, limit = PAGE, onMove, label }) {
 // A button that asks once more before doing something that cannot be undone.
 function ConfirmButton({ label, confirmLabel, onConfirm, disabled }) {
   const [armed, setArmed] = useState(false);
+  const confirm = useRef(null);
+  // The keyboard stays where the question is: on the confirming button.
+  useEffect(() => { if (armed && confirm.current) confirm.current.focus(); }, [armed]);
   if (!armed) {
     return html`<button class="secondary" type="button" disabled=${disabled}
       onClick=${() => setArmed(true)}>${label}</button>`;
   }
   return html`<span class="actions">
-    <button class="danger" type="button" onClick=${() => { setArmed(false); onConfirm(); }}>${confirmLabel}</button>
+    <button class="danger" type="button" ref=${confirm} onClick=${() => { setArmed(false); onConfirm(); }}>${confirmLabel}</button>
     <button class="secondary" type="button" onClick=${() => setArmed(false)}>Cancel</button>
   </span>`;
 }
@@ -197,7 +200,10 @@ function Chart({ title, days, series }) {
       axes: [{}, { values: (_, ticks) => ticks.map((t) => usd(t)), size: 96 }],
       scales: { x: { time: true } },
     }, [x, ...series.map((s) => s.values)], el);
-    return () => plot.destroy();
+    // Follow the page's width (a phone turned, a window resized).
+    const fit = () => plot.setSize({ width: Math.max(280, el.clientWidth - 16), height: 220 });
+    window.addEventListener("resize", fit);
+    return () => { window.removeEventListener("resize", fit); plot.destroy(); };
   }, [days, series]);
   return html`<figure class="chart" aria-label=${title}>
     <figcaption><strong>${title}</strong></figcaption>
