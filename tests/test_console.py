@@ -64,6 +64,7 @@ async def console(
         await own.admin.credits(workspace, "10")
         management = await own.admin.key(workspace, "console admin", management=True)
         standard = await own.admin.key(workspace, "console reader")
+        await own.admin.intern(workspace, "ada")
         origin = f"http://127.0.0.1:{own.port}"
         yield Console(origin, own.admin, workspace, management, standard, webhook_receiver)
 
@@ -266,6 +267,15 @@ async def test_a_management_key_runs_the_console(console: Console, browser: Brow
     await page.get_by_role("button", name="Delete console_token").click()
     await expect(page.get_by_text("Secret console_token deleted.")).to_be_visible()
     await expect(secrets_table.get_by_role("cell", name="console_token")).to_have_count(0)
+    # An intern's vault, chosen by name.
+    await page.get_by_label("Vault", exact=True).select_option(label="Intern ada")
+    await page.get_by_role("button", name="Show this vault").click()
+    await expect(page.get_by_text("Showing intern ada's secrets")).to_be_visible()
+    await page.get_by_label("Name", exact=True).fill("intern_token")
+    await page.get_by_label("Value", exact=True).fill("intern-value")
+    await page.get_by_label("Hosts (comma separated)").fill("api.example.com")
+    await page.get_by_role("button", name="Save secret").click()
+    await expect(secrets_table.get_by_role("cell", name="intern_token")).to_be_visible()
 
     await page.goto(f"{console.url}#/credits")
     purchases = page.get_by_role("region", name="Purchases")

@@ -46,6 +46,7 @@ PUBLIC_ROUTES = {
     ("DELETE", "/api/v1/byok/{id}"),
     ("GET", "/api/v1/activity"),
     ("GET", "/api/v1/credits/purchases"),
+    ("GET", "/api/v1/interns"),
     ("GET", "/api/v1/generations"),
     ("GET", "/api/v1/videos"),
     ("GET", "/api/v1/videos/{job_id}/webhooks"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import grpc
 from google.protobuf import json_format
 
+from server.accounts.interns import intern_document, list_interns
 from server.auth import Authenticator, Principal
 from server.billing.purchases import list_purchases, purchase_document
 from server.clock import Clock
@@ -111,6 +112,16 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
         return json_format.ParseDict(
             {"data": [purchase_document(e) for e in entries], "total_count": total},
             console_pb2.CreditPurchaseListResponse(),
+        )
+
+    async def ListInterns(
+        self, request: console_pb2.ListInternsRequest, context: grpc.aio.ServicerContext
+    ) -> console_pb2.InternListResponse:
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate_management(session, metadata_of(context))
+            interns = await list_interns(session, principal.workspace)
+        return json_format.ParseDict(
+            {"data": [intern_document(i) for i in interns]}, console_pb2.InternListResponse()
         )
 
     async def ListVideoWebhooks(

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from openrouter import components
 
+from server.accounts.interns import intern_document, list_interns
 from server.billing.purchases import list_purchases, purchase_document
 from server.db.models import Generation, VideoJob, WebhookDelivery
 from server.errors import GatewayError
@@ -198,3 +199,16 @@ async def test_purchases_are_the_account_s_own_newest_first(domain: Domain) -> N
     assert [purchase_document(e)["amount"] for e in entries] == [1.5, 3] and total == 2
     assert [e.id for e in second_page] == [entries[1].id]
     assert other.workspace.account_id not in {e.account_id for e in entries}
+
+
+async def test_interns_are_listed_only_inside_the_intern_programme(domain: Domain) -> None:
+    programme = await domain.admin.workspace("interns-on", intern_programme=True)
+    outside = await domain.admin.workspace("interns-off")
+    for name in ("zoe", "ada"):
+        await domain.admin.intern(programme, name)
+    await domain.admin.intern(outside, "bob")
+    async with domain.sessions() as session:
+        listed = await list_interns(session, programme)
+        hidden = await list_interns(session, outside)
+    assert [intern_document(i)["name"] for i in listed] == ["ada", "zoe"]
+    assert hidden == []

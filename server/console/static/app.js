@@ -572,6 +572,7 @@ function VaultPage({ me }) {
   const [notice, setNotice] = useState(null);
   const base = intern ? `/vault/interns/${encodeURIComponent(intern)}/secrets` : "/vault/secrets";
   const [list, loadError, reload] = useLoad(() => api(`${base}${query({ offset, limit: PAGE })}`), [base, offset]);
+  const [interns] = useLoad(() => (me.is_management_key ? api("/interns") : Promise.resolve(null)), []);
   const nameRef = useRef(null);
   if (!me.is_management_key) return html`<${Restricted} />`;
   const act = async (work, done) => {
@@ -595,11 +596,14 @@ function VaultPage({ me }) {
   const secrets = list?.data || [];
   return html`<section>
     <form class="inline panel" onSubmit=${choose} aria-label="Choose the vault">
-      <${Field} id="vault-intern" label="Intern id (empty for the workspace's vault)">
-        <input id="vault-intern" name="intern" value=${intern} /><//>
+      <${Field} id="vault-intern" label="Vault">
+        <select id="vault-intern" name="intern" value=${intern}>
+          <option value="">The workspace's vault</option>
+          ${(interns?.data || []).map((i) => html`<option value=${i.id}>Intern ${i.name}</option>`)}
+        </select><//>
       <button type="submit">Show this vault</button>
     </form>
-    <p class="muted">Showing ${intern ? html`intern <code>${intern}</code>'s` : "the workspace's"} secrets. Values are never shown.</p>
+    <p class="muted" role="status">Showing ${intern ? `intern ${(interns?.data || []).find((i) => i.id === intern)?.name || intern}'s` : "the workspace's"} secrets. Values are never shown.</p>
     <div class="panel">
       <h2>Store or replace a secret</h2>
       <form class="inline" onSubmit=${save}>
