@@ -33,6 +33,7 @@ from server.auth import Principal
 from server.billing.holds import DEFAULT_HOLD_TTL, Hold
 from server.cli import stop_on_signals
 from server.config import load_settings
+from server.limits.guardrail_budgets import GuardrailBudget
 from server.observability.logs import configure_logging_from_environment
 from tests.support.processes import READY_LINE
 
@@ -51,6 +52,7 @@ class NoLimits:
         now: datetime,
         ttl: timedelta = DEFAULT_HOLD_TTL,
         is_byok: bool = False,
+        budgets: Sequence[GuardrailBudget] = (),
     ) -> Hold:
         return Hold("", principal.account.id, principal.key.hash, estimate_micros, is_byok)
 

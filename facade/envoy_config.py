@@ -13,6 +13,7 @@ from server.errors import (
     ERROR_STATUS,
     ERROR_STATUSES,
     FALLBACK_STATUS,
+    UNAVAILABLE_RETRY_SECONDS,
     EnvoyReply,
     ErrorStatus,
     GatewayError,
@@ -100,6 +101,13 @@ def _local_reply_mapper(entry: ErrorStatus, reply: EnvoyReply) -> dict[str, Any]
     if entry.status != reply.code:
         mapper["status_code"] = entry.status
     mapper["body"] = {"inline_string": reply.message or entry.message}
+    if reply.retry_after_seconds is not None:
+        mapper["headers_to_add"] = [
+            {
+                "header": {"key": "retry-after", "value": str(reply.retry_after_seconds)},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            }
+        ]
     if reply.metadata is not None:
         mapper["body_format_override"] = {
             "json_format": {
@@ -204,7 +212,7 @@ def _cors_policy(edge: EdgePolicy) -> dict[str, Any]:
         "allow_methods": "GET, POST, PUT, PATCH, DELETE, OPTIONS",
         "allow_headers": "authorization, content-type, x-session-id, x-request-id, traceparent",
         "expose_headers": "x-request-id, retry-after, x-ratelimit-limit, x-ratelimit-remaining, "
-        "x-ratelimit-reset",
+        "x-ratelimit-reset, x-generation-id",
         "max_age": "86400",
         # A preflight from an origin that is not allowed gets no allow headers.
         "forward_not_matching_preflights": False,
@@ -423,8 +431,8 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         "health_checks": [
             {
                 "timeout": "1s",
-                "interval": "2s",
-                "no_traffic_interval": "2s",
+                "interval": f"{UNAVAILABLE_RETRY_SECONDS}s",  # the 503's Retry-After
+                "no_traffic_interval": f"{UNAVAILABLE_RETRY_SECONDS}s",
                 "unhealthy_threshold": 1,
                 "healthy_threshold": 1,
                 "grpc_health_check": {},

@@ -41,21 +41,30 @@ from server.db.migrate import upgrade
 from server.limits.admission import EnforcedLimits, Limits
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
-from server.observability.monitor import DatabaseMonitor
+from server.observability.monitor import DatabaseMonitor, recovery_retry_seconds
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
 from server.ports import GRPC_PORT, METRICS_PORT, ensure_free, listen_error
 from server.providers.assemblyai_stt import AssemblyAISttAdapter
 from server.providers.azure_openai_stt import AzureOpenAISttAdapter
+from server.providers.dashscope_video import DashScopeVideoAdapter
 from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
+from server.providers.fal_video import FalVideoAdapter
+from server.providers.gemini_video import GeminiVideoAdapter
+from server.providers.kling_video import KlingVideoAdapter
 from server.providers.local_video import LocalVideoAdapter
+from server.providers.minimax_video import MiniMaxVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
 from server.providers.queue_video import QueueVideoAdapter
+from server.providers.replicate_video import ReplicateVideoAdapter
+from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.stt import SttAdapter
+from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
-from server.routing.catalog import Catalog, load_catalog
+from server.routing.catalog import Catalog, load_catalog, served_by
+from server.routing.cooldowns import Cooldowns
 from server.services.activity import ActivityService
 from server.services.audio import AudioService
 from server.services.byok import ByokService
@@ -150,12 +159,23 @@ def build_core(
         "local": LocalVideoAdapter(),
         "openai": OpenAIVideoAdapter(http),
         "queue": QueueVideoAdapter(http),
+        "gemini": GeminiVideoAdapter(http),
+        "vertex": VertexVideoAdapter(http),
+        "kling": KlingVideoAdapter(http, clock),
+        "minimax": MiniMaxVideoAdapter(http),
+        "seedance": SeedanceVideoAdapter(http),
+        "dashscope": DashScopeVideoAdapter(http),
+        "fal": FalVideoAdapter(http),
+        "replicate": ReplicateVideoAdapter(http),
     }
+    # Every catalog endpoint must name a registered adapter (startup error otherwise).
+    catalog = served_by(catalog, stt_adapters.keys(), video_adapters.keys())
     content = ContentStore(settings.content_dir)
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
     byok = ByokRouting(
         vault_master, ByokFees(settings.byok_fee_percent, settings.byok_free_requests_per_month)
     )
+    cooldowns = Cooldowns(clock)  # shared by transcription and video submission routing
     metrics = Metrics()
     tracer_provider = tracer_provider_from_environment()
     tracer = tracer_of(tracer_provider)
@@ -181,6 +201,7 @@ def build_core(
             tracer,
             decoder,
             byok=byok,
+            cooldowns=cooldowns,
         ),
         content=content,
         video_worker=VideoWorker(
@@ -195,6 +216,7 @@ def build_core(
             metrics=metrics,
             tracer=tracer,
             byok=byok,
+            cooldowns=cooldowns,
         ),
         webhooks=webhooks,
         maintenance=Maintenance(
@@ -225,7 +247,15 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
     metadata_limit = metadata_limit_bytes(core.settings.edge)
     server = grpc.aio.server(
-        interceptors=[RequestInterceptor(core.metrics, core.tracer)],
+        interceptors=[
+            RequestInterceptor(
+                core.metrics,
+                core.tracer,
+                database_retry_seconds=recovery_retry_seconds(
+                    core.settings.health_interval_seconds
+                ),
+            )
+        ],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -254,6 +284,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             core.video_worker.wake,
             core.byok,
             adapters=core.video_worker.adapters,
+            provider_cancel=core.video_worker.cancel_at_provider,
         ),
         server,
     )

@@ -384,6 +384,18 @@ def _names(text: str | None) -> list[str] | None:
     return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
 
 
+async def cmd_models(args: argparse.Namespace) -> int:
+    """Each catalog model (the one `gateway up` would load), its endpoints and whether each
+    is routable with the credentials in this environment, and why not."""
+    from server.routing.catalog import load_catalog
+    from server.routing.readiness import report
+
+    catalog = load_catalog(load_settings(catalog_file=args.catalog).catalog_file)
+    for line in report(catalog):
+        print(line)
+    return 0
+
+
 async def cmd_guardrails_create(args: argparse.Namespace) -> int:
     from server.guardrails import store
     from server.routing.catalog import load_catalog
@@ -400,8 +412,11 @@ async def cmd_guardrails_create(args: argparse.Namespace) -> int:
         if args.max_cost_per_request is None
         else exact_micros(args.max_cost_per_request),
         "max_video_duration_seconds": args.max_video_duration,
+        "limit_micros": None if args.limit_usd is None else exact_micros(args.limit_usd),
+        "reset_interval": args.reset_interval,
     }
     changes = store.check_changes(catalog, given)
+    store.check_budget(changes["limit_micros"], changes["reset_interval"])
 
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await _workspace(session, args.workspace, now)
@@ -430,6 +445,10 @@ async def cmd_guardrails_list(args: argparse.Namespace) -> int:
             if guardrail.max_cost_per_request_micros is None
             else str(micros_to_usd(guardrail.max_cost_per_request_micros)),
             "max_video_duration_seconds": guardrail.max_video_duration_seconds,
+            "limit_usd": None
+            if guardrail.limit_micros is None
+            else str(micros_to_usd(guardrail.limit_micros)),
+            "reset_interval": guardrail.reset_interval,
         }
         shown = " ".join(f"{k}={v}" for k, v in rules.items() if v is not None)
         print(f"{guardrail.id}  {guardrail.name}  {shown}".rstrip())
@@ -505,9 +524,7 @@ async def cmd_byok_list(args: argparse.Namespace) -> int:
 
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await _workspace(session, args.workspace, now)
-        rows, _ = await store.list_keys(
-            session, workspace.id, provider=args.provider, limit=100
-        )
+        rows, _ = await store.list_keys(session, workspace.id, provider=args.provider, limit=100)
         return rows
 
     for row in await _with_session(args, work):
@@ -733,6 +750,10 @@ def build_parser() -> argparse.ArgumentParser:
     guardrail_create.add_argument(
         "--max-video-duration", type=_positive_seconds, metavar="S", help="refuse longer videos"
     )
+    guardrail_create.add_argument(
+        "--limit-usd", type=_usd, metavar="USD", help="a budget per key (with --reset-interval)"
+    )
+    guardrail_create.add_argument("--reset-interval", choices=LIMIT_RESETS)
     guardrail_create.set_defaults(run=cmd_guardrails_create)
     guardrail_list = guardrails.add_parser("list", parents=[common], help="list them")
     guardrail_list.add_argument("--workspace")
@@ -775,6 +796,16 @@ def build_parser() -> argparse.ArgumentParser:
     byok_delete.add_argument("id")
     byok_delete.add_argument("--workspace")
     byok_delete.set_defaults(run=cmd_byok_delete)
+
+    models = commands.add_parser(
+        "models", help="list the catalog's models and which providers are configured"
+    )
+    models.add_argument(
+        "--catalog",
+        metavar="FILE",
+        help="operator provider catalog, as for `gateway up` (env GATEWAY_CATALOG)",
+    )
+    models.set_defaults(run=cmd_models)
 
     credits = commands.add_parser("credits", help="manage credits").add_subparsers(
         dest="action", required=True, metavar="ACTION"

@@ -24,6 +24,12 @@ class EnvoyReply:
     # the replies Envoy makes itself get `message`.
     keeps_lua_text: bool = False
     metadata: Mapping[str, str] | None = None
+    retry_after_seconds: int | None = None  # sent as Retry-After with the reply
+
+
+# How soon a 503 for a server out of rotation (database unreachable, draining, down) is worth
+# retrying: Envoy's health check looks at every server again within this many seconds.
+UNAVAILABLE_RETRY_SECONDS = 2
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,7 @@ ERROR_STATUSES: tuple[ErrorStatus, ...] = (
         "UNAVAILABLE",
         "Service temporarily unavailable",
         grpc_failures=(_CODE.UNAVAILABLE,),
-        envoy_replies=(EnvoyReply(503),),
+        envoy_replies=(EnvoyReply(503, retry_after_seconds=UNAVAILABLE_RETRY_SECONDS),),
     ),
     ErrorStatus(
         504,
@@ -303,3 +309,8 @@ def not_found(message: str) -> GatewayError:
 
 INTERNAL_ERROR = GatewayError(500, default_message(500))
 SERVICE_UNAVAILABLE = GatewayError(503, default_message(503))
+
+
+def service_unavailable(retry_after_seconds: int) -> GatewayError:
+    """503 when the gateway knows when to retry (e.g. the database monitor's next check)."""
+    return GatewayError(503, default_message(503), retry_after_seconds=retry_after_seconds)

@@ -50,6 +50,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("stack", backends, indirect=True, scope="session")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`, see pyproject.toml), tests that share an
+    expensive fixture run on one worker, so it starts once rather than once per worker: a
+    module's tests when they use a module-scoped fixture (a gateway of their own, a built
+    wheel), and the tests of the PostgreSQL `stack`."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)
+        definitions = fixtures.name2fixturedefs.values() if fixtures is not None else ()
+        if any(d[-1].scope == "module" for d in definitions if d):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))  # type: ignore[attr-defined]
+            continue
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("stack") == "postgres":
+            item.add_marker(pytest.mark.xdist_group("stack-postgres"))
+
+
 async def _create_pg_database() -> str:
     name = f"gw_test_{uuid.uuid4().hex[:12]}"
     try:
@@ -93,8 +109,8 @@ class Databases:
         return url
 
     async def close(self) -> None:
-        for url in self.pg_urls:
-            await _drop_pg_database(url)
+        # Together: one by one, dropping a run's databases took seconds at the session's end.
+        await asyncio.gather(*(_drop_pg_database(url) for url in self.pg_urls))
 
 
 @pytest_asyncio.fixture(scope="session")

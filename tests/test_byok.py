@@ -128,6 +128,13 @@ def test_a_workspace_key_serves_its_requests_and_pays_the_platform_fee(
     with OpenRouter(api_key=stack.member.key, server_url=stack.gateway.base_url) as member:
         with pytest.raises(errors.ForbiddenResponseError):
             member.byok.list()
+    refused = httpx.post(
+        f"{stack.gateway.base_url}/byok",
+        json={"provider": "not-in-the-catalog", "key": OWN_KEY},
+        headers=stack.manager.headers,
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["metadata"]["param"] == "provider"
+    assert OWN_KEY not in refused.text
 
     assert GATEWAY is not None
     shown = subprocess.run(
@@ -160,3 +167,37 @@ def test_a_workspace_key_serves_its_requests_and_pays_the_platform_fee(
         remaining = client.byok.list()
         assert remaining is not None and remaining.result.data == []
     assert _transcribe(stack).status_code == 503
+    log = stack.gateway.log()
+    assert not [OWN_KEY[i : i + 12] for i in range(len(OWN_KEY) - 11) if OWN_KEY[i : i + 12] in log]
+
+
+def test_the_cli_creates_lists_and_deletes_keys_read_from_stdin_or_a_variable(
+    tmp_path: Path,
+) -> None:
+    assert GATEWAY is not None
+    data = tmp_path / "data"
+
+    def gateway(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> str:
+        done = subprocess.run(
+            [GATEWAY, "byok", *args, "--data-dir", str(data)],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": sys.exec_prefix + "/bin", **(env or {})},
+        )
+        assert done.returncode == 0, done.stderr
+        assert OWN_KEY not in done.stdout + done.stderr
+        return done.stdout
+
+    first = gateway("create", "--provider", "openai", "--name", "ours", stdin=OWN_KEY + "\n")
+    second = gateway(
+        "create", "--provider", "openai", "--key-env", "OWN", "--fallback", env={"OWN": OWN_KEY}
+    )
+    first_id, second_id = first.split()[-1], second.split()[-1]
+    assert "...wxyz" in first and first_id != second_id
+    assert f"Deleted BYOK key ...wxyz for openai ({first_id})" in gateway("delete", first_id)
+    (listed,) = gateway("list").splitlines()
+    assert listed.split()[:4] == [second_id, "openai", "1", "...wxyz"]
+    assert listed.endswith("fallback")
+    assert OWN_KEY.encode() not in (data / "gateway.db").read_bytes()

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.support.processes import GatewayProcess
 
@@ -90,55 +89,8 @@ def test_operator_workflow_on_the_embedded_default(tmp_path: Path) -> None:
     assert "Gateway stopped." in gateway.log()
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (("keys", "create", "--name", "x", "--limit", "abc"), "not an amount"),
-        (("keys", "create", "--name", "x", "--limit-reset", "yearly"), "invalid choice"),
-        (
-            ("keys", "create", "--name", "x", "--limit-reset", "daily"),
-            "--limit-reset needs --limit",
-        ),
-        (("keys", "create", "--name", "x", "--workspace", "nope"), "no workspace named 'nope'"),
-        (("credits", "add", "--amount", "0"), "greater than 0"),
-        (("credits", "add", "--amount", "-3"), "must be a number >= 0"),
-        (("workspaces", "create", "bad name!"), "workspace name must be"),
-        (("interns", "create", "--workspace", "nope", "x"), "no workspace named"),
-        (("keys", "update", "0" * 64, "--disabled"), "no API key with hash"),
-        (("up", "--http-port", "70000"), "port must be 1-65535"),
-        (("workspaces", "update", "default", "--vault-writes", "maybe"), "expected on or off"),
-    ],
-)
-def test_bad_arguments_get_clear_messages(
-    tmp_path: Path, args: tuple[str, ...], message: str
-) -> None:
-    result = run(tmp_path / "data", *args)
-    assert result.returncode != 0
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
-
-
-@pytest.mark.parametrize(
-    ("variable", "value", "message"),
-    [
-        ("GATEWAY_CORS_ORIGINS", 'https://app.example.com, evil"', "is not an origin"),
-        ("GATEWAY_EDGE_CLIENT_RPS", "lots", "GATEWAY_EDGE_CLIENT_RPS must be a number"),
-        ("GATEWAY_EDGE_HEADERS_TIMEOUT_SECONDS", "0", "must be greater than 0"),
-    ],
-)
-def test_bad_edge_settings_are_refused(
-    tmp_path: Path, variable: str, value: str, message: str
-) -> None:
-    result = run(tmp_path / "data", "up", env={variable: value})
-    assert result.returncode == 2
-    assert message in result.stderr and "Traceback" not in result.stderr
-
-
-def test_duplicate_workspace_is_refused(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    assert run(data, "workspaces", "create", "twice").returncode == 0
-    again = run(data, "workspaces", "create", "twice")
-    assert again.returncode != 0 and "already exists" in again.stderr
+# The CLI's refusals (bad arguments, bad edge settings, a duplicate workspace) are checked
+# in-process: tests/unit/test_cli_arguments.py.
 
 
 def test_database_url_reaches_postgresql(tmp_path: Path, pg_database: str) -> None:
@@ -202,3 +154,14 @@ def test_keys_create_with_an_expiry_lists_it(tmp_path: Path) -> None:
     past = run(data, "keys", "create", "--name", "y", "--expires-at", "2001-01-01T00:00:00Z")
     assert vague.returncode != 0 and "--expires-at must be an ISO 8601" in vague.stderr
     assert past.returncode != 0 and "expires_at must be in the future" in past.stderr
+
+
+def test_guardrails_create_with_a_budget(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    budget = ("--limit-usd", "2.5", "--reset-interval", "weekly")
+    created = run(data, "guardrails", "create", "--name", "weekly", *budget)
+    assert created.returncode == 0, created.stderr
+    listed = run(data, "guardrails", "list")
+    assert "limit_usd=2.5 reset_interval=weekly" in listed.stdout
+    half = run(data, "guardrails", "create", "--name", "half", "--limit-usd", "1")
+    assert half.returncode != 0 and "must be given together" in half.stderr

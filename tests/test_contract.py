@@ -23,6 +23,7 @@ PUBLIC_ROUTES = {
     ("GET", "/api/v1/videos/models"),
     ("GET", "/api/v1/videos/{job_id}"),
     ("GET", "/api/v1/videos/{job_id}/content"),
+    ("POST", "/api/v1/videos/{job_id}/cancel"),
     ("POST", "/api/v1/audio/transcriptions"),
     ("PUT", "/api/v1/vault/secrets/{name}"),
     ("GET", "/api/v1/vault/secrets"),
@@ -51,6 +52,12 @@ PUBLIC_ROUTES = {
     ("GET", "/api/v1/videos"),
     ("GET", "/api/v1/videos/{job_id}/webhooks"),
     ("GET", "/console/{path=**}"),
+    ("GET", "/api/v1/vault/secrets/{name}"),
+    ("GET", "/api/v1/vault/interns/{intern_id}/secrets/{name}"),
+    ("POST", "/api/v1/guardrails/{id}/assignments/keys"),
+    ("POST", "/api/v1/guardrails/{id}/assignments/keys/remove"),
+    ("GET", "/api/v1/guardrails/{id}/assignments/keys"),
+    ("GET", "/api/v1/guardrails/assignments/keys"),
 }
 
 

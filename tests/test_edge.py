@@ -84,6 +84,7 @@ async def test_any_origin_by_default(stack: Stack, funded: IssuedKey) -> None:
     assert actual.status_code == 200
     assert actual.headers["access-control-allow-origin"] == origin
     assert "x-request-id" in actual.headers["access-control-expose-headers"]
+    assert "x-generation-id" in actual.headers["access-control-expose-headers"]
 
 
 async def test_restricted_origins(edge: OwnGateway) -> None:

@@ -17,6 +17,7 @@ from facade.launcher import EnvoyProcess
 from server.config import EdgePolicy
 from server.contract import DESCRIPTOR_SET, SERVICES, keys_pb2, keys_pb2_grpc
 from server.db.engine import create_engine, session_factory
+from server.errors import UNAVAILABLE_RETRY_SECONDS
 from tests.support.admin import Admin
 from tests.support.processes import GatewayProcess, free_port, refusing_port
 
@@ -51,6 +52,8 @@ async def test_unreachable_server_is_503_without_reset_reason(tmp_path: Path) ->
     assert response.status_code == 503
     assert response.json() == {"error": {"code": 503, "message": "Service temporarily unavailable"}}
     assert "reset" not in response.text and "upstream" not in response.text
+    # The health check looks again within UNAVAILABLE_RETRY_SECONDS: when to retry.
+    assert response.headers["retry-after"] == str(UNAVAILABLE_RETRY_SECONDS)
 
 
 class _SlowKeys(keys_pb2_grpc.KeysServicer):

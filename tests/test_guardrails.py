@@ -127,7 +127,8 @@ async def test_management_rules(stack: Stack, team: Workspace, unique: str) -> N
             ({"name": "x", "max_cost_per_request_usd": -1}, "max_cost_per_request_usd"),
             ({"name": "x", "max_video_duration_seconds": 1.5}, "max_video_duration_seconds"),
             ({"name": "x", "max_video_duration_seconds": 0}, "max_video_duration_seconds"),
-            ({"name": "x", "limit_usd": 10, "reset_interval": "daily"}, "limit_usd"),
+            ({"name": "x", "limit_usd": 10}, "reset_interval"),  # a budget needs both
+            ({"name": "x", "limit_usd": 10, "reset_interval": "hourly"}, "reset_interval"),
             ({"name": ""}, "name"),
         ):
             refused = await client.post(base, json=body, headers=team.manager.headers)

@@ -376,6 +376,7 @@ async def test_health_follows_database_reachability(databases: Databases, tmp_pa
             down = await client.get(f"{gateway.base_url}/key", headers=issued.headers)
         assert down.status_code == 503
         assert down.json() == {"error": {"code": 503, "message": "Service temporarily unavailable"}}
+        assert int(down.headers["retry-after"]) >= 1  # the monitor or health check looks again
         assert value(await scrape(gateway), "gateway_database_up") == 0
         proxy.start()
         await _until_health(gateway.grpc_target, serving)

@@ -108,3 +108,84 @@ async def test_sdk_creates_an_expiring_key_and_reads_its_extra_members(
     assert manager_view.data.is_provisioning_key is True
     listed = (await sdk(stack, manager.key, lambda c: c.api_keys.list())).data
     assert {k.name: k.expires_at for k in listed}["expiring"] == expires
+
+
+@SQLITE_ONLY
+async def test_vault_reads_one_secrets_metadata_on_both_routes(stack: Stack, unique: str) -> None:
+    workspace = await stack.admin.workspace(f"vault1-{unique}", intern_programme=True)
+    intern = await stack.admin.intern(workspace, "helper")
+    issued = await stack.admin.key(workspace, "vault")
+    value = "never-shown-7a1b"
+
+    def store(client: OpenRouter) -> Any:
+        client.vault.store_vault_secret(name="api_token", value=value, hosts=["api.example.com"])
+        return client.vault.store_intern_vault_secret(
+            intern_id=intern.id, name="own_token", value=value, hosts=["own.example.com"]
+        )
+
+    await sdk(stack, issued.key, store)
+    base = f"{stack.base_url}/vault"
+    async with httpx.AsyncClient(headers=issued.headers) as client:
+        shared = await client.get(f"{base}/secrets/api_token")
+        own = await client.get(f"{base}/interns/{intern.id}/secrets/own_token")
+        not_the_interns = await client.get(f"{base}/interns/{intern.id}/secrets/api_token")
+        effective = await client.get(f"{base}/interns/{intern.id}/effective-secrets")
+    assert shared.status_code == 200 and own.status_code == 200
+    assert shared.json()["data"]["hosts"] == ["api.example.com"]
+    assert set(shared.json()["data"]) == {
+        "name",
+        "hosts",
+        "fingerprint",
+        "created_at",
+        "updated_at",
+    }
+    assert own.json()["data"]["name"] == "own_token"
+    assert value not in shared.text + own.text
+    assert not_the_interns.status_code == 404
+    scopes = {s["name"]: s["scope"] for s in effective.json()["data"]}
+    assert scopes == {"api_token": "workspace", "own_token": "intern"}
+
+
+@SQLITE_ONLY
+async def test_sdk_guardrail_budget_assigned_to_a_key_refuses_past_it(
+    stack: Stack, unique: str
+) -> None:
+    workspace = await stack.admin.workspace(f"budget-{unique}")
+    await stack.admin.credits(workspace, "10")
+    manager = await stack.admin.key(workspace, "manager", management=True)
+    capped = await stack.admin.key(workspace, "capped")
+    free = await stack.admin.key(workspace, "uncapped")
+
+    def set_up(client: OpenRouter) -> Any:
+        # 0.002 USD a day: one ~1.08 s transcription at 0.001 USD/s fits, a second does not.
+        created = client.guardrails.create(name="tight", limit_usd=0.002, reset_interval="daily")
+        gid = created.data.id
+        assigned = client.guardrails.bulk_assign_keys(id=gid, key_hashes=[capped.hash])
+        listed = client.guardrails.list_guardrail_key_assignments(id=gid)
+        return created.data, assigned, listed.result
+
+    guardrail, assigned, listed = await sdk(stack, manager.key, set_up)
+    assert guardrail.limit_usd == 0.002 and guardrail.reset_interval == "daily"
+    assert assigned.assigned_count == 1
+    assert [(a.key_hash, a.key_name) for a in listed.data] == [(capped.hash, "capped")]
+    body = {"model": "fake/ok", "input_audio": {"data": b64(fixture()), "format": "wav"}}
+    url = f"{stack.base_url}/audio/transcriptions"
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = await client.post(url, json=body, headers=capped.headers)
+        second = await client.post(url, json=body, headers=capped.headers)
+        other_key = await client.post(url, json=body, headers=free.headers)
+    assert first.status_code == 200 and other_key.status_code == 200
+    assert second.status_code == 403
+    metadata = second.json()["error"]["metadata"]
+    assert metadata["limit_source"] == "openrouter_guardrail_budget"
+    assert metadata["limit_usd"] == 0.002
+    assert metadata["spend_usd"] == first.json()["usage"]["cost"]
+    assert metadata["resets_at"].endswith("T00:00:00.000Z")
+    # GET /key lists the budget layers, and the spent one as the effective budget.
+    status = (await sdk(stack, capped.key, lambda c: c.api_keys.get_current_key_metadata())).data
+    (layer,) = status.budgets
+    assert (layer.scope, layer.guardrail_id) == ("api_key", guardrail.id)
+    assert layer.spend_usd == metadata["spend_usd"] and layer.limit_usd == 0.002
+    assert status.effective_budget is not None and status.effective_budget.scope == "api_key"
+    unbudgeted = await sdk(stack, free.key, lambda c: c.api_keys.get_current_key_metadata())
+    assert unbudgeted.data.budgets == [] and unbudgeted.data.effective_budget is None

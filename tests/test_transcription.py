@@ -133,6 +133,18 @@ async def test_every_provider_rate_limited_is_429_with_largest_retry_after(
     assert "retry-after" not in partial.headers
 
 
+async def test_a_provider_that_said_wait_is_not_called_until_then(
+    stack: Stack, funded: IssuedKey
+) -> None:
+    first = await transcribe_json(stack, funded, audio_body("fake/cooling"))
+    if first.status_code == 429:  # else an earlier run on this gateway cooled it already
+        assert first.headers["retry-after"] == "120"
+    cooling = await transcribe_json(stack, funded, audio_body("fake/cooling"))
+    assert cooling.status_code == 503, cooling.text
+    assert 1 <= int(cooling.headers["retry-after"]) <= 120
+    assert "No available provider" in cooling.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     ("model", "status"),
     [

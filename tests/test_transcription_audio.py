@@ -196,7 +196,9 @@ async def test_long_local_transcriptions_do_not_stall_other_workspaces(
     made another workspace's GET /key take 11-19 s and health go NOT_SERVING. Two run, two
     wait in the queue, and the fifth is told at once to come back (429, Retry-After)."""
     other = await stack.admin.key(await stack.admin.workspace(f"bystander-{unique}"), "b")
-    audio = speech(6)
+    # 4 s each: on the event loop, four of them still stall GET /key for several seconds,
+    # far past the 2 s bound below (6 s ones took 11-19 s).
+    audio = speech(4)
     started = time.monotonic()
     long_calls = [
         asyncio.create_task(_json(stack, funded, "local/pocketsphinx-en", audio, "wav"))
@@ -223,13 +225,13 @@ async def test_long_local_transcriptions_do_not_stall_other_workspaces(
     for response in responses:
         if response.status_code == 200:
             assert "door" in response.json()["text"], response.text
-            assert response.json()["usage"]["seconds"] == pytest.approx(6.0)
+            assert response.json()["usage"]["seconds"] == pytest.approx(4.0)
         else:
             assert response.headers["retry-after"].isdigit()
             assert response.json()["error"]["code"] == 429
     assert await stack.admin.count(CreditHold, CreditHold.key_hash == funded.hash) == 0
     print(
-        f"5 local transcriptions of 6 s: {elapsed:.1f} s; GET /key at most "
+        f"5 local transcriptions of 4 s: {elapsed:.1f} s; GET /key at most "
         f"{max(key_seconds):.2f} s over {len(key_seconds)} calls"
     )
 

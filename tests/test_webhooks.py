@@ -103,7 +103,7 @@ async def test_failed_job_webhook_and_workspace_default_url(
         assert workspace is not None
         await update_workspace(session, workspace, default_callback_url=stack.webhooks.url(path))
         await session.commit()
-    await submit(stack, funded, model="fakevideo/unavailable")
+    await submit(stack, funded, model="fakevideo/provider-fails")
     (hook,) = await hooks_for(stack, path, 1)
     payload = json.loads(hook.body)
     assert payload["type"] == "video.generation.failed"

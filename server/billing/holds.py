@@ -74,7 +74,8 @@ _LOCK_ACCOUNT = {
 }
 
 
-async def _lock_account(session: AsyncSession, account_id: str) -> None:
+async def lock_account(session: AsyncSession, account_id: str) -> None:
+    """Serialize the account's holds until the caller's transaction ends."""
     await fetch_rows(session, _LOCK_ACCOUNT, {"account_id": account_id})
 
 
@@ -242,7 +243,7 @@ async def place_hold(
     # database's write lock before it reads, and keeps it to the commit.
     on_sqlite = session.get_bind().dialect.name == "sqlite"
     if not on_sqlite:
-        await _lock_account(session, account_id)
+        await lock_account(session, account_id)
     starts = period_starts(now)
     params = {f"{period}_start": starts.of(period) for period in PERIODS}
     hold = Hold(f"hold_{secrets.token_hex(12)}", account_id, key_hash, amount_micros, is_byok)
@@ -261,7 +262,7 @@ async def place_hold(
     # Refused (read the budget to say why), or BYOK (whose key decides whether it counts):
     # a read, then a write, so SQLite too takes the write lock first.
     if on_sqlite:
-        await _lock_account(session, account_id)
+        await lock_account(session, account_id)
     row = (
         await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
             _BUDGET,

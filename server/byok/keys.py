@@ -12,7 +12,7 @@ import json
 import re
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -42,8 +42,8 @@ def vault_id(workspace_id: str) -> str:
 class Credentials:
     """What a key opens to: the endpoint's credential and, for two-key providers, its secret."""
 
-    credential: str
-    secret: str | None = None
+    credential: str = field(repr=False)
+    secret: str | None = field(default=None, repr=False)
 
 
 def _two_key_providers(catalog: Catalog) -> set[str]:
@@ -123,13 +123,14 @@ def _strings(values: Any, param: str) -> list[str] | None:
 
 def check_changes(catalog: Catalog, given: dict[str, Any]) -> dict[str, Any]:
     """The members given (column name -> value), each checked before anything is written:
-    one rule set for the API and the CLI. `key` stays plaintext here; `seal_changes` seals."""
+    one rule set for the API and the CLI. A new `key` is checked and sealed by
+    `create_key` / `update_key`."""
     checked: dict[str, Any] = {}
     for name, value in given.items():
         if name == "name":
             if value is not None and len(value) > MAX_NAME_CHARS:
                 raise bad_request(f"name must be at most {MAX_NAME_CHARS} characters", param=name)
-            checked[name] = value
+            checked[name] = value or None  # an empty name is no name
         elif name == "allowed_models":
             models = _strings(value, name)
             for index, model in enumerate(models or []):
@@ -144,10 +145,10 @@ def check_changes(catalog: Catalog, given: dict[str, Any]) -> dict[str, Any]:
                     f"declared_region must be one of {', '.join(REGIONS)} or null", param=name
                 )
             checked[name] = value
-        elif name in ("declared_zdr",):
+        elif name == "declared_zdr":
             checked[name] = None if value is None else bool(value)
-        elif name in ("disabled", "is_fallback", "is_required", "is_byok_only", "key"):
-            checked[name] = value
+        elif name in ("disabled", "is_fallback", "is_required", "is_byok_only"):
+            checked[name] = bool(value)
         else:
             raise ValueError(f"not a BYOK key member: {name}")
     return checked
@@ -207,8 +208,7 @@ async def create_key(
         created_at=now,
     )
     for name, value in changes.items():
-        if name != "key":
-            setattr(row, name, value)
+        setattr(row, name, value)
     _check_combination(row)
     await _seal(session, master, catalog, row, key, now)
     session.add(row)
@@ -224,8 +224,8 @@ async def update_key(
     changes: dict[str, Any],
     now: datetime,
 ) -> ByokKey:
-    """Apply checked changes (a new `key` is sealed in place of the old). The caller commits;
-    a refusal leaves the row as it was."""
+    """Apply checked changes, and `changes["key"]` (a new key, sealed in place of the old)
+    when given. The caller commits; a refusal leaves the row as it was."""
     key = changes.get("key")
     if key is not None:
         parse_key(catalog, row.provider, key)

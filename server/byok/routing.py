@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -27,7 +27,7 @@ class UsableKey:
     """An enabled key with what it opens to; `secret` only for two-key providers."""
 
     row: ByokKey
-    plaintext: str
+    plaintext: str = field(repr=False)
 
     def applies_to(self, model_id: str | None, key_hash: str, user: str | None) -> bool:
         """Whether this request may use the key (`model_id` None: whatever the model)."""

@@ -293,6 +293,9 @@ class Guardrail(TableModel, table=True):
     max_cost_per_request_micros: int | None = Field(default=None, sa_type=sa.BigInteger)
     max_video_duration_seconds: int | None = None
     include_byok_in_budgets: bool = False
+    # A spending budget, counted per key it applies to over reset_interval (both or neither).
+    limit_micros: int | None = Field(default=None, sa_type=sa.BigInteger)
+    reset_interval: str | None = Field(default=None, max_length=16)  # daily | weekly | monthly
     created_at: datetime = Field(sa_type=UtcDateTime)
     updated_at: datetime | None = Field(default=None, sa_type=UtcDateTime)
 
@@ -333,3 +336,15 @@ class ByokMonthlyRequests(TableModel, table=True):
     account_id: str = Field(primary_key=True, max_length=40)
     month_start: date = Field(primary_key=True)
     requests: int = Field(default=0, sa_type=sa.BigInteger)
+class GuardrailKeyAssignment(TableModel, table=True):
+    """A guardrail assigned to a key: an assigned guardrail applies to its keys only."""
+
+    __tablename__ = "guardrail_key_assignments"
+    __table_args__ = (
+        sa.UniqueConstraint("guardrail_id", "key_hash", name="uq_guardrail_key_assignment"),
+    )
+
+    id: str = Field(primary_key=True, max_length=40)
+    guardrail_id: str = Field(foreign_key="guardrails.id", max_length=40)
+    key_hash: str = Field(foreign_key="api_keys.hash", index=True, max_length=64)
+    created_at: datetime = Field(sa_type=UtcDateTime)

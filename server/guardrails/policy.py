@@ -1,21 +1,23 @@
 """Enforcing a workspace's guardrails on a request, before anything is held or charged.
 
-Every guardrail of the workspace applies: a model must pass every allow list and no block
+The guardrails in force for a key are those of its workspace assigned to no key, and those
+assigned to it. Every one applies: a model must pass every allow list and no block
 list, the endpoints used are those whose provider passes every provider rule, and the cost
 and video-duration ceilings are the lowest any guardrail sets. A refusal is 403 with
-`metadata.guardrail` naming the rule."""
+`metadata.guardrail` naming the rule. Budgets are enforced with the credit hold
+(server/limits/guardrail_budgets.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.money import micros_to_json_number
-from server.db.models import Guardrail
+from server.db.models import Guardrail, GuardrailKeyAssignment
 from server.errors import GatewayError
+from server.limits.guardrail_budgets import GuardrailBudget
 from server.providers.endpoint import Endpoint
 from server.routing.catalog import Model
 
@@ -27,9 +29,18 @@ MAX_COST_PER_REQUEST = "max_cost_per_request"
 MAX_VIDEO_DURATION = "max_video_duration"
 
 _GUARDRAILS = Guardrail.__table__
-_OF_WORKSPACE = (
-    sa.select(Guardrail)
-    .where(_GUARDRAILS.c.workspace_id == sa.bindparam("workspace_id"))
+_ASSIGNMENTS = GuardrailKeyAssignment.__table__
+_ASSIGNED = sa.exists().where(_ASSIGNMENTS.c.guardrail_id == _GUARDRAILS.c.id)
+_ASSIGNED_TO_KEY = sa.exists().where(
+    _ASSIGNMENTS.c.guardrail_id == _GUARDRAILS.c.id,
+    _ASSIGNMENTS.c.key_hash == sa.bindparam("key_hash"),
+)
+_OF_KEY = (
+    sa.select(Guardrail, _ASSIGNED_TO_KEY.label("assigned"))
+    .where(
+        _GUARDRAILS.c.workspace_id == sa.bindparam("workspace_id"),
+        sa.or_(~_ASSIGNED, _ASSIGNED_TO_KEY),
+    )
     .order_by(_GUARDRAILS.c.created_at, _GUARDRAILS.c.id)
 )
 
@@ -61,9 +72,25 @@ def _provider_refusal(guardrail: Guardrail, provider: str) -> str | None:
 
 @dataclass(frozen=True)
 class Guardrails:
-    """The guardrails in force for one workspace."""
+    """The guardrails in force for one key."""
 
     rules: tuple[Guardrail, ...] = ()
+    assigned: frozenset[str] = frozenset()  # ids of the rules assigned to the key itself
+
+    @property
+    def budgets(self) -> tuple[GuardrailBudget, ...]:
+        return tuple(
+            GuardrailBudget(
+                guardrail_id=g.id,
+                name=g.name,
+                limit_micros=g.limit_micros,
+                reset_interval=g.reset_interval,
+                include_byok=g.include_byok_in_budgets,
+                assigned=g.id in self.assigned,
+            )
+            for g in self.rules
+            if g.limit_micros is not None and g.reset_interval is not None
+        )
 
     def endpoints(self, model: Model) -> tuple[Endpoint, ...]:
         """The model's endpoints every guardrail allows, in fallback order; 403 when the
@@ -119,12 +146,11 @@ class Guardrails:
                 )
 
 
-async def guardrails_of(session: AsyncSession, workspace_id: str) -> Guardrails:
-    rows: Sequence[Guardrail] = (
-        (
-            await session.exec(_OF_WORKSPACE, params={"workspace_id": workspace_id})  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
+async def guardrails_of(session: AsyncSession, workspace_id: str, key_hash: str) -> Guardrails:
+    """The guardrails in force for the key: its workspace's unassigned ones and its own."""
+    rows = (
+        await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
+            _OF_KEY, params={"workspace_id": workspace_id, "key_hash": key_hash}
         )
-        .scalars()
-        .all()
-    )
-    return Guardrails(tuple(rows))
+    ).all()
+    return Guardrails(tuple(row[0] for row in rows), frozenset(row[0].id for row in rows if row[1]))

@@ -4,6 +4,7 @@ with a zero estimate holds nothing: its count checks the balance)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -13,6 +14,7 @@ from server.auth import Principal
 from server.billing.holds import DEFAULT_HOLD_TTL, Hold, place_hold
 from server.errors import GatewayError
 from server.limits.free_models import admit_free_request, is_free_model
+from server.limits.guardrail_budgets import GuardrailBudget, check_budgets
 from server.observability.metrics import Metrics
 
 
@@ -27,8 +29,10 @@ class Limits(Protocol):
         now: datetime,
         ttl: timedelta = DEFAULT_HOLD_TTL,
         is_byok: bool = False,
+        budgets: Sequence[GuardrailBudget] = (),
     ) -> Hold:
-        """Admit the request (its hold is part of the caller's transaction) or raise 402/429."""
+        """Admit the request (its hold is part of the caller's transaction) or raise 402/429,
+        or 403 over one of the key's guardrail `budgets`."""
         ...
 
 
@@ -50,9 +54,21 @@ class EnforcedLimits:
         now: datetime,
         ttl: timedelta = DEFAULT_HOLD_TTL,
         is_byok: bool = False,
+        budgets: Sequence[GuardrailBudget] = (),
     ) -> Hold:
         try:
             hold: Hold | None = None
+            if budgets:
+                # Takes the account's hold lock (when it will hold), as place_hold does.
+                await check_budgets(
+                    session,
+                    account_id=principal.account.id,
+                    key_hash=principal.key.hash,
+                    budgets=budgets,
+                    amount_micros=estimate_micros,
+                    now=now,
+                    is_byok=is_byok,
+                )
             if is_free_model(model_id):
                 await admit_free_request(
                     session,
@@ -83,7 +99,8 @@ class EnforcedLimits:
 
 
 def _refusal(error: GatewayError) -> str:
-    """The metrics label of a refusal: the 402's limit_source, or the free-model limit."""
+    """The metrics label of a refusal: the 402's (or a budget's 403's) limit_source, or the
+    free-model limit."""
     if error.status == 429:
         return "free_model_limit"
     # The label keeps its short name (credits, key_limit, in_flight_budget).

@@ -10,8 +10,9 @@ them); lapsed holds are few (only a crashed process's) and go in one statement.
 
 - `holds`: credit holds past their expiry (their request died with its process). A lapsed
   hold already stopped counting against the budget; deleting it keeps the table small.
-- `videos`: completed jobs past their retention become `expired` (GET answers 410) and
-  their content is deleted — after the commit, by the process whose UPDATE expired them.
+- `videos`: completed jobs past their retention become `expired` (GET answers 410), their
+  `video.generation.expired` webhook is queued in the same transaction, and their content
+  is deleted — after the commit, by the process whose UPDATE expired them.
 - `rate_windows`: `:free` request windows (minute and UTC day) that ended more than
   `WINDOW_GRACE` ago. Admission counts only into the current minute and day, and GET /key
   reads only the current day (limits/free_models.py, limits/key_status.py); the grace
@@ -31,6 +32,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlmodel import col, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.holds import sweep_expired_holds
@@ -184,6 +186,8 @@ class Maintenance:
             async with self._sessions() as session:
                 statement = _STATEMENTS[_dialect(session)][VIDEOS]
                 expired = list((await session.exec(statement, params={"now": now})).scalars())
+                if expired:
+                    await self._queue_expired_webhooks(session, expired, now)
                 await session.commit()
             if expired:
                 await asyncio.to_thread(self._delete_content, expired)
@@ -191,6 +195,18 @@ class Maintenance:
             total += len(expired)
             if len(expired) < BATCH:
                 return total
+
+    async def _queue_expired_webhooks(
+        self, session: AsyncSession, job_ids: list[str], now: datetime
+    ) -> None:
+        """OpenRouter sends `video.generation.expired` too: queued with the expiry."""
+        hooked = await session.exec(
+            select(VideoJob).where(
+                col(VideoJob.id).in_(job_ids), col(VideoJob.callback_url).is_not(None)
+            )
+        )
+        for job in hooked.all():
+            await jobs.queue_webhook(session, job, now)
 
     def _delete_content(self, job_ids: list[str]) -> None:
         for job_id in job_ids:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
 import sqlalchemy as sa
@@ -14,6 +15,7 @@ from server.billing.money import micros_to_json_number
 from server.clock import Clock
 from server.db.engine import SessionFactory
 from server.db.models import CreditHold, UtcDateTime, VideoJob, WebhookDelivery
+from server.errors import UNAVAILABLE_RETRY_SECONDS
 from server.observability.metrics import Metrics
 
 log = logging.getLogger("gateway.monitor")
@@ -33,6 +35,12 @@ _QUEUED_JOBS = (
     .group_by(_JOBS.c.status)
 )
 _WEBHOOK_BACKLOG = sa.select(sa.func.count()).where(_DELIVERIES.c.status == "pending")
+
+
+def recovery_retry_seconds(interval: float) -> int:
+    """The Retry-After of a 503 for an unreachable database: the monitor looks again within
+    `interval` seconds, and Envoy's health check within UNAVAILABLE_RETRY_SECONDS."""
+    return max(1, math.ceil(interval)) + UNAVAILABLE_RETRY_SECONDS
 
 
 class DatabaseMonitor:

@@ -41,6 +41,14 @@ class Endpoint:
     @property
     def available(self) -> bool:
         """An endpoint that needs credentials is usable only when they are configured."""
-        return (self.api_key_env is None or bool(self.credential())) and (
-            self.secret_key_env is None or bool(self.secret())
-        )
+        return not self.missing_credentials()
+
+    def missing_credentials(self) -> tuple[str, ...]:
+        """The names (never the values) of the environment variables this endpoint needs and
+        that are not set: what the operator must configure before it can be routed to."""
+        missing = []
+        if self.api_key_env is not None and not self.credential():
+            missing.append(self.api_key_env)
+        if self.secret_key_env is not None and not self.secret():
+            missing.append(self.secret_key_env)
+        return tuple(missing)

@@ -4,11 +4,13 @@ failures, and reading a provider's HTTP failure (status, error code, retry hint)
 from __future__ import annotations
 
 import email.utils
+import ipaddress
 import json
 import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -119,12 +121,15 @@ def failure_from_response(
     )
 
 
-def authorized(endpoint: Endpoint, headers: dict[str, str] | None = None) -> dict[str, str]:
-    """The headers plus the endpoint's credential (read from its environment variable)."""
+def authorized(
+    endpoint: Endpoint, headers: dict[str, str] | None = None, scheme: str = "Bearer"
+) -> dict[str, str]:
+    """The headers plus the endpoint's credential (read from its environment variable), as
+    `Authorization: <scheme> <credential>`."""
     result = dict(headers or {})
     credential = endpoint.credential()
     if credential:
-        result["Authorization"] = f"Bearer {credential}"
+        result["Authorization"] = f"{scheme} {credential}"
     return result
 
 
@@ -145,16 +150,67 @@ async def send(
 
 
 async def call(
-    http: httpx.AsyncClient, endpoint: Endpoint, method: str, url: str, **kwargs: Any
+    http: httpx.AsyncClient,
+    endpoint: Endpoint,
+    method: str,
+    url: str,
+    *,
+    read_error: ErrorReader = _error_fields,
+    auth_scheme: str = "Bearer",
+    **kwargs: Any,
 ) -> httpx.Response:
     request = http.build_request(
         method,
         url,
-        headers=authorized(endpoint, kwargs.pop("headers", None)),
+        headers=authorized(endpoint, kwargs.pop("headers", None), auth_scheme),
         timeout=endpoint.timeout_seconds,
         **kwargs,
     )
-    return await send(http, request)
+    return await send(http, request, read_error)
+
+
+def downloadable(url: object, base_url: str | None) -> bool:
+    """Whether the gateway fetches a file URL from a provider's answer: on the endpoint's own
+    origin, or HTTPS to a public host (a CDN, signed storage), never to a loopback, private
+    or link-local address the answer names (no requests into the gateway's network)."""
+    if not isinstance(url, str):
+        return False
+    got, base = urlsplit(url), urlsplit(base_url or "")
+    if not got.hostname:
+        return False
+    if (got.scheme, got.netloc) == (base.scheme, base.netloc):
+        return True
+    if got.scheme != "https" or got.hostname == "localhost":
+        return False
+    try:
+        return ipaddress.ip_address(got.hostname).is_global
+    except ValueError:
+        return True  # a host name: the provider's CDN or storage
+
+
+async def download(http: httpx.AsyncClient, endpoint: Endpoint, url: object) -> bytes:
+    """A result file a provider pointed at (often a CDN or signed storage URL): fetched
+    without the endpoint's credential, which belongs to the provider's API host only."""
+    if not isinstance(url, str) or not downloadable(url, endpoint.base_url):
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video URL")
+    request = http.build_request("GET", url, timeout=endpoint.timeout_seconds)
+    return (await send(http, request)).content
+
+
+def same_origin(url: object, base_url: str) -> bool:
+    """Whether a URL from a provider's response lies under the endpoint's base URL (same
+    scheme, host and port, below its path): only such URLs are called with the credential."""
+    if not isinstance(url, str):
+        return False
+    got, base = urlsplit(url), urlsplit(base_url)
+    prefix = base.path.rstrip("/") + "/"
+    return (
+        (got.scheme, got.netloc) == (base.scheme, base.netloc)
+        and got.path.startswith(prefix)
+        and ".." not in got.path.split("/")
+        and not got.query
+        and not got.fragment
+    )
 
 
 def json_object(response: httpx.Response) -> dict[str, Any]:

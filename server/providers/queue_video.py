@@ -1,7 +1,10 @@
 """Queue-style video APIs (fal's queue, and the same shape elsewhere): submit
 `POST {base}/{model}` → `{request_id}`; status `GET {base}/{model}/requests/{id}/status` →
 `{status: IN_QUEUE | IN_PROGRESS | COMPLETED | FAILED}`; result
-`GET {base}/{model}/requests/{id}` → `{video: {url}}` or `{videos: [{url}, ...]}`."""
+`GET {base}/{model}/requests/{id}` → `{video: {url}}` or `{videos: [{url}, ...]}`; cancel
+`PUT {base}/{model}/requests/{id}/cancel` → 202 `{status: CANCELLATION_REQUESTED}` (400
+`ALREADY_COMPLETED` once done) — https://docs.fal.ai/model-apis/model-endpoints/queue.
+fal.ai itself has its own adapter (fal_video.py), which follows the URLs fal returns."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
 
 
-def _input(call: VideoCall) -> dict[str, Any]:
+def queue_input(call: VideoCall) -> dict[str, Any]:
     params = call.params
     body: dict[str, Any] = {
         "prompt": params.get("prompt", ""),
@@ -45,12 +48,22 @@ class QueueVideoAdapter:
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         response = await provider_http.call(
-            self._http, endpoint, "POST", self._base(endpoint, call), json=_input(call)
+            self._http, endpoint, "POST", self._base(endpoint, call), json=queue_input(call)
         )
         request_id = provider_http.json_object(response).get("request_id")
         if not isinstance(request_id, str) or not request_id:
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned no request_id")
         return VideoProgress(state="running", provider_job_id=request_id)
+
+    async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:
+        """Ask the queue to drop the request (a running one may still finish: its result is
+        then ignored)."""
+        await provider_http.call(
+            self._http,
+            endpoint,
+            "PUT",
+            f"{self._base(endpoint, call)}/requests/{provider_job_id}/cancel",
+        )
 
     async def poll(
         self, endpoint: Endpoint, provider_job_id: str, call: VideoCall

@@ -3,9 +3,11 @@ in fallback order. Built-in TOML plus an optional operator file that adds or rep
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -82,10 +84,23 @@ class Model:
     endpoints: tuple[Endpoint, ...]
     verbose_json: bool = False
     video: VideoCapabilities | None = None
+    built_in: bool = False  # from the catalog shipped with the gateway, not the operator's
+    # Video outputs priced apart (resolution or "WxH" size -> USD per second).
+    output_prices: tuple[tuple[str, Decimal], ...] = ()
 
     @property
     def upstream_name(self) -> str:
         return self.id.split("/", 1)[1]
+
+    def video_price(self, params: Mapping[str, Any]) -> Decimal:
+        """USD per second of a video with these validated parameters: its size's or its
+        resolution's own price where the catalog gives one, else price_per_second."""
+        prices = dict(self.output_prices)
+        size = f"{params.get('width')}x{params.get('height')}"
+        for output in (size, params.get("resolution")):
+            if isinstance(output, str) and output in prices:
+                return prices[output]
+        return self.price_per_second
 
 
 @dataclass(frozen=True)
@@ -142,6 +157,14 @@ class _ModelTable(_Table):
     price_per_second: Annotated[
         Decimal, BeforeValidator(_price), Field(strict=False, ge=0, allow_inf_nan=False)
     ]
+    # A video output's own price where the provider charges more for it, keyed by resolution
+    # ("1080p") or size ("1024x1792"); every other output pays price_per_second.
+    output_prices: dict[
+        str,
+        Annotated[
+            Decimal, BeforeValidator(_price), Field(strict=False, ge=0, allow_inf_nan=False)
+        ],
+    ] = {}
     verbose_json: bool = False
     endpoints: list[_EndpointTable] = Field(min_length=1)
     # What a video model accepts (kind = "video"); absent: the parameter is not supported.
@@ -170,6 +193,12 @@ class _ModelTable(_Table):
                 raise ValueError(f"{where}.adapter must be one of {', '.join(allowed)}")
             if endpoint.adapter not in LOCAL_ADAPTERS and not endpoint.base_url:
                 raise ValueError(f"{where}: adapter {endpoint.adapter!r} needs base_url")
+        offered = {*(self.resolutions or ()), *(self.sizes or ())}
+        for output in self.output_prices:
+            if self.kind != "video" or output not in offered:
+                raise ValueError(
+                    f"output_prices.{output}: not one of the model's resolutions or sizes"
+                )
         return self
 
     def build(self) -> Model:
@@ -212,6 +241,7 @@ class _ModelTable(_Table):
             ),
             verbose_json=self.verbose_json,
             video=video,
+            output_prices=tuple(self.output_prices.items()),
         )
 
 
@@ -260,7 +290,7 @@ def _problem(error: ErrorDetails) -> str:
     return str(error["msg"]).removeprefix("Value error, ")
 
 
-def _read(path: Path) -> dict[str, Model]:
+def _read(path: Path, *, built_in: bool = False) -> dict[str, Model]:
     try:
         text = path.read_text()
         document = tomllib.loads(text)
@@ -275,12 +305,36 @@ def _read(path: Path) -> dict[str, Model]:
             where = f"{path}, line {line}" if line is not None else str(path)
             problems.append(f"{where}: {param_of(error['loc'])}: {_problem(error)}")
         raise CatalogError("; ".join(problems)) from None
-    return {table.id: table.build() for table in parsed.models}
+    return {
+        table.id: dataclasses.replace(table.build(), built_in=built_in) for table in parsed.models
+    }
 
 
 def load_catalog(operator_file: str | os.PathLike[str] | None = None) -> Catalog:
     """The built-in catalog, with the operator's models added or replacing same-id ones."""
-    models = _read(BUILT_IN)
+    models = _read(BUILT_IN, built_in=True)
     if operator_file:
         models.update(_read(Path(operator_file)))
+    return Catalog(models)
+
+
+def served_by(
+    catalog: Catalog, stt_adapters: Collection[str], video_adapters: Collection[str]
+) -> Catalog:
+    """The catalog restricted to the adapters this build registers (server/app.py). An
+    operator's model naming an adapter that is not registered is a startup error (a typo or
+    a build without it); a built-in one loses that endpoint (the model, if none is left), so
+    a build is never refused for the catalog it ships with."""
+    models: dict[str, Model] = {}
+    for model in catalog.models.values():
+        registered = stt_adapters if model.kind == "stt" else video_adapters
+        absent = [e.adapter for e in model.endpoints if e.adapter not in registered]
+        if absent and not model.built_in:
+            raise CatalogError(
+                f"model {model.id}: adapter {absent[0]!r} is not implemented in this build"
+                f" (available {model.kind} adapters: {', '.join(sorted(registered))})"
+            )
+        kept = tuple(e for e in model.endpoints if e.adapter in registered)
+        if kept:
+            models[model.id] = dataclasses.replace(model, endpoints=kept)
     return Catalog(models)

@@ -4,6 +4,7 @@ one error the API reference prescribes."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -18,6 +19,8 @@ from server.providers.failures import (
     TIMEOUT,
     ProviderFailure,
 )
+from server.routing.cooldowns import Cooldowns
+from server.routing.readiness import endpoints_problem
 
 log = logging.getLogger("gateway.routing")
 T = TypeVar("T")
@@ -36,10 +39,34 @@ class Routed(Generic[T]):
     attempts: tuple[Attempt, ...]  # the failed attempts before the one that served
 
 
-def final_error(attempts: Sequence[Attempt]) -> GatewayError:
-    """The error for a request every endpoint failed."""
+NO_PROVIDER = "No available provider meets the routing requirements"
+
+
+def no_provider(model_id: str, endpoints: Sequence[Endpoint]) -> GatewayError:
+    """503 for a model none of whose endpoints can be used, naming what the operator must set
+    (environment variable names, never their values)."""
+    problem = endpoints_problem(endpoints)
+    if problem is None:
+        return GatewayError(503, NO_PROVIDER)
+    return GatewayError(503, f"{NO_PROVIDER}: {model_id} has no configured provider; {problem}")
+
+
+def all_cooling_down(seconds: float) -> GatewayError:
+    """Every usable endpoint asked to wait (server/routing/cooldowns.py): 503, to retry once
+    the first of them may be called."""
+    return GatewayError(
+        503,
+        f"{NO_PROVIDER}: every provider for this model asked the gateway to wait",
+        retry_after_seconds=max(1, math.ceil(seconds)),
+    )
+
+
+def final_error(
+    attempts: Sequence[Attempt], model_id: str = "", endpoints: Sequence[Endpoint] = ()
+) -> GatewayError:
+    """The error for a request every endpoint failed (or none could be tried)."""
     if not attempts:
-        return GatewayError(503, "No available provider meets the routing requirements")
+        return no_provider(model_id, endpoints)
     last = attempts[-1]
     metadata: dict[str, object] = {"provider_name": last.endpoint.provider}
     if last.failure.provider_code is not None:
@@ -67,12 +94,20 @@ async def route(
     attempt: Callable[[Endpoint], Awaitable[T]],
     metrics: Metrics,
     operation: str,
+    cooldowns: Cooldowns | None = None,
 ) -> Routed[T]:
     """Run `attempt` on each usable endpoint until one succeeds. A failure that is the
-    client's fault ends the request at once (another provider would refuse it too)."""
+    client's fault ends the request at once (another provider would refuse it too). An
+    endpoint cooling down (it asked to wait: `cooldowns`) is skipped; when all are, 503 with
+    the earliest time to retry."""
     failures: list[Attempt] = []
+    cooling: list[float] = []
     for endpoint in endpoints:
         if not endpoint.available:
+            continue
+        wait = cooldowns.remaining(endpoint) if cooldowns is not None else None
+        if wait is not None:
+            cooling.append(wait)
             continue
         if failures:  # handed on from the provider that just failed
             metrics.fallbacks.labels(model_id, failures[-1].endpoint.provider).inc()
@@ -91,7 +126,11 @@ async def route(
                 failure.kind,
                 failure.status,
             )
+            if cooldowns is not None:
+                cooldowns.note(endpoint, failure)
             failures.append(Attempt(endpoint, failure))
             continue
         return Routed(value=value, endpoint=endpoint, attempts=tuple(failures))
-    raise final_error(failures)
+    if not failures and cooling:
+        raise all_cooling_down(min(cooling))
+    raise final_error(failures, model_id, endpoints)

@@ -52,8 +52,10 @@ def guardrail_message(guardrail: Guardrail) -> guardrails_pb2.Guardrail:
         if duration is None
         else struct_pb2.Value(number_value=duration),
         include_byok_in_budgets=guardrail.include_byok_in_budgets,
-        limit_usd=null(),
-        reset_interval=null(),
+        limit_usd=null()
+        if guardrail.limit_micros is None
+        else struct_pb2.Value(number_value=micros_to_json_number(guardrail.limit_micros)),
+        reset_interval=nullable_string(guardrail.reset_interval),
         created_at=rfc3339(guardrail.created_at),
         updated_at=nullable_timestamp(guardrail.updated_at),
     )
@@ -103,6 +105,10 @@ class GuardrailsService(guardrails_pb2_grpc.GuardrailsServicer):
             )
         if request.HasField("include_byok_in_budgets"):
             given["include_byok_in_budgets"] = request.include_byok_in_budgets
+        if request.HasField("limit_usd"):
+            given["limit_micros"] = usd_or_null(request.limit_usd, "limit_usd")
+        if request.HasField("reset_interval"):
+            given["reset_interval"] = string_or_null(request.reset_interval, "reset_interval")
         return store.check_changes(self._catalog, given)
 
     async def ListGuardrails(
@@ -180,3 +186,70 @@ class GuardrailsService(guardrails_pb2_grpc.GuardrailsServicer):
             await store.delete_guardrail(session, guardrail)
             await session.commit()
         return guardrails_pb2.DeleteGuardrailResponse(deleted=True)
+
+    async def AssignKeys(
+        self, request: guardrails_pb2.KeyHashesRequest, context: grpc.aio.ServicerContext
+    ) -> guardrails_pb2.AssignKeysResponse:
+        async with self._sessions() as session:
+            principal = await self._principal(session, context)
+            guardrail = await self._account_guardrail(session, principal, request.id)
+            count = await store.assign_keys(
+                session, guardrail, list(request.key_hashes), self._clock.now()
+            )
+            await session.commit()
+        return guardrails_pb2.AssignKeysResponse(assigned_count=count)
+
+    async def UnassignKeys(
+        self, request: guardrails_pb2.KeyHashesRequest, context: grpc.aio.ServicerContext
+    ) -> guardrails_pb2.UnassignKeysResponse:
+        async with self._sessions() as session:
+            principal = await self._principal(session, context)
+            guardrail = await self._account_guardrail(session, principal, request.id)
+            count = await store.unassign_keys(session, guardrail, list(request.key_hashes))
+            await session.commit()
+        return guardrails_pb2.UnassignKeysResponse(unassigned_count=count)
+
+    async def _assignments(
+        self,
+        request: guardrails_pb2.ListKeyAssignmentsRequest,
+        context: grpc.aio.ServicerContext,
+        of_guardrail: bool,
+    ) -> guardrails_pb2.KeyAssignmentsResponse:
+        async with self._sessions() as session:
+            principal = await self._principal(session, context)
+            workspace_id, guardrail_id = principal.workspace.id, None
+            if of_guardrail:
+                guardrail = await self._account_guardrail(session, principal, request.id)
+                workspace_id, guardrail_id = guardrail.workspace_id, guardrail.id
+            rows, total = await store.list_key_assignments(
+                session,
+                workspace_id,
+                guardrail_id,
+                offset=request.offset if request.HasField("offset") else 0,
+                limit=request.limit if request.HasField("limit") else 50,
+            )
+        return guardrails_pb2.KeyAssignmentsResponse(
+            data=[
+                guardrails_pb2.KeyAssignment(
+                    id=assignment.id,
+                    guardrail_id=assignment.guardrail_id,
+                    key_hash=assignment.key_hash,
+                    key_name=name,
+                    key_label=label,
+                    assigned_by=null(),
+                    created_at=rfc3339(assignment.created_at),
+                )
+                for assignment, name, label in rows
+            ],
+            total_count=total,
+        )
+
+    async def ListGuardrailKeyAssignments(
+        self, request: guardrails_pb2.ListKeyAssignmentsRequest, context: grpc.aio.ServicerContext
+    ) -> guardrails_pb2.KeyAssignmentsResponse:
+        return await self._assignments(request, context, of_guardrail=True)
+
+    async def ListKeyAssignments(
+        self, request: guardrails_pb2.ListKeyAssignmentsRequest, context: grpc.aio.ServicerContext
+    ) -> guardrails_pb2.KeyAssignmentsResponse:
+        return await self._assignments(request, context, of_guardrail=False)

@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
+from google.protobuf import json_format, struct_pb2
 
 from server.auth import Authenticator
 from server.billing.money import micros_to_json_number
 from server.clock import Clock
 from server.contract import keys_pb2, keys_pb2_grpc
 from server.db.engine import SessionFactory
+from server.guardrails.policy import guardrails_of
+from server.limits.guardrail_budgets import BudgetLayer, budget_layers, effective_budget
 from server.limits.key_status import KeyStatus, key_status
 from server.services.rpc import metadata_of, null, nullable_string, nullable_timestamp, nullable_usd
 
@@ -39,7 +42,39 @@ def limit_and_usage_fields(status: KeyStatus) -> dict[str, Any]:
     }
 
 
-def current_key_message(status: KeyStatus) -> keys_pb2.CurrentKey:
+def budget_message(layer: BudgetLayer) -> keys_pb2.KeyBudget:
+    return keys_pb2.KeyBudget(
+        budget_id=null(),
+        guardrail_id=nullable_string(layer.guardrail_id),
+        include_byok=layer.include_byok,
+        limit_usd=micros_to_json_number(layer.limit_micros),
+        remaining_usd=micros_to_json_number(layer.remaining_micros),
+        reset_interval=nullable_string(layer.reset_interval),
+        resets_at=nullable_timestamp(layer.resets_at),
+        scope=layer.scope,
+        spend_usd=micros_to_json_number(layer.spent_micros),
+    )
+
+
+def _effective(layers: list[BudgetLayer]) -> struct_pb2.Value:
+    layer = effective_budget(layers)
+    if layer is None:
+        return null()
+    value = struct_pb2.Value()
+    value.struct_value.update(
+        json_format.MessageToDict(
+            budget_message(layer),
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+        )
+    )
+    return value
+
+
+def current_key_message(
+    status: KeyStatus, layers: list[BudgetLayer] | None = None
+) -> keys_pb2.CurrentKey:
+    layers = layers or []
     key = status.key
     free = status.free_model_daily_requests
     return keys_pb2.CurrentKey(
@@ -56,7 +91,8 @@ def current_key_message(status: KeyStatus) -> keys_pb2.CurrentKey:
         creator_user_id=nullable_string(key.creator_user_id),
         expires_at=nullable_timestamp(key.expires_at),
         allowed_data_regions=["global"],
-        effective_budget=null(),
+        budgets=[budget_message(layer) for layer in layers],
+        effective_budget=_effective(layers),
         rate_limit=LEGACY_RATE_LIMIT,
     )
 
@@ -72,5 +108,8 @@ class KeysService(keys_pb2_grpc.KeysServicer):
     ) -> keys_pb2.CurrentKeyResponse:
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
-            status = await key_status(session, principal.key, principal.account, self._clock.now())
-        return keys_pb2.CurrentKeyResponse(data=current_key_message(status))
+            now = self._clock.now()
+            status = await key_status(session, principal.key, principal.account, now)
+            guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
+        layers = budget_layers(guardrails.budgets, principal.key, status.usage, now)
+        return keys_pb2.CurrentKeyResponse(data=current_key_message(status, layers))

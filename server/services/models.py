@@ -75,7 +75,9 @@ class ModelsService(models_pb2_grpc.ModelsServicer):
         if any(name.lower() == "authorization" for name, _ in metadata):
             async with self._sessions() as session:
                 principal = await self._auth.authenticate(session, metadata)
-                allows = (await guardrails_of(session, principal.workspace.id)).allows
+                allows = (
+                    await guardrails_of(session, principal.workspace.id, principal.key.hash)
+                ).allows
         page = list_models(self._catalog, query, allows)
         return models_pb2.ModelsListResponse(
             data=[model_message(listed) for listed in page.models],

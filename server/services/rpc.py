@@ -32,7 +32,13 @@ from server.billing.money import AmountError, exact_micros, micros_to_json_numbe
 from server.clock import rfc3339
 from server.contract import http_routes
 from server.db.engine import is_database_unavailable
-from server.errors import INTERNAL_ERROR, SERVICE_UNAVAILABLE, GatewayError, bad_request
+from server.errors import (
+    INTERNAL_ERROR,
+    UNAVAILABLE_RETRY_SECONDS,
+    GatewayError,
+    bad_request,
+    service_unavailable,
+)
 from server.observability.logs import REQUEST_ID
 from server.observability.metrics import Metrics
 from server.validation import MAX_JSON_DEPTH, check_struct, check_struct_value, check_text
@@ -81,12 +87,14 @@ async def abort_with(context: grpc.aio.ServicerContext, error: GatewayError) -> 
     await context.abort(status.code, status.details, trailing_metadata=trailing)
 
 
-def _failure(exc: Exception) -> GatewayError:
+def failure_error(exc: Exception, database_retry_seconds: int) -> GatewayError:
+    """The error an rpc answers for `exc`. An unreachable database is a 503 with Retry-After:
+    the database monitor's next check, which puts the process back in service."""
     if isinstance(exc, GatewayError):
         return exc
     if is_database_unavailable(exc):
         log.warning("database unavailable: %s", type(exc).__name__)
-        return SERVICE_UNAVAILABLE
+        return service_unavailable(database_retry_seconds)
     log.exception("unhandled error in an rpc")
     return INTERNAL_ERROR
 
@@ -112,7 +120,10 @@ def _request_id(metadata: Sequence[tuple[str, str | bytes]]) -> str:
 
 
 async def _answer_failure(
-    context: grpc.aio.ServicerContext, call: _Call, exc: BaseException
+    context: grpc.aio.ServicerContext,
+    call: _Call,
+    exc: BaseException,
+    database_retry_seconds: int = UNAVAILABLE_RETRY_SECONDS,
 ) -> None:
     """Abort the rpc with the failure's documented error; re-raise what is not a failure."""
     if isinstance(exc, grpc.aio.AbortError):
@@ -122,7 +133,7 @@ async def _answer_failure(
         raise exc
     if not isinstance(exc, Exception):
         raise exc
-    error = _failure(exc)
+    error = failure_error(exc, database_retry_seconds)
     call.status = error.status
     await abort_with(context, error)
 
@@ -210,9 +221,16 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
     status (metrics, access log), and failures — a GatewayError as it says, anything else
     as a bare 500 (the exception is logged, never shown)."""
 
-    def __init__(self, metrics: Metrics, tracer: Tracer) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        tracer: Tracer,
+        *,
+        database_retry_seconds: int = UNAVAILABLE_RETRY_SECONDS,
+    ) -> None:
         self._metrics = metrics
         self._tracer = tracer
+        self._database_retry_seconds = database_retry_seconds
         self._routes = http_routes()
 
     async def intercept_service(
@@ -282,7 +300,7 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
                     check_request(request)
                     return await inner(request, context)
                 except BaseException as exc:
-                    await _answer_failure(context, call, exc)
+                    await _answer_failure(context, call, exc, self._database_retry_seconds)
 
         return guarded
 
@@ -294,7 +312,7 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
                     async for item in inner(request, context):
                         yield item
                 except BaseException as exc:
-                    await _answer_failure(context, call, exc)
+                    await _answer_failure(context, call, exc, self._database_retry_seconds)
 
         return guarded
 

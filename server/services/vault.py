@@ -104,6 +104,17 @@ class VaultService(vault_pb2_grpc.VaultServicer):
             rows, more = await store.list_secrets(session, scope, offset, limit)
         return vault_pb2.SecretListResponse(data=[_secret(r) for r in rows], has_more=more)
 
+    async def _get(
+        self,
+        request: vault_pb2.GetSecretRequest,
+        context: grpc.aio.ServicerContext,
+        intern_id: str | None,
+    ) -> vault_pb2.SecretResponse:
+        async with self._sessions() as session:
+            scope = await self._scope(session, context, intern_id, write=False)
+            secret = await store.get_secret(session, scope, request.name)
+        return vault_pb2.SecretResponse(data=_secret(secret))
+
     async def _delete(
         self,
         request: vault_pb2.DeleteSecretRequest,
@@ -129,6 +140,12 @@ class VaultService(vault_pb2_grpc.VaultServicer):
 
     async def ListInternSecrets(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._list(request, context, request.intern_id)
+
+    async def GetSecret(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._get(request, context, None)
+
+    async def GetInternSecret(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._get(request, context, request.intern_id)
 
     async def DeleteSecret(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._delete(request, context, None)

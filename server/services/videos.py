@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -15,10 +15,13 @@ from server.byok.routing import ByokRouting, billing_plan
 from server.clock import Clock
 from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.engine import SessionFactory
+from server.db.models import VideoJob
 from server.guardrails.policy import guardrails_of
 from server.limits.admission import Limits
 from server.providers.video import VideoAdapter, can_continue
 from server.routing.catalog import Catalog, Model
+from server.routing.fallback import no_provider
+from server.routing.readiness import model_problem
 from server.services.rpc import (
     answer_with_status,
     header_value,
@@ -27,6 +30,7 @@ from server.services.rpc import (
     null,
 )
 from server.videos import jobs
+from server.videos.cancel import cancel_job
 from server.videos.content import ContentStore
 from server.videos.request import parse_video_request
 
@@ -42,8 +46,15 @@ def _bool_or_null(flag: bool | None) -> struct_pb2.Value:
 def model_message(model: Model) -> videos_pb2.VideoModel:
     caps = model.video
     assert caps is not None
+    problem = model_problem(model)
     pricing = struct_pb2.Value()
-    pricing.struct_value.update({"per_second": str(model.price_per_second)})
+    # OpenRouter's SKU map: the base per-second price, then each output priced apart.
+    pricing.struct_value.update(
+        {
+            "per_second": str(model.price_per_second),
+            **{f"per_second_{output}": str(price) for output, price in model.output_prices},
+        }
+    )
     upscale = null()
     if caps.upscaling:
         upscale = struct_pb2.Value()
@@ -65,6 +76,8 @@ def model_message(model: Model) -> videos_pb2.VideoModel:
         allowed_passthrough_parameters=list(caps.passthrough),
         pricing_skus=pricing,
         hugging_face_id=null(),
+        available=problem is None,
+        unavailable_reason=null() if problem is None else struct_pb2.Value(string_value=problem),
     )
 
 
@@ -81,7 +94,9 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         byok: ByokRouting | None = None,
         *,
         adapters: Mapping[str, VideoAdapter] | None = None,
+        provider_cancel: Callable[[VideoJob], Awaitable[None]] | None = None,
     ) -> None:
+        self._provider_cancel = provider_cancel
         self._byok = byok  # None: the operator's endpoints only
         self._adapters = adapters or {}
         self._auth = auth
@@ -100,7 +115,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
             video = parse_video_request(
                 request, self._catalog, header_value(context, "x-session-id")
             )
-            guardrails = await guardrails_of(session, principal.workspace.id)
+            guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
             endpoints = guardrails.endpoints(video.model)
             guardrails.check_video_duration(video.duration)
             guardrails.check_cost(jobs.estimate_micros(video))
@@ -122,6 +137,11 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                     now=self._clock.now(),
                 )
                 billing = billing_plan(planned, jobs.estimate_micros(video), self._byok.fees)
+                usable = any(e.available for e in planned)
+            else:
+                usable = any(e.available for e in endpoints)
+            if not usable:  # refused now, not by a job that fails later; nothing written
+                raise no_provider(video.model.id, endpoints)
             job = await jobs.submit_job(
                 session,
                 principal,
@@ -133,6 +153,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 [e.provider for e in endpoints] if guardrails.rules else None,
                 continuation,
                 billing=billing,
+                budgets=guardrails.budgets,
             )
         if self._wake is not None:
             self._wake.set()
@@ -145,6 +166,16 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
             job = await jobs.find_job(session, principal, request.job_id)
+        return _job_message(job)
+
+    async def CancelVideo(
+        self, request: videos_pb2.CancelVideoRequest, context: grpc.aio.ServicerContext
+    ) -> videos_pb2.VideoJob:
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate(session, metadata_of(context))
+        job = await cancel_job(
+            self._sessions, principal, request.job_id, self._clock.now(), self._provider_cancel
+        )
         return _job_message(job)
 
     async def GetVideoContent(
@@ -166,7 +197,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
     ) -> videos_pb2.VideoModelsResponse:
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
-            guardrails = await guardrails_of(session, principal.workspace.id)
+            guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
         models = sorted(
             (m for m in self._catalog.of_kind("video") if guardrails.allows(m)),
             key=lambda m: m.id,

@@ -40,7 +40,8 @@ from server.observability.tracing import emit_generation_span
 from server.providers.endpoint import Endpoint
 from server.providers.stt import SttAdapter, SttCall, Transcript
 from server.routing.catalog import Catalog, Model
-from server.routing.fallback import route
+from server.routing.cooldowns import Cooldowns
+from server.routing.fallback import no_provider, route
 from server.transcription.media import ProbedAudio, Refusal, probe_in_worker
 from server.transcription.request import TranscriptionInput
 
@@ -110,7 +111,9 @@ class Transcriber:
         tracer: Tracer,
         decoder: ComputePool,
         byok: ByokRouting | None = None,
+        cooldowns: Cooldowns | None = None,
     ) -> None:
+        self._cooldowns = cooldowns  # providers that asked to wait (None: none remembered)
         self._byok = byok  # None: no workspace keys (the operator's endpoints only)
         self._decoder = decoder  # where audio is decoded and measured
         self._catalog = catalog
@@ -167,7 +170,7 @@ class Transcriber:
             raise GatewayError(
                 504, "Operation aborted due to timeout: the request's deadline passed"
             ) from exc
-        guardrails = await guardrails_of(session, principal.workspace.id)
+        guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
         endpoints: Sequence[Endpoint] = guardrails.endpoints(model)
         if request.claimed_format is None or request.claimed_format != audio.format:
             request.claimed_format = audio.format
@@ -185,6 +188,8 @@ class Transcriber:
                 user=request.user,
                 now=started_at,
             )
+        if not any(e.available for e in endpoints):  # before anything is held
+            raise no_provider(model.id, guardrails.endpoints(model))
         fees = self._byok.fees if self._byok is not None else None
         billing = billing_plan(endpoints, cost, fees)
         hold = await self._limits.admit(
@@ -194,6 +199,7 @@ class Transcriber:
             estimate_micros=billing.credit_hold,
             now=self._clock.now(),
             is_byok=billing.only_byok and cost == 0,
+            budgets=guardrails.budgets,
         )
         # The provider cost of a BYOK attempt counts only where the key says (its limit,
         # with include_byok_in_limit): held apart from the credits.
@@ -243,6 +249,7 @@ class Transcriber:
                     ),
                     self._metrics,
                     "transcription",
+                    self._cooldowns,
                 )
         except TimeoutError as exc:
             # Providers' own timeouts are ProviderFailures: this is the caller's deadline.

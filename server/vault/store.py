@@ -190,6 +190,15 @@ async def _find(
     ).one_or_none()
 
 
+async def get_secret(session: AsyncSession, scope: Scope, name: str) -> VaultSecret:
+    """The secret of this scope (never the same name of another scope): metadata only is
+    shown of it."""
+    secret = await _find(session, scope.workspace.id, scope.name, check_name(name))
+    if secret is None:
+        raise not_found(f"Secret {name!r} not found")
+    return secret
+
+
 async def list_secrets(
     session: AsyncSession, scope: Scope, offset: int, limit: int
 ) -> tuple[list[VaultSecret], bool]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,10 +16,13 @@ from server.billing.holds import place_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.byok.routing import BillingPlan
 from server.clock import rfc3339
-from server.db.models import VideoJob
+from server.db.models import VideoJob, WebhookDelivery
 from server.errors import GatewayError, bad_request, not_found
 from server.limits.admission import Limits
+from server.limits.guardrail_budgets import GuardrailBudget
 from server.providers.endpoint import Endpoint
+from server.providers.video import VideoCall
+from server.routing.catalog import Model
 from server.videos.content import ContentStore
 from server.videos.request import VideoInput
 
@@ -26,11 +30,14 @@ PENDING = "pending"
 IN_PROGRESS = "in_progress"
 COMPLETED = "completed"
 FAILED = "failed"
+CANCELLED = "cancelled"
 EXPIRED = "expired"
+RUNNING_STATES = (PENDING, IN_PROGRESS)  # the states a worker claims and a cancel stops
 # A job's credits stay held until it ends; a job that outlives this is failed.
 JOB_DEADLINE = timedelta(hours=2)
 
 _INSERT_JOB = sa.insert(VideoJob.__table__)
+_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)
 
 
 def polling_url(job_id: str) -> str:
@@ -56,13 +63,15 @@ async def continuation_of(
             f"{video.model.id}: a continuation runs on the same model",
             param="previous_job_id",
         )
-    if previous.status != COMPLETED or previous.provider_job_id is None:
+    if previous.status != COMPLETED:
         raise GatewayError(
             409, f"Video job {previous.id!r} is {previous.status}: only a completed job continues"
         )
     endpoints = video.model.endpoints
-    if previous.endpoint_index >= len(endpoints) or not can_continue(
-        endpoints[previous.endpoint_index]
+    if (
+        previous.provider_job_id is None
+        or previous.endpoint_index >= len(endpoints)
+        or not can_continue(endpoints[previous.endpoint_index])
     ):
         raise bad_request(
             f"{video.model.id} does not support continuing a previous job",
@@ -78,7 +87,7 @@ async def continuation_of(
 
 
 def estimate_micros(video: VideoInput) -> int:
-    return usd_to_micros(video.model.price_per_second * video.duration)
+    return usd_to_micros(video.model.video_price(video.params) * video.duration)
 
 
 async def submit_job(
@@ -91,9 +100,11 @@ async def submit_job(
     allowed_providers: list[str] | None = None,
     continuation: dict[str, Any] | None = None,
     billing: BillingPlan | None = None,
+    budgets: Sequence[GuardrailBudget] = (),
 ) -> VideoJob:
-    """Hold the estimated cost and store the job; it is durable when this returns.
-    `billing`: what to hold when the workspace's own keys may serve it (BYOK)."""
+    """Hold the estimated cost (within the key's guardrail `budgets`) and store the job; it is
+    durable when this returns. `billing`: what to hold when the workspace's own keys may serve
+    it (BYOK)."""
     estimate = estimate_micros(video)
     credit_estimate = estimate if billing is None else billing.credit_hold
     ttl = JOB_DEADLINE + timedelta(minutes=10)
@@ -104,6 +115,7 @@ async def submit_job(
         estimate_micros=credit_estimate,
         now=now,
         ttl=ttl,
+        budgets=budgets,
     )
     byok_hold = (
         await place_hold(
@@ -196,3 +208,35 @@ def webhook_payload(job: VideoJob, now: datetime) -> dict[str, Any]:
         "created_at": rfc3339(now),
         "data": {**job_document(job), "model": job.model},
     }
+
+
+async def queue_webhook(session: AsyncSession, job: VideoJob, now: datetime) -> None:
+    """Queue the job's terminal-state webhook in the caller's transaction (the outbox)."""
+    await session.exec(
+        _INSERT_DELIVERY,
+        params={
+            "id": f"msg_{secrets.token_hex(12)}",
+            "workspace_id": job.workspace_id,
+            "job_id": job.id,
+            "url": job.callback_url,
+            "payload": json.dumps(webhook_payload(job, now), separators=(",", ":")),
+            "status": "pending",
+            "attempts": 0,
+            "next_attempt_at": now,
+            "created_at": now,
+        },
+    )
+
+
+def provider_call(job: VideoJob, model: Model, endpoint: Endpoint) -> VideoCall:
+    """What the serving endpoint's adapter is handed for `job`."""
+    params = dict(job.params)
+    provider_options = params.pop("provider_options", {}) or {}
+    params.pop("allowed_providers", None)  # the gateway's, not the provider's
+    params.pop("continuation", None)
+    return VideoCall(
+        model=endpoint.model or model.upstream_name,
+        params=params,
+        # Only the serving provider's options are forwarded.
+        options=dict(provider_options.get(endpoint.provider, {})),
+    )

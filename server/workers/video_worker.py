@@ -7,7 +7,6 @@ guarded by the lease, so a job is charged exactly once."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from collections.abc import Callable, Mapping
@@ -24,7 +23,7 @@ from server.billing.money import usd_to_micros
 from server.byok.routing import ByokRouting, PlannedAttempt
 from server.clock import Clock
 from server.db.engine import SessionFactory
-from server.db.models import Generation, VideoJob, WebhookDelivery
+from server.db.models import Generation, VideoJob
 from server.observability.generations import store_generation
 from server.observability.metrics import Metrics
 from server.observability.tracing import emit_generation_span
@@ -38,7 +37,10 @@ from server.providers.video import (
     can_continue,
 )
 from server.routing.catalog import Catalog, Model
+from server.routing.cooldowns import Cooldowns
+from server.routing.fallback import no_provider
 from server.videos import jobs
+from server.videos.cancel import cancel_at_provider
 from server.videos.content import ContentStore
 from server.workers.leases import claim_one
 from server.workers.loop import run_until_stopped
@@ -46,7 +48,6 @@ from server.workers.loop import run_until_stopped
 log = logging.getLogger("gateway.jobs")
 
 _JOBS = VideoJob.__table__
-_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)
 
 
 def poll_delay(attempts: int) -> timedelta:
@@ -70,7 +71,9 @@ class VideoWorker:
         metrics: Metrics | None = None,
         tracer: Tracer | None = None,
         byok: ByokRouting | None = None,
+        cooldowns: Cooldowns | None = None,
     ) -> None:
+        self._cooldowns = cooldowns  # providers that asked to wait (None: none remembered)
         self._byok = byok  # None: the operator's endpoints only
         self._on_webhook_queued = on_webhook_queued
         self._metrics = metrics or Metrics()
@@ -122,6 +125,8 @@ class VideoWorker:
             await self.finish(job, None, error="The model is no longer in the catalog")
             return
         if now - job.created_at > jobs.JOB_DEADLINE:
+            # Given up on: stopped at the provider too, so it does not go on running there.
+            await self.cancel_at_provider(job)
             await self.finish(job, model, error="The provider did not finish in time")
             return
         if job.provider_job_id is None:
@@ -143,15 +148,17 @@ class VideoWorker:
                 log.warning("polling %s failed: %s; will retry", job.id, failure.message)
                 await self._reschedule(job)
                 return
-        if progress is None:
-            return
+        if progress is None or progress.state == "cancelled":
+            return  # ended elsewhere (or cancelled meanwhile): nothing more to do here
         if progress.state == "running":
             await self._reschedule(job)
         elif progress.state == "completed":
             for index, video in enumerate(progress.videos):
                 await asyncio.to_thread(self._store.save, job.id, index, video)
             seconds = Decimal(str(progress.seconds)) if progress.seconds else None
-            await self.finish(job, model, videos=len(progress.videos), seconds=seconds)
+            if not await self.finish(job, model, videos=len(progress.videos), seconds=seconds):
+                # Cancelled (or taken over) meanwhile: the files saved above are nobody's.
+                await asyncio.to_thread(self._store.delete, job.id)
         else:
             await self.finish(job, model, error=progress.error or "The provider failed")
 
@@ -197,14 +204,20 @@ class VideoWorker:
         continuation = job.params.get("continuation")
         if continuation is not None:
             return await self._continue(job, model, continuation)
-        last_error = "No available provider meets the routing requirements"
+        # None usable (a credential removed since the job was accepted): say what to set.
+        last_error = no_provider(model.id, model.endpoints).message
         failed: str | None = None  # the provider that failed last
+        cooling: list[float] = []  # seconds until each endpoint that asked to wait may be called
         allowed = job.params.get("allowed_providers")  # set when guardrails restrict them
         for attempt in await self._attempts(job, model):
             index, endpoint = attempt.index, attempt.endpoint
             if index < job.endpoint_index or not endpoint.available:
                 continue
             if allowed is not None and endpoint.provider not in allowed:
+                continue
+            wait = self._cooldowns.remaining(endpoint) if self._cooldowns is not None else None
+            if wait is not None:  # it asked to wait: not called until then
+                cooling.append(wait)
                 continue
             if failed is not None:
                 self._metrics.fallbacks.labels(model.id, failed).inc()
@@ -217,24 +230,26 @@ class VideoWorker:
                     "submitting %s to %s failed: %s", job.id, endpoint.provider, failure.message
                 )
                 last_error = f"Provider returned error: {failure.message}"
+                if failure.kind == CLIENT_ERROR:
+                    # The request itself was refused (invalid, or its content): another
+                    # provider would refuse it too (server/routing/fallback.py's rule).
+                    break
                 failed = endpoint.provider
+                if self._cooldowns is not None:
+                    self._cooldowns.note(endpoint, failure)
                 continue
             await self._record_submission(job, attempt, progress)
             return progress
+        if failed is None and cooling:
+            # Every usable endpoint asked to wait: the job waits with them (it is accepted
+            # already), and is submitted once the first of them may be called.
+            await self._reschedule(job, delay=timedelta(seconds=min(cooling)))
+            return None
         await self.finish(job, model, error=last_error)
         return None
 
     def _call(self, job: VideoJob, model: Model, endpoint: Endpoint) -> VideoCall:
-        params = dict(job.params)
-        provider_options = params.pop("provider_options", {}) or {}
-        params.pop("allowed_providers", None)  # the gateway's, not the provider's
-        params.pop("continuation", None)
-        return VideoCall(
-            model=endpoint.model or model.upstream_name,
-            params=params,
-            # Only the serving provider's options are forwarded.
-            options=dict(provider_options.get(endpoint.provider, {})),
-        )
+        return jobs.provider_call(job, model, endpoint)
 
     async def _attempts(self, job: VideoJob, model: Model) -> list[PlannedAttempt]:
         """The model's endpoints with the workspace's own keys around them (BYOK)."""
@@ -276,7 +291,7 @@ class VideoWorker:
         job.byok_key_id = attempt.key_id
         job.is_byok = attempt.key_id is not None
         async with self._sessions() as session:
-            await session.exec(
+            recorded = await session.exec(
                 sa.update(_JOBS)
                 .where(_JOBS.c.id == job.id, _JOBS.c.lease_owner == self.owner)
                 .values(
@@ -289,8 +304,33 @@ class VideoWorker:
                 )
             )
             await session.commit()
+            current = None if recorded.rowcount == 1 else await session.get(VideoJob, job.id)
+        if current is not None and current.status == jobs.CANCELLED and progress.provider_job_id:
+            # Cancelled while this submission was on its way: nobody else knows the provider
+            # job, so stop it here (where the provider's API can).
+            model = self._catalog.get(job.model)
+            if model is not None:
+                await cancel_at_provider(
+                    self._adapters,
+                    attempt.endpoint,  # with the credential that submitted it
+                    progress.provider_job_id,
+                    self._call(job, model, attempt.endpoint),
+                )
+            progress.state = "cancelled"
 
-    async def _reschedule(self, job: VideoJob) -> None:
+    async def cancel_at_provider(self, job: VideoJob) -> None:
+        """After a cancel: ask the provider to stop the job's provider job, with the
+        credential that submitted it, where the adapter can."""
+        model = self._catalog.get(job.model)
+        if job.provider_job_id is None or model is None or not model.endpoints:
+            return
+        endpoint = await self._submitted_endpoint(job, model)
+        if endpoint is None:
+            return  # the workspace's key that submitted it is gone
+        call = self._call(job, model, endpoint)
+        await cancel_at_provider(self._adapters, endpoint, job.provider_job_id, call)
+
+    async def _reschedule(self, job: VideoJob, delay: timedelta | None = None) -> None:
         now = self._clock.now()
         async with self._sessions() as session:
             await session.exec(
@@ -298,7 +338,7 @@ class VideoWorker:
                 .where(_JOBS.c.id == job.id, _JOBS.c.lease_owner == self.owner)
                 .values(
                     attempts=job.attempts + 1,
-                    next_run_at=now + poll_delay(job.attempts),
+                    next_run_at=now + (delay or poll_delay(job.attempts)),
                     lease_owner=None,
                     lease_expires_at=None,
                     updated_at=now,
@@ -314,13 +354,18 @@ class VideoWorker:
         videos: int = 0,
         seconds: Decimal | None = None,
         error: str | None = None,
-    ) -> None:
+    ) -> bool:
         """Move the job to its terminal state, charging (or releasing) its hold and queueing
-        its webhook, all in one transaction guarded by the lease."""
+        its webhook, all in one transaction guarded by the lease and by the job still being
+        in progress (a cancel clears the lease). False when it no longer was: nothing
+        changed."""
         now = self._clock.now()
         status = jobs.FAILED if error else jobs.COMPLETED
-        duration = seconds or Decimal(int(job.params.get("duration", 0)))
-        cost = usd_to_micros(model.price_per_second * duration) if model and not error else 0
+        requested = Decimal(int(job.params.get("duration", 0)))
+        # A provider's reported length bills what it delivered, never more than was asked for
+        # (and held): a provider's claim cannot raise the caller's bill.
+        duration = min(seconds, requested) if seconds else requested
+        cost = usd_to_micros(model.video_price(job.params) * duration) if model and not error else 0
         generation_id = f"gen_{secrets.token_hex(12)}"
         values = {
             "status": status,
@@ -356,8 +401,9 @@ class VideoWorker:
                 .values(**values)
             )
             if done.rowcount != 1:
-                await session.rollback()  # the lease was lost: another worker owns the job
-                return
+                # The lease was lost (another worker owns the job) or the job was cancelled.
+                await session.rollback()
+                return False
             if served_by_key:
                 await settle_hold(
                     session, byok_hold, cost_micros=cost, now=now, reference=generation_id
@@ -400,19 +446,7 @@ class VideoWorker:
             self._on_webhook_queued()
         emit_generation_span(self._tracer, record, job.created_at)
         log.info("video job %s %s", job.id, status)
+        return True
 
     async def _queue_webhook(self, session: AsyncSession, job: VideoJob, now: datetime) -> None:
-        await session.exec(
-            _INSERT_DELIVERY,
-            params={
-                "id": f"msg_{secrets.token_hex(12)}",
-                "workspace_id": job.workspace_id,
-                "job_id": job.id,
-                "url": job.callback_url,
-                "payload": json.dumps(jobs.webhook_payload(job, now), separators=(",", ":")),
-                "status": "pending",
-                "attempts": 0,
-                "next_attempt_at": now,
-                "created_at": now,
-            },
-        )
+        await jobs.queue_webhook(session, job, now)

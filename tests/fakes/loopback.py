@@ -52,7 +52,7 @@ class LoopbackServer:
                 self.end_headers()
                 self.wfile.write(content)
 
-            do_GET = do_POST = do_DELETE = _serve
+            do_GET = do_POST = do_PUT = do_DELETE = _serve
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Served)
         self._server.daemon_threads = True

@@ -4,9 +4,12 @@
   POST /v1/videos/{id}/remix {prompt}: a new job from a completed one,
   https://platform.openai.com/docs/api-reference/videos/remix);
 - a fal-style queue under /queue (POST /queue/{model}, GET .../requests/{id}/status,
-  GET .../requests/{id} -> {"video": {"url"}}, and the file itself).
+  GET .../requests/{id} -> {"video": {"url"}}, and the file itself; PUT
+  .../requests/{id}/cancel -> 202 {"status": "CANCELLATION_REQUESTED"}, 400
+  {"status": "ALREADY_COMPLETED"} once done: https://docs.fal.ai/model-apis/model-endpoints/queue).
 
-Models: "ok" completes on the second look, "fail" fails, "submit-500" refuses submission.
+Models: "ok" completes on the second look, "fail" fails, "submit-500" refuses submission,
+"slow" runs until cancelled.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ VIDEO = render_mp4({"width": 320, "height": 240, "duration": 1, "prompt": "fake 
 @dataclass
 class FakeVideoProviders:
     submissions: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)  # provider job ids cancelled
     jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     server: ThreadingHTTPServer | None = None
     _ids: Any = field(default_factory=lambda: itertools.count(1))
@@ -92,6 +96,21 @@ class FakeVideoProviders:
                 else:
                     self._json(200, {"request_id": job_id})
 
+            def do_PUT(self) -> None:
+                if not self._authorized():
+                    return
+                parts = self.path.strip("/").split("/")  # queue {model} requests {id} cancel
+                job = fake.jobs.get(parts[3]) if len(parts) == 5 else None
+                if parts[0] != "queue" or parts[-1] != "cancel" or job is None:
+                    self._json(404, {"detail": "Request not found"})
+                    return
+                if job.get("cancelled") or (job["looks"] >= 2 and job["model"] != "slow"):
+                    self._json(400, {"status": "ALREADY_COMPLETED"})
+                    return
+                job["cancelled"] = True
+                fake.cancelled.append(parts[3])
+                self._json(202, {"status": "CANCELLATION_REQUESTED"})
+
             def do_GET(self) -> None:
                 if not self._authorized():
                     return
@@ -111,7 +130,7 @@ class FakeVideoProviders:
                     self._json(200, {"video": {"url": f"{fake.base}/files/{job_id}.mp4"}})
                     return
                 job["looks"] += 1
-                done = job["looks"] >= 2
+                done = job["looks"] >= 2 and job["model"] != "slow"
                 if parts[0] == "v1":
                     if job["model"] == "fail" and done:
                         self._json(

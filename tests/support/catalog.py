@@ -74,6 +74,7 @@ def provider_video_models(video_base: str) -> list[str]:
         model("fakevideo/fallback", [("openai", "openai", "submit-500"), ("fal", "queue", "ok")]),
         model("fakevideo/provider-fails", [("openai", "openai", "fail")]),
         model("fakevideo/queue-fails", [("fal", "queue", "fail")]),
+        model("fakevideo/queue-slow", [("fal", "queue", "slow")]),  # runs until cancelled
     ]
 
 
@@ -87,9 +88,12 @@ def write_test_catalog(path: Path, base_url: str, video_base: str | None = None)
         _model("fake/tokens", [e("tokens")]),
         _model("fake/echo", [e("echo", "alpha"), e("ok", "beta")]),
         _model("fake/echo-beta", [e("error-500", "alpha"), e("echo", "beta")]),
-        _model("fake/fallback-429", [e("ratelimit-7", "alpha"), e("ok", "beta")]),
+        # Each rate-limited upstream model here is used by one test model only: a provider's
+        # hint cools that endpoint in the gateway (server/routing/cooldowns.py).
+        _model("fake/fallback-429", [e("ratelimit-5", "alpha"), e("ok", "beta")]),
         _model("fake/all-429", [e("ratelimit-7", "alpha"), e("ratelimit-3", "beta")]),
-        _model("fake/429-partial-hint", [e("ratelimit-none", "alpha"), e("ratelimit-3", "beta")]),
+        _model("fake/429-partial-hint", [e("ratelimit-none", "alpha"), e("ratelimit-2", "beta")]),
+        _model("fake/cooling", [e("ratelimit-120", "alpha")]),
         _model("fake/500-then-ok", [e("error-500", "alpha"), e("ok", "beta")]),
         _model("fake/all-5xx", [e("error-500", "alpha"), e("error-502", "beta")]),
         _model("fake/down", [down]),

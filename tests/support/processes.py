@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import random
@@ -18,9 +19,8 @@ READY_LINE = "Gateway ready"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free loopback port of this test process's own block (see free_port_range)."""
+    return free_port_range(1)
 
 
 _REFUSING: list[socket.socket] = []
@@ -45,23 +45,47 @@ def _ephemeral_floor() -> int:
         return 32768
 
 
+PORTS_FROM = 10_000
+PORT_BLOCKS = 17  # one for a plain `pytest`, one per xdist worker gw0..gw15
+# Ports handed out lately by this process: a port is free until its server binds it, and
+# that can be seconds later (a gateway starting), so it is not handed out again meanwhile.
+_HANDED: collections.deque[int] = collections.deque(maxlen=300)
+
+
+def worker_ports() -> range:
+    """This test process's own block of ports, below the ephemeral range (there, no client
+    connection can take a port before its server binds it). Under pytest-xdist each worker
+    (PYTEST_XDIST_WORKER=gwN) has a block of its own, so two workers never pick the same
+    port however close together they start gateways."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) + 1 if worker[2:].isdigit() else 0
+    size = (max(_ephemeral_floor(), PORTS_FROM + 2 * PORT_BLOCKS * 100) - PORTS_FROM)
+    size //= PORT_BLOCKS
+    first = PORTS_FROM + (index % PORT_BLOCKS) * size
+    return range(first, first + size)
+
+
 def free_port_range(count: int) -> int:
-    """The first of `count` consecutive free ports (`gateway up --workers N` listens on
-    grpc_port .. grpc_port+N-1, and as many metrics ports). Taken below the ephemeral range:
-    there, no client connection can take one of them before the server binds it."""
-    if count == 1:
-        return free_port()
+    """The first of `count` consecutive free ports of this process's block (worker_ports):
+    `gateway up --workers N` listens on grpc_port .. grpc_port+N-1, and as many metrics
+    ports. Each is probed by binding it, and none was handed out lately by this process."""
+    block = worker_ports()
     rng = random.Random()
-    while True:
-        base = rng.randrange(10_000, _ephemeral_floor() - count)
+    for _ in range(10_000):
+        base = rng.randrange(block.start, block.stop - count)
+        ports = range(base, base + count)
+        if _HANDED and set(ports).intersection(_HANDED):
+            continue
         with contextlib.ExitStack() as held:
             try:
-                for port in range(base, base + count):
+                for port in ports:
                     sock = held.enter_context(socket.socket())
                     sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        _HANDED.extend(ports)
         return base
+    raise RuntimeError(f"no {count} consecutive free ports in {block}")
 
 
 def _workers_of(arguments: tuple[str, ...]) -> int:

@@ -25,6 +25,7 @@ from server.errors import GatewayError
 from server.limits.key_status import limit_remaining
 from server.providers.endpoint import Endpoint
 from server.providers.openai_stt import OpenAISttAdapter
+from server.routing.catalog import Catalog, Model
 from server.transcription.request import TranscriptionInput
 from server.transcription.transcriber import Transcriber, TranscriptionResult
 from server.vault.crypto import MasterKey
@@ -136,6 +137,7 @@ async def test_a_key_is_sealed_at_rest_shown_masked_and_opens_for_its_workspace(
     assert [(k.id, k.label, k.name) for k in listed] == [(row.id, "...abcd", "mine")]
     assert total == 1
     assert [k.plaintext for k in opened] == [BYOK_KEY]
+    assert BYOK_KEY not in repr(opened)
 
 
 async def test_bad_keys_are_refused_without_echoing_them(domain: Domain) -> None:
@@ -296,7 +298,9 @@ def test_the_fee_is_a_percentage_of_the_provider_cost_rounded_half_even() -> Non
     assert [fees.charged(1_000_000, n) for n in (1, 2, 3)] == [0, 0, 50_000]
 
 
-async def test_free_byok_requests_start_again_each_utc_month(domain: Domain) -> None:
+async def test_free_byok_requests_start_again_each_utc_month(any_domain: Domain) -> None:
+    # Both backends: the month's count is each dialect's insert-or-increment.
+    domain = any_domain
     domain.clock.set(datetime(2026, 1, 31, 23, 59, tzinfo=UTC))
     issued = await domain.funded_key("byok-month")
     await _add_key(domain, issued, "alpha")
@@ -407,3 +411,17 @@ async def test_a_video_job_submitted_and_polled_with_the_workspace_key(
     assert await domain.count(CreditHold) == 0
     (generation,) = await domain.rows(Generation, Generation.id == done.generation_id)
     assert (generation.is_byok, generation.cost_micros) == (True, fees.fee(cost))
+
+
+def test_a_two_key_provider_takes_its_key_as_json() -> None:
+    kling = Endpoint("kling", "kling", "http://k.test", api_key_env="K", secret_key_env="S")
+    catalog = Catalog({"kling/v": Model("kling/v", "v", "video", Decimal(1), (kling,))})
+    with pytest.raises(GatewayError) as plain:
+        store.parse_key(catalog, "kling", "just-one-access-key-0000")
+    assert (plain.value.metadata or {}).get("param") == "key"
+    assert "just-one" not in plain.value.message
+    pair = store.parse_key(
+        catalog, "kling", '{"access_key": "ak-0123456789abcdef", "secret_key": "sk-secret"}'
+    )
+    assert (pair.credential, pair.secret) == ("ak-0123456789abcdef", "sk-secret")
+    assert store.mask(pair) == "...cdef" and "sk-secret" not in repr(pair)

@@ -128,3 +128,44 @@ def test_bad_entries_are_refused_naming_where(tmp_path: Path, name: str) -> None
     assert expected in message
     if expected and name != "not TOML":
         assert "models[0]" in message
+
+
+_PRICED = """[[models]]
+id = "acme/video"
+kind = "video"
+price_per_second = "0.30"
+resolutions = ["720p", "1080p"]
+sizes = ["1280x720", "1792x1024"]
+output_prices = { "1080p" = "0.40", "1792x1024" = "0.50" }
+[[models.endpoints]]
+provider = "acme"
+adapter = "local"
+"""
+
+
+def test_an_output_priced_apart_costs_its_own_price(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text(_PRICED)
+    model = load_catalog(path).get("acme/video")
+    assert model is not None
+    assert model.video_price({"resolution": "720p", "width": 1280, "height": 720}) == Decimal(
+        "0.30"
+    )
+    assert model.video_price({"resolution": "1080p", "width": 1920, "height": 1080}) == Decimal(
+        "0.40"
+    )
+    # A size's own price comes before its resolution's.
+    assert model.video_price({"resolution": "1080p", "width": 1792, "height": 1024}) == Decimal(
+        "0.50"
+    )
+    sora = load_catalog().get("openai/sora-2-pro")
+    assert sora is not None
+    assert sora.video_price({"width": 1024, "height": 1792}) == Decimal("0.50")
+    assert sora.video_price({"width": 720, "height": 1280}) == Decimal("0.30")
+
+
+def test_a_price_for_an_output_the_model_does_not_offer_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.toml"
+    path.write_text(_PRICED.replace('"1080p" = "0.40"', '"4K" = "0.90"'))
+    with pytest.raises(CatalogError, match="output_prices.4K"):
+        load_catalog(path)

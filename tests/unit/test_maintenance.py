@@ -5,6 +5,7 @@ its loop stopping on drain."""
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -17,7 +18,7 @@ from server.billing.holds import place_hold
 from server.billing.money import usd_to_micros
 from server.clock import ManualClock
 from server.db.engine import create_engine, session_factory
-from server.db.models import Account, ApiKey, CreditHold, RateWindow, VideoJob
+from server.db.models import Account, ApiKey, CreditHold, RateWindow, VideoJob, WebhookDelivery
 from server.errors import GatewayError
 from server.limits.free_models import admit_free_request, free_requests_today
 from server.limits.key_status import key_status
@@ -116,8 +117,27 @@ async def test_lapsed_holds_are_swept_and_their_budget_is_free(
 # --- videos -----------------------------------------------------------------------------------
 
 
+async def test_an_expired_job_with_a_callback_queues_the_expired_webhook(
+    admin: Admin, clock: ManualClock, maintenance: Maintenance
+) -> None:
+    now = clock.now()
+    hooked = await _job(admin, jobs.COMPLETED, now - timedelta(seconds=1), None, "https://h.test/")
+    silent = await _job(admin, jobs.COMPLETED, now - timedelta(seconds=1))
+    assert (await maintenance.run_once(now))["videos"] == 2
+    async with admin.sessions() as session:
+        rows = (await session.exec(sa.select(WebhookDelivery))).scalars().all()
+    sent = [(r.job_id, json.loads(r.payload)) for r in rows if r.job_id in (hooked, silent)]
+    assert [(job, body["type"], body["data"]["status"]) for job, body in sent] == [
+        (hooked, "video.generation.expired", "expired")
+    ]
+
+
 async def _job(
-    admin: Admin, status: str, expires_at: datetime | None, content: ContentStore | None = None
+    admin: Admin,
+    status: str,
+    expires_at: datetime | None,
+    content: ContentStore | None = None,
+    callback_url: str | None = None,
 ) -> str:
     job_id = f"video_{secrets.token_hex(8)}"
     now = admin.clock.now()
@@ -137,6 +157,7 @@ async def _job(
                 updated_at=now - timedelta(hours=1),
                 completed_at=now - timedelta(hours=1) if status != jobs.PENDING else None,
                 expires_at=expires_at,
+                callback_url=callback_url,
             )
         )
         await session.commit()

@@ -1,0 +1,112 @@
+"""Google Veo through the Gemini API (catalog adapter `gemini`).
+
+Protocol (https://ai.google.dev/gemini-api/docs/video, REST tab;
+https://ai.google.dev/api/models#method:-models.predictlongrunning):
+submit `POST {base}/models/{model}:predictLongRunning` with the `x-goog-api-key` header and
+`{"instances": [{prompt, image, lastFrame, referenceImages}], "parameters": {aspectRatio,
+resolution, durationSeconds, ...}}` → an operation `{"name": "models/.../operations/..."}`;
+poll `GET {base}/{name}` until `"done": true`; then `error` (google.rpc.Status) or
+`response.generateVideoResponse.generatedSamples[].video.uri`, each downloaded with the key
+(the download answers with a redirect to storage, followed once without the key).
+
+Field mapping: prompt; frame_images → `image` / `lastFrame` and image input_references →
+`referenceImages` (asset, up to 3), all inline: data: URLs as given, public https URLs
+fetched by the gateway (video_http.ImageFetcher; Veo reads no web URLs);
+aspect_ratio, resolution, duration → aspectRatio, resolution, durationSeconds. Dropped:
+`seed` and `generate_audio` (the Gemini API refuses both; Veo 3 always generates sound),
+audio/video references. `provider.options[<slug>]` are Veo parameters merged into
+`parameters` (e.g. `{"negativePrompt": "...", "personGeneration": "allow_adult"}`).
+Failures: 400 API_KEY_INVALID / 401 / 403 → rejected credentials; 429 RESOURCE_EXHAUSTED →
+rate limited with RetryInfo's delay; other 4xx (e.g. a refused prompt) → the request's
+fault; 503 → overloaded; 5xx → server error; an operation `error` or a safety-filtered
+result → the job fails. No cancel call is documented for Veo operations.
+
+How an operator configures it: an endpoint `adapter = "gemini"`,
+`base_url = "https://generativelanguage.googleapis.com/v1beta"`,
+`api_key_env = "GEMINI_API_KEY"` (an API key from Google AI Studio) and `model` = the Veo
+model name, e.g. `veo-3.1-generate-preview`, `veo-3.1-fast-generate-preview`,
+`veo-3.0-generate-001`. Veo 3 takes aspect ratios 16:9 / 9:16, resolutions 720p / 1080p,
+durations 4 / 6 / 8 s; list `generate_audio = true` (it always has sound)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from server.providers import veo
+from server.providers.endpoint import Endpoint
+from server.providers.failures import INVALID_RESPONSE, REJECTED_CREDENTIALS, ProviderFailure
+from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_http import ImageFetcher, download, json_body, send
+
+
+class GeminiVideoAdapter:
+    def __init__(self, http: httpx.AsyncClient, images: ImageFetcher | None = None) -> None:
+        self._http = http
+        self._images = images or ImageFetcher(http)
+
+    def _headers(self, endpoint: Endpoint) -> dict[str, str]:
+        key = endpoint.credential()
+        if not key:
+            raise ProviderFailure(REJECTED_CREDENTIALS, "No credential is configured")
+        return {"x-goog-api-key": key}
+
+    async def _call(
+        self, endpoint: Endpoint, method: str, url: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        request = self._http.build_request(
+            method,
+            url,
+            headers=self._headers(endpoint),
+            json=body,
+            timeout=endpoint.timeout_seconds,
+        )
+        return json_body(await send(self._http, request, veo.failure_of))
+
+    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
+        body = await veo.request_body(call, self._images, endpoint.timeout_seconds, vertex=False)
+        operation = await self._call(
+            endpoint, "POST", f"{endpoint.base_url}/models/{call.model}:predictLongRunning", body
+        )
+        return await self._progress(endpoint, operation)
+
+    async def poll(
+        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
+    ) -> VideoProgress:
+        operation = await self._call(endpoint, "GET", f"{endpoint.base_url}/{provider_job_id}")
+        return await self._progress(endpoint, operation)
+
+    async def _progress(self, endpoint: Endpoint, operation: dict[str, Any]) -> VideoProgress:
+        name = veo.operation_name(operation)
+        if not operation.get("done"):
+            return VideoProgress(state="running", provider_job_id=name)
+        error = veo.operation_error(operation)
+        if error is not None:
+            return VideoProgress(state="failed", provider_job_id=name, error=error)
+        response = operation.get("response")
+        result = response.get("generateVideoResponse") if isinstance(response, dict) else None
+        if not isinstance(result, dict):
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+        samples = result.get("generatedSamples") or []
+        if not isinstance(samples, list):
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+        uris = [s.get("video", {}).get("uri") for s in samples if isinstance(s, dict)]
+        if not uris:
+            return VideoProgress(
+                state="failed", provider_job_id=name, error=veo.filtered_message(result)
+            )
+        videos = [await self._download(endpoint, uri) for uri in uris]
+        return VideoProgress(state="completed", provider_job_id=name, videos=videos)
+
+    async def _download(self, endpoint: Endpoint, uri: object) -> bytes:
+        # The key goes only to the API's own host, never to a host the response names.
+        base = urlsplit(endpoint.base_url or "")
+        target = urlsplit(uri) if isinstance(uri, str) else None
+        if target is None or (target.scheme, target.netloc) != (base.scheme, base.netloc):
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video URL")
+        assert isinstance(uri, str)
+        return await download(
+            self._http, uri, endpoint.timeout_seconds, self._headers(endpoint), veo.failure_of
+        )

@@ -1,0 +1,204 @@
+"""MiniMax Hailuo (catalog adapter `minimax`).
+
+Protocol (https://platform.minimax.io/docs/api-reference/video-generation-t2v,
+.../video-generation-i2v, .../video-generation-query, .../video-generation-download and
+https://platform.minimax.io/docs/api-reference/errorcode): `Authorization: Bearer <API key>`.
+Create `POST {base}/v1/video_generation` → `{task_id, base_resp}`; query
+`GET {base}/v1/query/video_generation?task_id=` → `{task_id, status: Queueing | Preparing |
+Processing | Success | Fail, file_id, video_width, video_height, base_resp}`; then
+`GET {base}/v1/files/retrieve?file_id=` → `{file: {file_id, download_url, ...}, base_resp}`;
+the download_url is fetched without credentials. Every answer carries
+`base_resp: {status_code, status_msg}` (0 = success), usually with HTTP 200.
+
+Field mapping: prompt; duration → `duration` (6 / 10); resolution → `resolution` ("768P",
+"1080P", ...); frame_images → `first_frame_image` / `last_frame_image` and image
+references → `subject_reference: [{type: "character", image: [url]}]` (URLs or data: URLs,
+both accepted). Dropped: aspect_ratio (Hailuo derives it from the resolution or the first
+frame), seed (none), generate_audio (Hailuo has no sound), audio/video references.
+`provider.options[<slug>]` are merged into the body (e.g. `prompt_optimizer`,
+`fast_pretreatment`); mapped fields win and `callback_url` is not forwarded.
+base_resp codes: 1002 / 1039 (rate limits) → rate limited; 1004 /
+2049 (authentication, invalid key) and 1008 (insufficient balance) → rejected credentials;
+1026 / 1027 (sensitive input / output), 1042 (illegal characters), 2013 (bad parameters) →
+the request's fault when submitting, a failed job when polling; 1001 → timeout; 1000 /
+1013 and others → server error. MiniMax documents no cancel call.
+
+How an operator configures it: an endpoint `adapter = "minimax"`,
+`base_url = "https://api.minimax.io"` (mainland China: `https://api.minimaxi.com`),
+`api_key_env = "MINIMAX_API_KEY"` and `model` = e.g. `MiniMax-Hailuo-02`,
+`MiniMax-Hailuo-2.3`, `T2V-01-Director`, `I2V-01`, `S2V-01` (subject reference). Hailuo 02
+takes durations 6 / 10 s at 768P and 6 s at 1080P."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from server.providers.endpoint import Endpoint
+from server.providers.failures import (
+    CLIENT_ERROR,
+    INVALID_RESPONSE,
+    RATE_LIMITED,
+    REJECTED_CREDENTIALS,
+    SERVER_ERROR,
+    TIMEOUT,
+    ProviderFailure,
+)
+from server.providers.http import failure_from_response, retry_after_seconds
+from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_http import (
+    MAX_MESSAGE,
+    download,
+    http_url,
+    image_urls,
+    json_body,
+    merged,
+    send,
+)
+
+_RUNNING = ("Queueing", "Preparing", "Processing")
+_RATE_CODES = {1002, 1039}
+_CREDENTIAL_CODES = {1004, 1008, 2049}
+_CLIENT_CODES = {1026, 1027, 1042, 2013}
+
+
+def failure_of_code(response: httpx.Response, code: int, message: str) -> ProviderFailure:
+    message = message[:MAX_MESSAGE]
+    status = response.status_code
+    if code in _RATE_CODES:
+        return ProviderFailure(
+            RATE_LIMITED,
+            "Provider rate limited the request",
+            status=status,
+            provider_code=code,
+            retry_after=retry_after_seconds(response.headers.get("retry-after")),
+        )
+    if code in _CREDENTIAL_CODES:
+        return ProviderFailure(
+            REJECTED_CREDENTIALS,
+            "Provider refused the gateway's credentials",
+            status=status,
+            provider_code=code,
+        )
+    if code in _CLIENT_CODES:
+        detail = f": {message}" if message else ""
+        return ProviderFailure(
+            CLIENT_ERROR,
+            f"Provider rejected the request{detail}",
+            status=status,
+            provider_code=code,
+        )
+    if code == 1001:
+        return ProviderFailure(TIMEOUT, "Provider timed out", status=status, provider_code=code)
+    return ProviderFailure(
+        SERVER_ERROR, "Provider returned error", status=status, provider_code=code
+    )
+
+
+def _base_resp(body: dict[str, Any]) -> tuple[int, str] | None:
+    base = body.get("base_resp")
+    if not isinstance(base, dict) or not isinstance(base.get("status_code"), int):
+        return None
+    return base["status_code"], str(base.get("status_msg") or "")
+
+
+def failure_of(response: httpx.Response) -> ProviderFailure:
+    """An HTTP error: base_resp's code when the body has one, else the HTTP status."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    coded = _base_resp(body) if isinstance(body, dict) else None
+    if coded is None:
+        return failure_from_response(response)
+    return failure_of_code(response, *coded)
+
+
+def task_body(call: VideoCall) -> dict[str, Any]:
+    params = call.params
+    first, last, references = image_urls(params)
+    body: dict[str, Any] = {
+        "model": call.model,
+        "prompt": params.get("prompt", ""),
+        "duration": params.get("duration"),
+        "resolution": str(params["resolution"]).upper() if params.get("resolution") else None,
+        "first_frame_image": first,
+        "last_frame_image": last,
+    }
+    if references:
+        body["subject_reference"] = [{"type": "character", "image": references[:1]}]
+    return merged(body, call.options)
+
+
+class MiniMaxVideoAdapter:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    async def _call(
+        self, endpoint: Endpoint, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], httpx.Response]:
+        key = endpoint.credential()
+        if not key:
+            raise ProviderFailure(REJECTED_CREDENTIALS, "No credential is configured")
+        request = self._http.build_request(
+            method,
+            f"{endpoint.base_url}{path}",
+            headers={"Authorization": f"Bearer {key}"},
+            json=body,
+            timeout=endpoint.timeout_seconds,
+        )
+        response = await send(self._http, request, failure_of)
+        answer = json_body(response)
+        if _base_resp(answer) is None:
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+        return answer, response
+
+    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
+        answer, response = await self._call(
+            endpoint, "POST", "/v1/video_generation", task_body(call)
+        )
+        coded = _base_resp(answer)
+        assert coded is not None
+        if coded[0] != 0:
+            raise failure_of_code(response, *coded)
+        task_id = answer.get("task_id")
+        if not isinstance(task_id, str) or not task_id:
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned no task_id")
+        return VideoProgress(state="running", provider_job_id=task_id)
+
+    async def poll(
+        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
+    ) -> VideoProgress:
+        answer, response = await self._call(
+            endpoint, "GET", f"/v1/query/video_generation?task_id={quote(provider_job_id)}"
+        )
+        coded = _base_resp(answer)
+        assert coded is not None
+        status = answer.get("status")
+        if status == "Fail" or (coded[0] in _CLIENT_CODES and status != "Success"):
+            message = coded[1] or "the task failed"
+            return VideoProgress(
+                state="failed",
+                provider_job_id=provider_job_id,
+                error=f"Provider failed: {message[:MAX_MESSAGE]}",
+            )
+        if coded[0] != 0:
+            raise failure_of_code(response, *coded)
+        if status in _RUNNING:
+            return VideoProgress(state="running", provider_job_id=provider_job_id)
+        file_id = answer.get("file_id")
+        if status != "Success" or not isinstance(file_id, str | int) or not str(file_id):
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+        answer, response = await self._call(
+            endpoint, "GET", f"/v1/files/retrieve?file_id={quote(str(file_id))}"
+        )
+        coded = _base_resp(answer)
+        assert coded is not None
+        if coded[0] != 0:
+            raise failure_of_code(response, *coded)
+        file = answer.get("file")
+        url = http_url(file.get("download_url") if isinstance(file, dict) else None)
+        video = await download(self._http, url, endpoint.timeout_seconds)
+        return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=[video])

@@ -1,0 +1,141 @@
+"""Replicate predictions, as Replicate documents them
+(https://replicate.com/docs/reference/http#models.predictions.create,
+https://replicate.com/docs/reference/http#predictions.get,
+https://replicate.com/docs/reference/http#predictions.cancel,
+https://replicate.com/docs/topics/predictions/rate-limits):
+
+- `POST {base}/models/{owner}/{name}/predictions` (`Authorization: Bearer <token>`)
+  `{input: {...}}` → 201 the prediction `{id, status, urls, ...}`; a model pinned to a
+  version (`owner/name:version`) goes to `POST {base}/predictions` `{version, input}`.
+- `GET {base}/predictions/{id}` → `{status: starting | processing | succeeded | failed |
+  canceled, output: a URL or a list of URLs, error}`; the output files are fetched without
+  the token (replicate.delivery).
+- `POST {base}/predictions/{id}/cancel`.
+- Errors are problem details `{"title", "detail", "status"}`; 429 says when to come back in
+  `Retry-After` or in the detail ("Request was throttled. Expected available in 3
+  seconds."); 422 is invalid input. A refused prompt fails the prediction (`error`).
+
+Mapping of the API reference's fields (the input names most Replicate video models use):
+prompt, duration, resolution, aspect_ratio, seed, generate_audio; frame_images → `image`
+(first frame) and `last_frame_image`; image references → `reference_images`; audio and video
+references are dropped. Replicate does not report the output's length, so the job is billed
+on the requested duration. `provider.options.replicate` is added to `input` in the model's
+own names (e.g. `{"start_image": "https://…", "negative_prompt": "blur"}`), never over what
+the gateway mapped (the duration it charges for) nor a callback URL.
+
+How an operator configures it: an endpoint `adapter = "replicate"`, `base_url =
+"https://api.replicate.com/v1"`, `api_key_env = "REPLICATE_API_TOKEN"`, and `model`
+`owner/name` (e.g. `bytedance/seedance-1-pro`, `wan-video/wan-2.5-t2v`) or
+`owner/name:version`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import httpx
+
+from server.providers import http as provider_http
+from server.providers.endpoint import Endpoint
+from server.providers.failures import INVALID_RESPONSE, RATE_LIMITED, ProviderFailure
+from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_http import merged
+from server.providers.video_tasks import failed
+
+_RUNNING = ("starting", "processing")
+_ID = re.compile(r"^[A-Za-z0-9]{1,64}$")
+_THROTTLED = re.compile(r"available in (\d+) seconds?", re.IGNORECASE)
+
+
+def read_error(response: httpx.Response) -> provider_http.ErrorFields:
+    """Replicate's problem details: `{"title", "detail", "status"}`."""
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None, ""
+    if not isinstance(body, dict):
+        return None, ""
+    title, detail = body.get("title"), body.get("detail")
+    return (title if isinstance(title, str) else None, detail if isinstance(detail, str) else "")
+
+
+def prediction_input(call: VideoCall) -> dict[str, Any]:
+    params = call.params
+    body: dict[str, Any] = {"prompt": params.get("prompt", "")}
+    for name in ("duration", "resolution", "aspect_ratio", "seed"):
+        if params.get(name) is not None:
+            body[name] = params[name]
+    if "generate_audio" in params:
+        body["generate_audio"] = bool(params["generate_audio"])
+    for frame in params.get("frame_images", []):
+        body["image" if frame["frame_type"] == "first_frame" else "last_frame_image"] = frame["url"]
+    images = [r["url"] for r in params.get("input_references", []) if r["type"] == "image_url"]
+    if images:
+        body["reference_images"] = images
+    return merged(body, call.options)
+
+
+def _prediction_id(value: object) -> str:
+    if not isinstance(value, str) or not _ID.match(value):
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid prediction id")
+    return value
+
+
+class ReplicateVideoAdapter:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    async def _call(self, endpoint: Endpoint, method: str, url: str, **kwargs: Any) -> Any:
+        said: list[str] = []  # the error's detail, for a 429 without Retry-After
+
+        def reading(response: httpx.Response) -> provider_http.ErrorFields:
+            fields = read_error(response)
+            said.append(fields[1])
+            return fields
+
+        try:
+            return await provider_http.call(
+                self._http, endpoint, method, url, read_error=reading, **kwargs
+            )
+        except ProviderFailure as failure:
+            if failure.kind == RATE_LIMITED and failure.retry_after is None and said:
+                match = _THROTTLED.search(said[-1])
+                failure.retry_after = int(match.group(1)) if match else None
+            raise
+
+    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
+        owner_name, _, version = call.model.partition(":")
+        if version:
+            url = f"{endpoint.base_url}/predictions"
+            body: dict[str, Any] = {"version": version, "input": prediction_input(call)}
+        else:
+            url = f"{endpoint.base_url}/models/{owner_name}/predictions"
+            body = {"input": prediction_input(call)}
+        prediction = provider_http.json_object(await self._call(endpoint, "POST", url, json=body))
+        return VideoProgress(state="running", provider_job_id=_prediction_id(prediction.get("id")))
+
+    async def poll(
+        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
+    ) -> VideoProgress:
+        url = f"{endpoint.base_url}/predictions/{_prediction_id(provider_job_id)}"
+        prediction = provider_http.json_object(await self._call(endpoint, "GET", url))
+        status = prediction.get("status")
+        if status in _RUNNING:
+            return VideoProgress(state="running", provider_job_id=provider_job_id)
+        if status == "succeeded":
+            output = prediction.get("output")
+            urls = output if isinstance(output, list) else [output]
+            if not urls:
+                raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
+            videos = [await provider_http.download(self._http, endpoint, u) for u in urls]
+            return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=videos)
+        if status not in ("failed", "canceled"):
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid status")
+        detail = prediction.get("error") or status
+        return failed(provider_job_id, detail)
+
+    async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:
+        url = f"{endpoint.base_url}/predictions/{_prediction_id(provider_job_id)}/cancel"
+        await self._call(endpoint, "POST", url)

@@ -1,0 +1,138 @@
+"""ByteDance Seedance through BytePlus ModelArk's content-generation tasks API, as its API
+reference documents it (https://docs.byteplus.com/en/docs/ModelArk, "Video generation API":
+create a task, retrieve a task, cancel or delete a task; "Error codes"):
+
+- `POST {base}/contents/generations/tasks` (`Authorization: Bearer <ARK API key>`)
+  `{model, content: [{type: "text", text}, {type: "image_url", image_url: {url}, role:
+  first_frame | last_frame | reference_image}, ...], resolution, ratio, duration, seed,
+  generate_audio}` → `{id}`. The generation parameters go as body fields, the current form
+  (the older `--resolution 720p --ratio 16:9 ...` flags inside the text are not used).
+- `GET {base}/contents/generations/tasks/{id}` → `{id, status: queued | running | succeeded
+  | failed | cancelled | expired, content: {video_url}, error: {code, message}, duration,
+  usage}`; the MP4 is fetched from `content.video_url` (signed storage: no credential sent).
+- `DELETE {base}/contents/generations/tasks/{id}` cancels a queued task (a running one cannot
+  be stopped; the provider refuses, which the gateway ignores).
+- Errors are `{"error": {"code", "message"}}`: 401 AuthenticationError, 429
+  RateLimitExceeded / QuotaExceeded, 400 InputTextSensitiveContentDetected and the like for
+  refused content (not retried elsewhere).
+
+Mapping of the API reference's fields: resolution (480p/720p/1080p; others are left to the
+model's default), aspect_ratio → `ratio`, duration, seed, generate_audio (Seedance 1.5+),
+frame_images → image content with role first_frame / last_frame, input_references →
+reference_image / reference_video / reference_audio (the catalog's input_reference_types
+says which the model honours; the request drops the rest). `provider.options.seedance` is
+added to the body, never over what the gateway mapped (model, duration: what it
+charges for) nor a callback URL (e.g. `{"camera_fixed": true, "watermark": false}`).
+
+How an operator configures it: an endpoint `adapter = "seedance"`, `base_url =
+"https://ark.ap-southeast.bytepluses.com/api/v3"` (an Ark key works in its own region only),
+`api_key_env = "ARK_API_KEY"` (the environment variable holding the ModelArk API key) and
+`model` the ModelArk model ID, e.g. `seedance-1-0-pro-250528` or `seedance-1-5-pro-251215`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from server.providers import http as provider_http
+from server.providers.endpoint import Endpoint
+from server.providers.failures import INVALID_RESPONSE, ProviderFailure
+from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_http import merged, seconds_of
+from server.providers.video_tasks import failed
+
+RESOLUTIONS = ("480p", "720p", "1080p")
+RATIOS = ("16:9", "4:3", "1:1", "3:4", "9:16", "21:9")
+_REFERENCE_ROLES = {
+    "image_url": "reference_image",
+    "video_url": "reference_video",
+    "audio_url": "reference_audio",
+}
+_RUNNING = ("queued", "running")
+_TASK_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+def task_body(call: VideoCall) -> dict[str, Any]:
+    params = call.params
+    content: list[dict[str, Any]] = []
+    if params.get("prompt"):
+        content.append({"type": "text", "text": params["prompt"]})
+    for frame in params.get("frame_images", []):
+        content.append(
+            {"type": "image_url", "image_url": {"url": frame["url"]}, "role": frame["frame_type"]}
+        )
+    for reference in params.get("input_references", []):
+        kind = reference["type"]
+        content.append(
+            {"type": kind, kind: {"url": reference["url"]}, "role": _REFERENCE_ROLES[kind]}
+        )
+    body: dict[str, Any] = {"model": call.model, "content": content}
+    if params.get("resolution") in RESOLUTIONS:
+        body["resolution"] = params["resolution"]
+    if params.get("aspect_ratio") in RATIOS:
+        body["ratio"] = params["aspect_ratio"]
+    if "duration" in params:
+        body["duration"] = params["duration"]
+    if "seed" in params:
+        body["seed"] = params["seed"]
+    if "generate_audio" in params:
+        body["generate_audio"] = bool(params["generate_audio"])
+    return merged(body, call.options)
+
+
+def _task_url(endpoint: Endpoint, task_id: str) -> str:
+    if not _TASK_ID.match(task_id):
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid task id")
+    return f"{endpoint.base_url}/contents/generations/tasks/{task_id}"
+
+
+class SeedanceVideoAdapter:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
+        response = await provider_http.call(
+            self._http,
+            endpoint,
+            "POST",
+            f"{endpoint.base_url}/contents/generations/tasks",
+            json=task_body(call),
+        )
+        task_id = provider_http.json_object(response).get("id")
+        if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned no task id")
+        return VideoProgress(state="running", provider_job_id=task_id)
+
+    async def poll(
+        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
+    ) -> VideoProgress:
+        task = provider_http.json_object(
+            await provider_http.call(
+                self._http, endpoint, "GET", _task_url(endpoint, provider_job_id)
+            )
+        )
+        status = task.get("status")
+        if status in _RUNNING:
+            return VideoProgress(state="running", provider_job_id=provider_job_id)
+        if status == "succeeded":
+            content = task.get("content")
+            url = content.get("video_url") if isinstance(content, dict) else None
+            video = await provider_http.download(self._http, endpoint, url)
+            duration = task.get("duration")
+            seconds = seconds_of(duration)
+            return VideoProgress(
+                state="completed", provider_job_id=provider_job_id, videos=[video], seconds=seconds
+            )
+        if not isinstance(status, str):
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+        error = task.get("error")
+        detail = error.get("message") or error.get("code") if isinstance(error, dict) else None
+        return failed(provider_job_id, detail or status)
+
+    async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:
+        await provider_http.call(
+            self._http, endpoint, "DELETE", _task_url(endpoint, provider_job_id)
+        )

@@ -1,0 +1,177 @@
+"""Google Veo's request and result shapes, shared by the Gemini API (`gemini` adapter) and
+Vertex AI (`vertex` adapter): the `predictLongRunning` body, Google's error body
+(google.rpc.Status with RetryInfo / ErrorInfo details) and the long-running operation.
+
+Docs: https://ai.google.dev/gemini-api/docs/video (Gemini API),
+https://cloud.google.com/vertex-ai/generative-ai/docs/model-reference/veo-video-generation
+(Vertex AI), https://cloud.google.com/apis/design/errors (the error model)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from server.providers.failures import (
+    CLIENT_ERROR,
+    INVALID_RESPONSE,
+    OVERLOADED,
+    RATE_LIMITED,
+    REJECTED_CREDENTIALS,
+    SERVER_ERROR,
+    TIMEOUT,
+    ProviderFailure,
+)
+from server.providers.http import retry_after_seconds
+from server.providers.video import VideoCall
+from server.providers.video_http import MAX_MESSAGE, ImageFetcher, image_urls, json_or_none
+
+MAX_REFERENCE_IMAGES = 3  # Veo takes up to three "asset" reference images
+# Parameters the gateway decides, never a client's provider.options: one video per job (it is
+# charged as one), and output stays off Cloud Storage buckets a client could name.
+GATEWAY_PARAMETERS = frozenset({"sampleCount", "numberOfVideos", "storageUri", "pubsubTopic"})
+_DELAY = re.compile(r"^(\d+)(?:\.\d+)?s$")
+# Google's ErrorInfo reasons that mean the credential itself is refused (sent as 400).
+_KEY_REASONS = ("API_KEY_INVALID", "API_KEY_EXPIRED", "API_KEY_SERVICE_BLOCKED")
+
+
+async def request_body(
+    call: VideoCall,
+    images: ImageFetcher,
+    timeout_seconds: float,
+    *,
+    vertex: bool,
+    storage_uri: str | None = None,
+) -> dict[str, Any]:
+    """The predictLongRunning body. Images go inline (Veo reads no web URLs): data: URLs
+    as they are, https URLs fetched by `images`. The Gemini API refuses `generateAudio` and
+    `seed` (Vertex AI only): there Veo 3 always has sound and seed is dropped (the
+    reference allows it: determinism is not guaranteed for all providers).
+    provider.options are Veo `parameters` (negativePrompt, personGeneration, enhancePrompt,
+    ...) but for GATEWAY_PARAMETERS."""
+
+    async def inline(url: str) -> dict[str, str]:
+        image = await images.inline(url, timeout_seconds)
+        return {"bytesBase64Encoded": image.base64, "mimeType": image.mime_type}
+
+    params = call.params
+    instance: dict[str, Any] = {"prompt": params.get("prompt", "")}
+    first, last, references = image_urls(params)
+    if first:
+        instance["image"] = await inline(first)
+    if last:
+        instance["lastFrame"] = await inline(last)
+    if references:
+        instance["referenceImages"] = [
+            {"image": await inline(url), "referenceType": "asset"}
+            for url in references[:MAX_REFERENCE_IMAGES]
+        ]
+    parameters: dict[str, Any] = {
+        "aspectRatio": params.get("aspect_ratio"),
+        # Veo names resolutions "720p", "1080p", "4k".
+        "resolution": str(params["resolution"]).lower() if params.get("resolution") else None,
+        "durationSeconds": params.get("duration"),
+    }
+    if vertex:
+        parameters["sampleCount"] = 1
+        parameters["generateAudio"] = bool(params.get("generate_audio"))
+        if "seed" in params:
+            parameters["seed"] = params["seed"]
+        if storage_uri:
+            parameters["storageUri"] = storage_uri
+    parameters = {k: v for k, v in parameters.items() if v is not None}
+    options = dict(call.options)
+    nested = options.pop("parameters", None)  # {"parameters": {...}} is accepted too
+    options = {**(nested if isinstance(nested, dict) else {}), **options}
+    extra = {k: v for k, v in options.items() if k not in GATEWAY_PARAMETERS}
+    # What the gateway mapped from the request wins (the duration it charges for).
+    return {"instances": [instance], "parameters": {**extra, **parameters}}
+
+
+def _retry_delay(details: list[Any]) -> int | None:
+    for detail in details:
+        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("RetryInfo"):
+            match = _DELAY.match(str(detail.get("retryDelay", "")))
+            if match:
+                return int(match.group(1)) + (1 if "." in str(detail["retryDelay"]) else 0)
+    return None
+
+
+def failure_of(response: httpx.Response) -> ProviderFailure:
+    """Google's HTTP error: `{"error": {"code", "message", "status", "details"}}`."""
+    status = response.status_code
+    body = json_or_none(response) or {}
+    error = body.get("error") if isinstance(body.get("error"), dict) else {}
+    assert isinstance(error, dict)
+    code = error.get("status") if isinstance(error.get("status"), str) else status
+    message = str(error.get("message") or "")[:MAX_MESSAGE]
+    details = error.get("details") if isinstance(error.get("details"), list) else []
+    assert isinstance(details, list)
+    reasons = {d.get("reason") for d in details if isinstance(d, dict)}
+    if status in (401, 403) or reasons.intersection(_KEY_REASONS):
+        return ProviderFailure(
+            REJECTED_CREDENTIALS,
+            "Provider refused the gateway's credentials",
+            status=status,
+            provider_code=code,
+        )
+    if status == 429:
+        hint = _retry_delay(details)
+        if hint is None:
+            hint = retry_after_seconds(response.headers.get("retry-after"))
+        return ProviderFailure(
+            RATE_LIMITED,
+            "Provider rate limited the request",
+            status=status,
+            provider_code=code,
+            retry_after=hint,
+        )
+    if status == 503:
+        return ProviderFailure(
+            OVERLOADED,
+            "Provider is overloaded",
+            status=status,
+            provider_code=code,
+            retry_after=retry_after_seconds(response.headers.get("retry-after")),
+        )
+    if status == 504:
+        return ProviderFailure(TIMEOUT, "Provider timed out", status=status, provider_code=code)
+    if 400 <= status < 500 and status not in (408, 409):
+        detail = f": {message}" if message else ""
+        return ProviderFailure(
+            CLIENT_ERROR,
+            f"Provider rejected the request{detail}",
+            status=status,
+            provider_code=code,
+        )
+    return ProviderFailure(
+        SERVER_ERROR, "Provider returned error", status=status, provider_code=code
+    )
+
+
+def operation_name(body: dict[str, Any]) -> str:
+    name = body.get("name")
+    if not isinstance(name, str) or not name or ".." in name or name.startswith("/"):
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned no operation name")
+    return name
+
+
+def operation_error(body: dict[str, Any]) -> str | None:
+    """The failure an ended operation reports (google.rpc.Status), if any."""
+    error = body.get("error")
+    if error is None:
+        return None
+    message = error.get("message") if isinstance(error, dict) else None
+    return f"Provider failed: {str(message or 'the operation failed')[:MAX_MESSAGE]}"
+
+
+def filtered_message(result: dict[str, Any]) -> str:
+    """Why an operation that ended without videos has none (Veo's safety filter)."""
+    reasons = result.get("raiMediaFilteredReasons")
+    if isinstance(reasons, list) and reasons:
+        text = "; ".join(str(r) for r in reasons)[:MAX_MESSAGE]
+        return f"Provider failed: content filtered: {text}"
+    if result.get("raiMediaFilteredCount"):
+        return "Provider failed: content filtered"
+    return "Provider failed: no video was returned"

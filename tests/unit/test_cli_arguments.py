@@ -1,0 +1,90 @@
+"""The operator CLI's refusals, in-process: `server.cli.main` with the arguments an operator
+types, its exit status and the one line on stderr (never a traceback). The installed
+`gateway` command itself, run as operators run it, is tests/test_cli.py."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server.cli import main
+
+
+def _run(capsys: pytest.CaptureFixture[str], data_dir: Path, *args: str) -> tuple[int, str]:
+    try:
+        code = main([*args, "--data-dir", str(data_dir)])
+    except SystemExit as exit:  # argparse refuses with exit status 2
+        code = int(exit.code or 0)
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(autouse=True)
+def _as_an_operator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No database URL from the environment; the root logger as it was afterwards (main
+    routes every logger to stderr, as the command does)."""
+    monkeypatch.delenv("GATEWAY_DATABASE_URL", raising=False)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("keys", "create", "--name", "x", "--limit", "abc"), "not an amount"),
+        (("keys", "create", "--name", "x", "--limit-reset", "yearly"), "invalid choice"),
+        (
+            ("keys", "create", "--name", "x", "--limit-reset", "daily"),
+            "--limit-reset needs --limit",
+        ),
+        (("keys", "create", "--name", "x", "--workspace", "nope"), "no workspace named 'nope'"),
+        (("credits", "add", "--amount", "0"), "greater than 0"),
+        (("credits", "add", "--amount", "-3"), "must be a number >= 0"),
+        (("workspaces", "create", "bad name!"), "workspace name must be"),
+        (("interns", "create", "--workspace", "nope", "x"), "no workspace named"),
+        (("keys", "update", "0" * 64, "--disabled"), "no API key with hash"),
+        (("up", "--http-port", "70000"), "port must be 1-65535"),
+        (("workspaces", "update", "default", "--vault-writes", "maybe"), "expected on or off"),
+    ],
+)
+def test_bad_arguments_get_clear_messages(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    code, stderr = _run(capsys, tmp_path / "data", *args)
+    assert code != 0
+    assert message in stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("GATEWAY_CORS_ORIGINS", 'https://app.example.com, evil"', "is not an origin"),
+        ("GATEWAY_EDGE_CLIENT_RPS", "lots", "GATEWAY_EDGE_CLIENT_RPS must be a number"),
+        ("GATEWAY_EDGE_HEADERS_TIMEOUT_SECONDS", "0", "must be greater than 0"),
+    ],
+)
+def test_bad_edge_settings_are_refused(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    variable: str,
+    value: str,
+    message: str,
+) -> None:
+    monkeypatch.setenv(variable, value)
+    code, stderr = _run(capsys, tmp_path / "data", "up")
+    assert code == 2
+    assert message in stderr and "Traceback" not in stderr
+
+
+def test_duplicate_workspace_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert _run(capsys, data, "workspaces", "create", "twice")[0] == 0
+    code, stderr = _run(capsys, data, "workspaces", "create", "twice")
+    assert code != 0 and "already exists" in stderr
