@@ -277,6 +277,26 @@ async def test_a_management_key_runs_the_console(console: Console, browser: Brow
     await page.get_by_role("button", name="Save secret").click()
     await expect(secrets_table.get_by_role("cell", name="intern_token")).to_be_visible()
 
+    # Keys again: a limit with its reset, disable, delete.
+    await nav(page, "Keys").click()
+    made = page.get_by_role("region", name="Keys").get_by_role("row", name=re.compile("made in"))
+    await made.get_by_role("button", name="Set limit").click()
+    await made.get_by_label("Limit (USD, empty for none)").fill("5")
+    await made.get_by_label("Resets").select_option("weekly")
+    await made.get_by_role("button", name="Save limit").click()
+    await expect(made.get_by_role("cell", name="$5.00")).to_be_visible()
+    await expect(made.get_by_role("cell", name="weekly")).to_be_visible()
+    await made.get_by_role("button", name="Disable").click()
+    await expect(made.get_by_role("cell", name="disabled")).to_be_visible()
+    async with httpx.AsyncClient() as client:
+        refused = await client.get(
+            f"{console.api}/key", headers={"Authorization": f"Bearer {new_key}"}
+        )
+    assert refused.status_code == 401
+    await made.get_by_role("button", name="Delete").click()
+    await made.get_by_role("button", name="Delete made in console").click()
+    await expect(made).to_have_count(0)
+
     await page.goto(f"{console.url}#/credits")
     purchases = page.get_by_role("region", name="Purchases")
     await expect(purchases.get_by_role("cell", name="$10.00")).to_be_visible()

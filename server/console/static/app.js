@@ -372,7 +372,7 @@ function KeysPage({ me }) {
             <button type="button" class="secondary" onClick=${() => setEditing(null)}>Cancel</button></form>`
           : html`<div class="actions">
             <button type="button" class="secondary" onClick=${() => setEditing(k.hash)}>Set limit</button>
-            ${k.hash === me.hash ? null : html`<button type="button" class="secondary"
+            ${k.label === me.label ? html`<span class="muted">(this key)</span>` : html`<button type="button" class="secondary"
               onClick=${() => act(() => api(`/keys/${k.hash}`, { method: "PATCH", body: { disabled: !k.disabled } }))}>
               ${k.disabled ? "Enable" : "Disable"}</button>
             <${ConfirmButton} label="Delete" confirmLabel=${`Delete ${k.name}`}
