@@ -190,7 +190,6 @@ async def test_activity_routes_answer_the_workspace_and_only_a_key_s_own_for_sta
 
 async def test_a_management_key_runs_the_console(console: Console, browser: Browser) -> None:
     page = await signed_in(browser, console, console.management.key)
-    await screenshots(page, "usage")
 
     # Keys: create one, shown once, then used for a transcription over REST.
     await nav(page, "Keys").click()
@@ -210,6 +209,8 @@ async def test_a_management_key_runs_the_console(console: Console, browser: Brow
     await expect(by_key.get_by_role("columnheader", name="made in console")).to_be_visible()
     # door.wav: 1.15 s at 0.0001 USD/s
     await expect(by_key.locator("tbody")).to_contain_text(re.compile(r"\$0\.0001\d"))
+    await page.get_by_text("By key as a table").click()  # closed again for the picture
+    await screenshots(page, "usage")
 
     # Activity: the generation, its detail page.
     await nav(page, "Activity").click()

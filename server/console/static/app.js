@@ -296,6 +296,7 @@ function UsagePage({ me }) {
     </div>
     <h2>Spend per day, last 30 days</h2>
     <${ErrorBox} error=${error} />
+    ${activity === undefined ? html`<p class="muted" role="status">Loading spend…</p>` : null}
     ${activity ? html`
       <${Chart} title="By model" days=${days} series=${seriesBy(rows, days, (r) => r.model, (m) => m)} />
       ${management ? html`<${Chart} title="By key" days=${days}
