@@ -128,6 +128,14 @@ status, content_type, mp4 = call("GET", f"/videos/{job['id']}/content?index=0")
 assert status == 200 and content_type.startswith("video/mp4"), (status, content_type)
 assert mp4[4:8] == b"ftyp" and len(mp4) > 1000, mp4[:16]
 print(f"smoke: video {job['id']}: {len(mp4)} bytes of MP4")
+
+# The console's files, served from the installed package.
+for path, wanted in (("/console/", "text/html"), ("/console/app.js", "text/javascript")):
+    console_url = base.removesuffix("/api/v1") + path
+    with urllib.request.urlopen(console_url, timeout=30) as response:
+        got = response.headers.get("content-type", "")
+        assert response.status == 200 and got.startswith(wanted), (path, response.status, got)
+print("smoke: console served")
 PY
 
 echo "smoke: stopping the gateway (SIGTERM)"

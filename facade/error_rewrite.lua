@@ -65,8 +65,18 @@ function envoy_on_request(handle)
   local h = handle:headers()
   -- Local replies: local_reply_config turns the text into the documented error body.
   local path = h:get(":path") or ""
-  if path:sub(1, 8) ~= "/api/v1/" then
-    -- Only the REST API is public (gRPC callers use the server's own port).
+  if path == "/console" or path:sub(1, 9) == "/console?" then
+    -- The console lives under /console/ (its pages link relative to it).
+    handle:respond({ [":status"] = "308", ["location"] = "/console/" }, "")
+    return
+  end
+  if path == "/console/" or path:sub(1, 10) == "/console/?" then
+    -- The console's pages are one document; which page shows is in the #fragment.
+    h:replace(":path", "/console/index.html")
+    path = "/console/index.html"
+  end
+  if path:sub(1, 8) ~= "/api/v1/" and path:sub(1, 9) ~= "/console/" then
+    -- Only the REST API and the console are public (gRPC callers use the server's port).
     handle:respond({ [":status"] = "404" }, ERROR_MESSAGES[404])
     return
   end

@@ -22,10 +22,12 @@ from server.byok.routing import ByokRouting
 from server.clock import Clock, SystemClock
 from server.compute import ComputePool
 from server.config import EdgePolicy, Settings
+from server.console import ConsoleAssets
 from server.contract import (
     SERVICES,
     audio_pb2_grpc,
     byok_pb2_grpc,
+    console_pb2_grpc,
     generations_pb2_grpc,
     guardrails_pb2_grpc,
     keys_pb2_grpc,
@@ -63,8 +65,10 @@ from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog, served_by
 from server.routing.cooldowns import Cooldowns
+from server.services.activity import ActivityService
 from server.services.audio import AudioService
 from server.services.byok import ByokService
+from server.services.console import ConsoleService
 from server.services.generations import GenerationsService
 from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
@@ -297,6 +301,10 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     generations_pb2_grpc.add_GenerationsServicer_to_server(
         GenerationsService(core.auth, core.sessions), server
     )
+    console_pb2_grpc.add_ActivityServicer_to_server(
+        ActivityService(core.auth, core.sessions, core.clock), server
+    )
+    console_pb2_grpc.add_ConsoleServicer_to_server(ConsoleService(ConsoleAssets()), server)
     models_pb2_grpc.add_ModelsServicer_to_server(
         ModelsService(core.auth, core.sessions, core.catalog), server
     )

@@ -166,6 +166,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
 
     def announce(base_url: str) -> None:
         print(f"Gateway ready: REST {base_url}  gRPC {settings.grpc_target}", flush=True)
+        print(f"Console: {base_url.removesuffix('/api/v1')}/console/", flush=True)
         print("Press Ctrl-C to stop.", flush=True)
 
     await run_stack(settings, stop, announce, workers=args.workers)

@@ -27,6 +27,8 @@ SERVICES = (
     "gateway.v1.Models",
     "gateway.v1.Generations",
     "gateway.v1.Byok",
+    "gateway.v1.Activity",
+    "gateway.v1.Console",
 )
 
 
@@ -59,6 +61,8 @@ from gateway.v1 import (  # noqa: E402
     byok_pb2,
     byok_pb2_grpc,
     common_pb2,
+    console_pb2,
+    console_pb2_grpc,
     generations_pb2,
     generations_pb2_grpc,
     guardrails_pb2,
@@ -84,6 +88,7 @@ def http_routes() -> dict[str, str]:
     for module in (
         audio_pb2,
         byok_pb2,
+        console_pb2,
         generations_pb2,
         guardrails_pb2,
         keys_pb2,
@@ -111,6 +116,8 @@ __all__ = [
     "byok_pb2",
     "byok_pb2_grpc",
     "common_pb2",
+    "console_pb2",
+    "console_pb2_grpc",
     "generations_pb2",
     "generations_pb2_grpc",
     "guardrails_pb2",

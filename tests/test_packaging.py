@@ -166,6 +166,9 @@ def test_the_wheel_ships_the_generated_contract(wheel: Path) -> None:
     for name in ("gateway.pb", "STAMP", "gateway/v1/keys_pb2.py", "gateway/v1/keys_pb2_grpc.py"):
         assert f"server/_generated/{name}" in names, name
     assert "server/routing/catalog.toml" in names and "facade/error_rewrite.lua" in names
+    # the console's files, vendored libraries included (nothing comes from a CDN)
+    for name in ("index.html", "app.js", "app.css", "vendor/preact-10.29.8.js"):
+        assert f"server/console/static/{name}" in names, name
     assert not any(n.startswith("proto/") for n in names)
     runtime = {_requirement_name(r) for r in requires if "extra ==" not in r}
     assert "grpcio-tools" not in runtime and "numpy" in runtime

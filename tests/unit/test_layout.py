@@ -31,7 +31,10 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("policy", frozenset({"byok", "guardrails", "limits", "routing", "vault"})),
     ("identity", frozenset({"auth", "accounts"})),
     # money and its records, webhook rules, what is observed, the provider adapters
-    ("domain base", frozenset({"billing", "webhooks", "observability", "providers"})),
+    (
+        "domain base",
+        frozenset({"billing", "console", "webhooks", "observability", "providers"}),
+    ),
     # what everything stands on
     (
         "foundation",

@@ -1,0 +1,778 @@
+// The gateway's web console. It talks only to the gateway's public REST API (/api/v1), with
+// the API key kept in sessionStorage (never a URL, never a cookie). Preact + htm, no build.
+import { h, render } from "./vendor/preact-10.29.8.js";
+import { useCallback, useEffect, useRef, useState } from "./vendor/preact-hooks-10.29.8.js";
+import htm from "./vendor/htm-3.1.1.js";
+
+const html = htm.bind(h);
+const API = "/api/v1";
+const KEY_SLOT = "gateway-console-key";
+const PAGE = 20;
+
+// ---- talking to the API -------------------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, message, metadata) {
+    super(message);
+    this.status = status;
+    this.metadata = metadata || {};
+  }
+}
+
+const LIMIT_SOURCES = {
+  openrouter_credits: "the account has run out of credits",
+  openrouter_key_limit: "this key has reached its spending limit",
+  openrouter_in_flight_budget: "requests still running hold the rest of the budget; try again in a moment",
+  openrouter_guardrail_budget: "a guardrail's budget is spent",
+};
+
+// Every API error in words a person understands (the server's own message follows).
+function explain(error) {
+  if (!(error instanceof ApiError)) return `Something went wrong in the console: ${error.message}`;
+  const m = error.message ? ` (${error.message})` : "";
+  const param = error.metadata.param ? ` Check the field “${error.metadata.param}”.` : "";
+  switch (error.status) {
+    case 0: return "The gateway could not be reached. Check that it is running and your connection, then try again.";
+    case 400: return `The gateway did not accept what was sent${m}.${param}`;
+    case 401: return `This API key was not accepted: it may be mistyped, disabled, expired or deleted${m}. Sign in again with a valid key.`;
+    case 402: return `Not enough credit: ${LIMIT_SOURCES[error.metadata.limit_source] || "the balance or a limit is reached"}${m}.`;
+    case 403: return `This key is not allowed to do that${m}.`;
+    case 404: return `Nothing was found there${m}.`;
+    case 408: return "The request took too long to send. Try again.";
+    case 409: return `That is not ready yet${m}.`;
+    case 410: return `That is no longer available${m}.`;
+    case 413: return "That is too large for the gateway to accept.";
+    case 429: return `Too many requests right now${m}. Wait a moment and try again.`;
+    case 503: return `The service is unavailable at the moment${m}. Try again later.`;
+    default:
+      if (error.status >= 500) return `The gateway or a provider failed (HTTP ${error.status})${m}. Try again later.`;
+      return `The request failed (HTTP ${error.status})${m}.`;
+  }
+}
+
+function storedKey() {
+  return sessionStorage.getItem(KEY_SLOT);
+}
+
+async function api(path, { method = "GET", body, raw = false } = {}) {
+  const headers = {};
+  const key = storedKey();
+  if (key) headers.Authorization = `Bearer ${key}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  let response;
+  try {
+    response = await fetch(API + path, {
+      method, headers, cache: "no-store",
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (_) {
+    throw new ApiError(0, "");
+  }
+  if (!response.ok) {
+    let detail = {};
+    try { detail = (await response.json()).error || {}; } catch (_) { /* not JSON */ }
+    throw new ApiError(response.status, detail.message || response.statusText, detail.metadata);
+  }
+  if (raw) return response;
+  if (response.status === 204) return null;
+  const text = await response.text();
+  return text ? JSON.parse(text) : null;
+}
+
+function query(params) {
+  const q = new URLSearchParams();
+  for (const [name, value] of Object.entries(params)) {
+    if (value !== undefined && value !== null && value !== "") q.set(name, String(value));
+  }
+  const s = q.toString();
+  return s ? `?${s}` : "";
+}
+
+// A list of hosts, models or providers typed as "a, b c".
+function words(text) {
+  return text.split(/[\s,]+/).map((w) => w.trim()).filter(Boolean);
+}
+
+// ---- formatting -----------------------------------------------------------------------------
+
+function usd(value) {
+  if (value === null || value === undefined) return "—";
+  const n = Number(value);
+  const digits = Math.abs(n) > 0 && Math.abs(n) < 0.01 ? 6 : 2;
+  return `$${n.toFixed(digits)}`;
+}
+
+function when(value) {
+  if (!value) return "—";
+  const d = new Date(value);
+  return isNaN(d) ? String(value) : d.toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+}
+
+function short(hash) {
+  return hash ? `${hash.slice(0, 10)}…` : "—";
+}
+
+// ---- small components -----------------------------------------------------------------------
+
+function ErrorBox({ error }) {
+  if (!error) return null;
+  return html`<p class="error" role="alert">${explain(error)}</p>`;
+}
+
+function Status({ value }) {
+  return html`<span class=${`status ${value}`}>${String(value).replace("_", " ")}</span>`;
+}
+
+function Field({ id, label, children }) {
+  return html`<div class="field"><label for=${id}>${label}</label>${children}</div>`;
+}
+
+function Pager({ offset, total, count, limit = PAGE, onMove, label }) {
+  const shown = total === undefined ? count : total;
+  return html`<nav class="pager" aria-label=${`${label} pages`}>
+    <button class="secondary" type="button" disabled=${offset === 0}
+      onClick=${() => onMove(Math.max(0, offset - limit))}>Previous page</button>
+    <span>${count ? `${offset + 1}–${offset + count}` : "0"}${total !== undefined ? ` of ${shown}` : ""}</span>
+    <button class="secondary" type="button"
+      disabled=${total !== undefined ? offset + count >= total : count < limit}
+      onClick=${() => onMove(offset + limit)}>Next page</button>
+  </nav>`;
+}
+
+// A button that asks once more before doing something that cannot be undone.
+function ConfirmButton({ label, confirmLabel, onConfirm, disabled }) {
+  const [armed, setArmed] = useState(false);
+  const confirm = useRef(null);
+  // The keyboard stays where the question is: on the confirming button.
+  useEffect(() => { if (armed && confirm.current) confirm.current.focus(); }, [armed]);
+  if (!armed) {
+    return html`<button class="secondary" type="button" disabled=${disabled}
+      onClick=${() => setArmed(true)}>${label}</button>`;
+  }
+  return html`<span class="actions">
+    <button class="danger" type="button" ref=${confirm} onClick=${() => { setArmed(false); onConfirm(); }}>${confirmLabel}</button>
+    <button class="secondary" type="button" onClick=${() => setArmed(false)}>Cancel</button>
+  </span>`;
+}
+
+function Table({ label, children }) {
+  // A region the keyboard can scroll when the table is wider than the screen.
+  return html`<div class="table-wrap" role="region" aria-label=${label} tabindex="0"><table>${children}</table></div>`;
+}
+
+// Loads `load()` when `deps` change; returns [data, error, reload].
+function useLoad(load, deps) {
+  const [state, setState] = useState({ data: undefined, error: null });
+  const reload = useCallback(() => {
+    let live = true;
+    load().then(
+      (data) => live && setState({ data, error: null }),
+      (error) => live && setState({ data: null, error }),
+    );
+    return () => { live = false; };
+  }, deps);
+  useEffect(reload, [reload]);
+  return [state.data, state.error, reload];
+}
+
+function Restricted() {
+  return html`<p class="notice" role="status">This page needs a management key. You signed in with a standard key,
+    which sees its own usage, activity and videos, read-only.</p>`;
+}
+
+// ---- charts ---------------------------------------------------------------------------------
+
+const COLORS = ["#1f4bd8", "#d9480f", "#2b8a3e", "#862e9c", "#c2255c", "#0b7285", "#5c940d", "#495057"];
+
+function Chart({ title, days, series }) {
+  const box = useRef(null);
+  useEffect(() => {
+    const el = box.current;
+    if (!el || !window.uPlot || !series.length) return undefined;
+    const x = days.map((d) => Date.parse(`${d}T00:00:00Z`) / 1000);
+    const width = Math.max(280, el.clientWidth - 16);
+    const plot = new window.uPlot({
+      width, height: 220, tzDate: (ts) => window.uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
+      series: [{}, ...series.map((s, i) => ({
+        label: s.label, stroke: COLORS[i % COLORS.length], width: 2,
+        value: (_, v) => (v === null ? "—" : usd(v)),
+      }))],
+      axes: [{}, { values: (_, ticks) => ticks.map((t) => usd(t)), size: 96 }],
+      scales: { x: { time: true } },
+    }, [x, ...series.map((s) => s.values)], el);
+    // Follow the page's width (a phone turned, a window resized).
+    const fit = () => plot.setSize({ width: Math.max(280, el.clientWidth - 16), height: 220 });
+    window.addEventListener("resize", fit);
+    return () => { window.removeEventListener("resize", fit); plot.destroy(); };
+  }, [days, series]);
+  return html`<figure class="chart" aria-label=${title}>
+    <figcaption><strong>${title}</strong></figcaption>
+    ${series.length ? html`<div ref=${box}></div>` : html`<p class="muted">No spend in the last 30 days.</p>`}
+    ${series.length ? html`<details><summary>${title} as a table</summary>
+      <${Table} label=${`${title} table`}>
+        <thead><tr><th>Day (UTC)</th>${series.map((s) => html`<th class="num">${s.label}</th>`)}</tr></thead>
+        <tbody>${days.map((d, i) => html`<tr><td>${d}</td>${series.map((s) => html`<td class="num">${usd(s.values[i])}</td>`)}</tr>`)}</tbody>
+      <//></details>` : null}
+  </figure>`;
+}
+
+function last30Days() {
+  const days = [];
+  const today = new Date();
+  for (let i = 29; i >= 0; i -= 1) {
+    const d = new Date(Date.UTC(today.getUTCFullYear(), today.getUTCMonth(), today.getUTCDate() - i));
+    days.push(d.toISOString().slice(0, 10));
+  }
+  return days;
+}
+
+// Spend per day by `pick(row)` (a model, a key), from /activity rows.
+function seriesBy(rows, days, pick, name) {
+  const index = new Map(days.map((d, i) => [d, i]));
+  const groups = new Map();
+  for (const row of rows) {
+    const group = pick(row);
+    if (!groups.has(group)) groups.set(group, days.map(() => 0));
+    const i = index.get(row.date);
+    if (i !== undefined) groups.get(group)[i] += row.usage + row.byok_usage_inference;
+  }
+  return [...groups.entries()].map(([group, values]) => ({ label: name(group), values }));
+}
+
+// ---- pages ----------------------------------------------------------------------------------
+
+function SignIn({ onSignedIn }) {
+  const [error, setError] = useState(null);
+  const [busy, setBusy] = useState(false);
+  const submit = async (event) => {
+    event.preventDefault();
+    const key = event.target.elements.key.value.trim();
+    if (!key) return;
+    setBusy(true);
+    sessionStorage.setItem(KEY_SLOT, key);
+    try {
+      const me = await api("/key");
+      event.target.reset();
+      onSignedIn(me.data);
+    } catch (e) {
+      sessionStorage.removeItem(KEY_SLOT);
+      setError(e);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return html`<main id="main" class="signin">
+    <div class="panel">
+      <h1>Sign in to the gateway console</h1>
+      <p class="muted">Use an API key. It stays in this browser tab only and is forgotten when you close it.</p>
+      <form onSubmit=${submit}>
+        <${Field} id="key" label="API key"><input id="key" name="key" type="password" autocomplete="off" required /><//>
+        <p><button type="submit" disabled=${busy}>Sign in</button></p>
+      </form>
+      <${ErrorBox} error=${error} />
+    </div>
+  </main>`;
+}
+
+function UsagePage({ me }) {
+  const management = me.is_management_key;
+  const [activity, error] = useLoad(() => api(`/activity${query({ group_by: management ? "api_key" : "" })}`), [management]);
+  const [keys] = useLoad(() => (management ? api("/keys?include_disabled=true") : Promise.resolve(null)), [management]);
+  const days = last30Days();
+  const names = new Map((keys?.data || []).map((k) => [k.hash, k.name]));
+  const rows = activity?.data || [];
+  const free = me.free_model_daily_requests || {};
+  return html`<section>
+    <h2>This key</h2>
+    <div class="cards">
+      <div class="card"><div class="label">Spent today</div><div class="value" data-testid="usage-daily">${usd(me.usage_daily)}</div></div>
+      <div class="card"><div class="label">Spent this week</div><div class="value">${usd(me.usage_weekly)}</div></div>
+      <div class="card"><div class="label">Spent this month</div><div class="value">${usd(me.usage_monthly)}</div></div>
+      <div class="card"><div class="label">Limit remaining</div><div class="value">${me.limit === null ? "No limit" : usd(me.limit_remaining)}</div>
+        <div class="label">${me.limit === null ? "" : `of ${usd(me.limit)}${me.limit_reset ? `, resets ${me.limit_reset}` : ""}`}</div></div>
+      <div class="card"><div class="label">Free-model requests today</div>
+        <div class="value">${free.used ?? 0} / ${free.limit ?? "—"}</div>
+        <meter class="meter" min="0" max=${free.limit || 1} value=${free.used || 0} aria-label="Free-model requests used today"></meter></div>
+    </div>
+    <h2>Spend per day, last 30 days</h2>
+    <${ErrorBox} error=${error} />
+    ${activity === undefined ? html`<p class="muted" role="status">Loading spend…</p>` : null}
+    ${activity ? html`
+      <${Chart} title="By model" days=${days} series=${seriesBy(rows, days, (r) => r.model, (m) => m)} />
+      ${management ? html`<${Chart} title="By key" days=${days}
+        series=${seriesBy(rows, days, (r) => r.api_key_hash, (k) => names.get(k) || short(k))} />` : null}` : null}
+  </section>`;
+}
+
+function KeysPage({ me }) {
+  const [offset, setOffset] = useState(0);
+  const [created, setCreated] = useState(null);
+  const [error, setError] = useState(null);
+  const [editing, setEditing] = useState(null);
+  const [list, loadError, reload] = useLoad(() => api(`/keys${query({ include_disabled: true, offset })}`), [offset]);
+  if (!me.is_management_key) return html`<${Restricted} />`;
+  const act = async (work) => {
+    setError(null);
+    try { await work(); reload(); } catch (e) { setError(e); }
+  };
+  const create = (event) => {
+    event.preventDefault();
+    const f = event.target.elements;
+    const body = { name: f.name.value.trim() };
+    if (f.limit.value) body.limit = Number(f.limit.value);
+    if (f.limit_reset.value) body.limit_reset = f.limit_reset.value;
+    act(async () => {
+      const answer = await api("/keys", { method: "POST", body });
+      setCreated(answer.key);
+      event.target.reset();
+    });
+  };
+  const saveLimit = (key) => (event) => {
+    event.preventDefault();
+    const f = event.target.elements;
+    act(async () => {
+      await api(`/keys/${key.hash}`, { method: "PATCH", body: {
+        limit: f.limit.value === "" ? null : Number(f.limit.value),
+        limit_reset: f.limit_reset.value || null,
+      } });
+      setEditing(null);
+    });
+  };
+  const keys = list?.data || [];
+  return html`<section>
+    <div class="panel">
+      <h2>Create a key</h2>
+      <form class="inline" onSubmit=${create}>
+        <${Field} id="new-key-name" label="Name"><input id="new-key-name" name="name" required maxlength="255" /><//>
+        <${Field} id="new-key-limit" label="Limit (USD, optional)"><input id="new-key-limit" name="limit" type="number" min="0" step="0.000001" /><//>
+        <${Field} id="new-key-reset" label="Limit resets"><${ResetSelect} id="new-key-reset" /><//>
+        <button type="submit">Create key</button>
+      </form>
+      ${created ? html`<div class="secret-once" role="status">
+        <p><strong>Your new key.</strong> Copy it now: it is shown only once.</p>
+        <div class="row"><${Field} id="created-key" label="New API key">
+          <input id="created-key" class="mono" readonly value=${created} data-testid="created-key" /><//>
+          <button type="button" onClick=${() => copy(created)}>Copy</button>
+          <button type="button" class="secondary" onClick=${() => setCreated(null)}>Done</button></div>
+      </div>` : null}
+    </div>
+    <${ErrorBox} error=${error || loadError} />
+    <${Table} label="Keys">
+      <thead><tr><th>Name</th><th>Key</th><th>Status</th><th class="num">Limit</th><th>Resets</th>
+        <th class="num">Today</th><th class="num">This month</th><th>Actions</th></tr></thead>
+      <tbody>${keys.map((k) => html`<tr key=${k.hash}>
+        <td>${k.name}</td><td class="mono">${k.label}</td>
+        <td>${k.disabled ? "disabled" : "active"}</td>
+        <td class="num">${k.limit === null ? "none" : usd(k.limit)}</td><td>${k.limit_reset || "never"}</td>
+        <td class="num">${usd(k.usage_daily)}</td><td class="num">${usd(k.usage_monthly)}</td>
+        <td>${editing === k.hash ? html`<form class="inline" onSubmit=${saveLimit(k)}>
+            <${Field} id=${`limit-${k.hash}`} label="Limit (USD, empty for none)">
+              <input id=${`limit-${k.hash}`} name="limit" type="number" min="0" step="0.000001" value=${k.limit ?? ""} /><//>
+            <${Field} id=${`reset-${k.hash}`} label="Resets"><${ResetSelect} id=${`reset-${k.hash}`} value=${k.limit_reset} /><//>
+            <button type="submit">Save limit</button>
+            <button type="button" class="secondary" onClick=${() => setEditing(null)}>Cancel</button></form>`
+          : html`<div class="actions">
+            <button type="button" class="secondary" onClick=${() => setEditing(k.hash)}>Set limit</button>
+            ${k.label === me.label ? html`<span class="muted">(this key)</span>` : html`<button type="button" class="secondary"
+              onClick=${() => act(() => api(`/keys/${k.hash}`, { method: "PATCH", body: { disabled: !k.disabled } }))}>
+              ${k.disabled ? "Enable" : "Disable"}</button>
+            <${ConfirmButton} label="Delete" confirmLabel=${`Delete ${k.name}`}
+              onConfirm=${() => act(() => api(`/keys/${k.hash}`, { method: "DELETE" }))} />`}</div>`}</td>
+      </tr>`)}</tbody>
+    <//>
+    <${Pager} label="Keys" offset=${offset} count=${keys.length} limit=${100} onMove=${setOffset} />
+  </section>`;
+}
+
+function ResetSelect({ id, value }) {
+  return html`<select id=${id} name="limit_reset" value=${value || ""}>
+    <option value="">Never</option><option value="daily">Daily</option>
+    <option value="weekly">Weekly</option><option value="monthly">Monthly</option></select>`;
+}
+
+function copy(text) {
+  if (navigator.clipboard) navigator.clipboard.writeText(text).catch(() => {});
+}
+
+function CreditsPage({ me }) {
+  const [offset, setOffset] = useState(0);
+  const [credits, error] = useLoad(() => (me.is_management_key ? api("/credits") : Promise.resolve(null)), []);
+  const [purchases, purchasesError] = useLoad(
+    () => (me.is_management_key ? api(`/credits/purchases${query({ offset, limit: PAGE })}`) : Promise.resolve(null)),
+    [offset],
+  );
+  if (!me.is_management_key) return html`<${Restricted} />`;
+  const bought = purchases?.data || [];
+  const c = credits?.data;
+  // Shown to the micro-dollar: the API's amounts are exact to 6 decimals.
+  const balance = c ? (Math.round(c.total_credits * 1e6) - Math.round(c.total_usage * 1e6)) / 1e6 : null;
+  return html`<section>
+    <${ErrorBox} error=${error} />
+    ${c ? html`<div class="cards">
+      <div class="card"><div class="label">Balance</div><div class="value" data-testid="balance">${usd(balance)}</div></div>
+      <div class="card"><div class="label">Purchased, all time</div><div class="value">${usd(c.total_credits)}</div></div>
+      <div class="card"><div class="label">Spent, all time</div><div class="value">${usd(c.total_usage)}</div></div>
+    </div>
+    <p class="muted">Credits are added by the operator (<code>gateway credits add --amount USD</code>).
+      Spend per day is on the <a href="#/">Usage</a> page.</p>` : null}
+    <h2>Purchases</h2>
+    <${ErrorBox} error=${purchasesError} />
+    <${Table} label="Purchases">
+      <thead><tr><th>When (UTC)</th><th class="num">Amount</th></tr></thead>
+      <tbody>${bought.map((p) => html`<tr key=${p.id}><td>${when(p.created_at)}</td><td class="num">${usd(p.amount)}</td></tr>`)}</tbody>
+    <//>
+    <${Pager} label="Purchases" offset=${offset} count=${bought.length} total=${purchases?.total_count} onMove=${setOffset} />
+  </section>`;
+}
+
+function ActivityPage({ me }) {
+  const [offset, setOffset] = useState(0);
+  const [filters, setFilters] = useState({ api_key_hash: "", model: "", status: "", api_type: "" });
+  const [list, error] = useLoad(() => api(`/generations${query({ ...filters, offset, limit: PAGE })}`), [offset, filters]);
+  const [keys] = useLoad(() => (me.is_management_key ? api("/keys?include_disabled=true") : Promise.resolve(null)), []);
+  const apply = (event) => {
+    event.preventDefault();
+    const f = event.target.elements;
+    setOffset(0);
+    setFilters({
+      api_key_hash: f.api_key_hash ? f.api_key_hash.value : "",
+      model: f.model.value.trim(), status: f.status.value, api_type: f.api_type.value,
+    });
+  };
+  const rows = list?.data || [];
+  return html`<section>
+    <form class="inline panel" onSubmit=${apply} aria-label="Filter generations">
+      ${me.is_management_key ? html`<${Field} id="filter-key" label="Key">
+        <select id="filter-key" name="api_key_hash"><option value="">All keys</option>
+          ${(keys?.data || []).map((k) => html`<option value=${k.hash}>${k.name}</option>`)}</select><//>` : null}
+      <${Field} id="filter-model" label="Model"><input id="filter-model" name="model" placeholder="e.g. local/pocketsphinx-en" /><//>
+      <${Field} id="filter-status" label="Status"><select id="filter-status" name="status">
+        <option value="">Any</option><option value="completed">Completed</option><option value="failed">Failed</option></select><//>
+      <${Field} id="filter-type" label="Kind"><select id="filter-type" name="api_type">
+        <option value="">Any</option><option value="stt">Transcription</option><option value="video">Video</option></select><//>
+      <button type="submit">Apply filters</button>
+    </form>
+    <${ErrorBox} error=${error} />
+    <${Table} label="Generations">
+      <thead><tr><th>When (UTC)</th><th>Kind</th><th>Model</th><th>Provider</th><th>Status</th>
+        <th class="num">Cost</th><th class="num">Latency</th><th>BYOK</th><th>Session</th></tr></thead>
+      <tbody>${rows.map((g) => html`<tr key=${g.id}>
+        <td><a href=${`#/activity/${encodeURIComponent(g.id)}`}>${when(g.created_at)}</a></td>
+        <td>${g.api_type === "stt" ? "transcription" : g.api_type}</td><td>${g.model}</td><td>${g.provider_name || "—"}</td>
+        <td><${Status} value=${g.status} /></td><td class="num">${usd(g.total_cost)}</td>
+        <td class="num">${g.latency === null ? "—" : `${g.latency} ms`}</td><td>${g.is_byok ? "yes" : "no"}</td>
+        <td class="mono">${g.session_id || "—"}</td></tr>`)}</tbody>
+    <//>
+    ${list && !rows.length ? html`<p class="muted">No generations match.</p>` : null}
+    <${Pager} label="Generations" offset=${offset} count=${rows.length} total=${list?.total_count} onMove=${setOffset} />
+  </section>`;
+}
+
+function GenerationPage({ id }) {
+  const [generation, error] = useLoad(() => api(`/generation${query({ id })}`), [id]);
+  const g = generation?.data;
+  const shown = g ? [
+    ["Id", g.id], ["Kind", g.api_type], ["Model", g.model], ["Provider", g.provider_name], ["Status", g.status],
+    ["Cost", usd(g.total_cost)], ["Charged", usd(g.usage)], ["BYOK", g.is_byok ? "yes" : "no"],
+    ["Latency", g.latency === null ? "—" : `${g.latency} ms`], ["Session", g.session_id], ["User", g.external_user],
+    ["Created", when(g.created_at)], ["Error", g.error],
+  ] : [];
+  return html`<section>
+    <p><a href="#/activity">← All activity</a></p>
+    <${ErrorBox} error=${error} />
+    ${g ? html`<div class="panel"><dl class="detail">${shown.map(([k, v]) => html`<dt>${k}</dt><dd>${v ?? "—"}</dd>`)}</dl></div>` : null}
+  </section>`;
+}
+
+function VideosPage() {
+  const [offset, setOffset] = useState(0);
+  const [list, error, reload] = useLoad(() => api(`/videos${query({ offset, limit: PAGE })}`), [offset]);
+  const rows = list?.data || [];
+  return html`<section>
+    <p><button type="button" class="secondary" onClick=${reload}>Refresh</button></p>
+    <${ErrorBox} error=${error} />
+    <${Table} label="Video jobs">
+      <thead><tr><th>Created (UTC)</th><th>Model</th><th>Status</th><th class="num">Polls</th><th>Provider</th>
+        <th class="num">Cost</th><th>Error</th></tr></thead>
+      <tbody>${rows.map((j) => html`<tr key=${j.id}>
+        <td><a href=${`#/videos/${encodeURIComponent(j.id)}`}>${when(j.created_at)}</a></td><td>${j.model}</td>
+        <td><${Status} value=${j.status} /></td><td class="num">${j.attempts}</td><td>${j.provider_name || "—"}</td>
+        <td class="num">${usd(j.cost)}</td><td>${j.error || ""}</td></tr>`)}</tbody>
+    <//>
+    ${list && !rows.length ? html`<p class="muted">No video jobs yet.</p>` : null}
+    <${Pager} label="Video jobs" offset=${offset} count=${rows.length} total=${list?.total_count} onMove=${setOffset} />
+  </section>`;
+}
+
+const UNFINISHED = new Set(["pending", "in_progress"]);
+
+function VideoPage({ id }) {
+  const [job, setJob] = useState(null);
+  const [error, setError] = useState(null);
+  const [videoUrl, setVideoUrl] = useState(null);
+  const [hooks, setHooks] = useState(null);
+  useEffect(() => {
+    let live = true;
+    let timer = null;
+    let objectUrl = null;
+    const poll = async () => {
+      try {
+        const current = await api(`/videos/${encodeURIComponent(id)}`);
+        if (!live) return;
+        setJob(current);
+        const deliveries = await api(`/videos/${encodeURIComponent(id)}/webhooks`);
+        if (!live) return;
+        setHooks(deliveries.data);
+        // Follow the job until it ends, and its webhooks until they are delivered or given up.
+        if (UNFINISHED.has(current.status)) {
+          timer = setTimeout(poll, 1500);
+        } else if (deliveries.data.some((d) => d.status === "pending")) {
+          timer = setTimeout(poll, 3000);
+        }
+        if (current.status === "completed" && !objectUrl) {
+          // <video src> cannot send the Authorization header: fetch the MP4 with the key.
+          const response = await api(`/videos/${encodeURIComponent(id)}/content?index=0`, { raw: true });
+          const blob = await response.blob();
+          if (!live) return;
+          objectUrl = URL.createObjectURL(blob);
+          setVideoUrl(objectUrl);
+        }
+      } catch (e) {
+        if (live) setError(e);
+      }
+    };
+    poll();
+    return () => { live = false; clearTimeout(timer); if (objectUrl) URL.revokeObjectURL(objectUrl); };
+  }, [id]);
+  return html`<section>
+    <p><a href="#/videos">← All video jobs</a></p>
+    <${ErrorBox} error=${error} />
+    ${job ? html`<div class="panel"><dl class="detail">
+      <dt>Job</dt><dd class="mono">${job.id}</dd>
+      <dt>Status</dt><dd><${Status} value=${job.status} />${UNFINISHED.has(job.status) ? html` <span class="muted">(checking every few seconds)</span>` : null}</dd>
+      <dt>Generation</dt><dd>${job.generation_id ? html`<a href=${`#/activity/${encodeURIComponent(job.generation_id)}`}>${job.generation_id}</a>` : "—"}</dd>
+      <dt>Cost</dt><dd>${job.usage ? usd(job.usage.cost) : "—"}${job.usage?.is_byok ? " (BYOK)" : ""}</dd>
+      ${job.error ? html`<dt>Error</dt><dd>${job.error}</dd>` : null}
+    </dl></div>` : null}
+    ${videoUrl ? html`<video controls playsinline src=${videoUrl} aria-label="The generated video" data-testid="video"></video>` : null}
+    <h2>Webhook deliveries</h2>
+    ${hooks && !hooks.length ? html`<p class="muted">No webhook was sent for this job (no callback URL).</p>` : null}
+    ${hooks && hooks.length ? html`<${Table} label="Webhook deliveries">
+      <thead><tr><th>Event</th><th>URL</th><th>Status</th><th class="num">Attempts</th><th>Last answer</th><th>Next attempt</th></tr></thead>
+      <tbody>${hooks.map((d) => html`<tr key=${d.id}><td>${d.event}</td><td class="mono">${d.url}</td>
+        <td><${Status} value=${d.status} /></td><td class="num">${d.attempts}</td>
+        <td>${d.last_status ? `HTTP ${d.last_status}` : ""}${d.last_error ? ` ${d.last_error}` : ""}</td>
+        <td>${when(d.next_attempt_at)}</td></tr>`)}</tbody><//>` : null}
+  </section>`;
+}
+
+function VaultPage({ me }) {
+  const [intern, setIntern] = useState("");
+  const [offset, setOffset] = useState(0);
+  const [error, setError] = useState(null);
+  const [notice, setNotice] = useState(null);
+  const base = intern ? `/vault/interns/${encodeURIComponent(intern)}/secrets` : "/vault/secrets";
+  const [list, loadError, reload] = useLoad(() => api(`${base}${query({ offset, limit: PAGE })}`), [base, offset]);
+  const [interns] = useLoad(() => (me.is_management_key ? api("/interns") : Promise.resolve(null)), []);
+  const nameRef = useRef(null);
+  if (!me.is_management_key) return html`<${Restricted} />`;
+  const act = async (work, done) => {
+    setError(null); setNotice(null);
+    try { await work(); setNotice(done); reload(); } catch (e) { setError(e); }
+  };
+  const save = (event) => {
+    event.preventDefault();
+    const f = event.target.elements;
+    const name = f.name.value.trim();
+    act(async () => {
+      await api(`${base}/${encodeURIComponent(name)}`, { method: "PUT", body: { value: f.value.value, hosts: words(f.hosts.value) } });
+      event.target.reset();
+    }, `Secret ${name} saved.`);
+  };
+  const choose = (event) => {
+    event.preventDefault();
+    setOffset(0);
+    setIntern(event.target.elements.intern.value.trim());
+  };
+  const secrets = list?.data || [];
+  return html`<section>
+    <form class="inline panel" onSubmit=${choose} aria-label="Choose the vault">
+      <${Field} id="vault-intern" label="Vault">
+        <select id="vault-intern" name="intern" value=${intern}>
+          <option value="">The workspace's vault</option>
+          ${(interns?.data || []).map((i) => html`<option value=${i.id}>Intern ${i.name}</option>`)}
+        </select><//>
+      <button type="submit">Show this vault</button>
+    </form>
+    <p class="muted" role="status">Showing ${intern ? `intern ${(interns?.data || []).find((i) => i.id === intern)?.name || intern}'s` : "the workspace's"} secrets. Values are never shown.</p>
+    <div class="panel">
+      <h2>Store or replace a secret</h2>
+      <form class="inline" onSubmit=${save}>
+        <${Field} id="secret-name" label="Name"><input id="secret-name" name="name" ref=${nameRef} required pattern="[a-z][a-z0-9_]*" /><//>
+        <${Field} id="secret-value" label="Value"><input id="secret-value" name="value" type="password" autocomplete="off" required /><//>
+        <${Field} id="secret-hosts" label="Hosts (comma separated)"><input id="secret-hosts" name="hosts" required placeholder="api.example.com" /><//>
+        <button type="submit">Save secret</button>
+      </form>
+    </div>
+    ${notice ? html`<p class="notice" role="status">${notice}</p>` : null}
+    <${ErrorBox} error=${error || loadError} />
+    <${Table} label="Secrets">
+      <thead><tr><th>Name</th><th>Hosts</th><th>Fingerprint</th><th>Created</th><th>Updated</th><th>Actions</th></tr></thead>
+      <tbody>${secrets.map((s) => html`<tr key=${s.name}><td class="mono">${s.name}</td><td>${s.hosts.join(", ")}</td>
+        <td class="mono">${s.fingerprint.slice(0, 16)}…</td><td>${when(s.created_at)}</td><td>${when(s.updated_at)}</td>
+        <td><div class="actions"><button type="button" class="secondary"
+            onClick=${() => { nameRef.current.value = s.name; nameRef.current.focus(); }}>Replace</button>
+          <${ConfirmButton} label="Delete" confirmLabel=${`Delete ${s.name}`}
+            onConfirm=${() => act(() => api(`${base}/${encodeURIComponent(s.name)}`, { method: "DELETE" }), `Secret ${s.name} deleted.`)} /></div></td>
+      </tr>`)}</tbody>
+    <//>
+    ${list && !secrets.length ? html`<p class="muted">No secrets here yet.</p>` : null}
+    <${Pager} label="Secrets" offset=${offset} count=${secrets.length} total=${list?.total_count} onMove=${setOffset} />
+  </section>`;
+}
+
+function GuardrailsPage({ me }) {
+  const [offset, setOffset] = useState(0);
+  const [error, setError] = useState(null);
+  const [list, loadError, reload] = useLoad(() => api(`/guardrails${query({ offset, limit: PAGE })}`), [offset]);
+  if (!me.is_management_key) return html`<${Restricted} />`;
+  const act = async (work) => { setError(null); try { await work(); reload(); } catch (e) { setError(e); } };
+  const create = (event) => {
+    event.preventDefault();
+    const f = event.target.elements;
+    const body = { name: f.name.value.trim() };
+    if (f.allowed_models.value.trim()) body.allowed_models = words(f.allowed_models.value);
+    if (f.allowed_providers.value.trim()) body.allowed_providers = words(f.allowed_providers.value);
+    if (f.max_cost.value) body.max_cost_per_request_usd = Number(f.max_cost.value);
+    act(async () => { await api("/guardrails", { method: "POST", body }); event.target.reset(); });
+  };
+  const rows = list?.data || [];
+  const listed = (v) => (v ? v.join(", ") : "any");
+  return html`<section>
+    <div class="panel"><h2>Create a guardrail</h2>
+      <form class="inline" onSubmit=${create}>
+        <${Field} id="gr-name" label="Name"><input id="gr-name" name="name" required /><//>
+        <${Field} id="gr-models" label="Allowed models (optional)"><input id="gr-models" name="allowed_models" /><//>
+        <${Field} id="gr-providers" label="Allowed providers (optional)"><input id="gr-providers" name="allowed_providers" /><//>
+        <${Field} id="gr-cost" label="Max cost per request (USD)"><input id="gr-cost" name="max_cost" type="number" min="0" step="0.000001" /><//>
+        <button type="submit">Create guardrail</button>
+      </form></div>
+    <${ErrorBox} error=${error || loadError} />
+    <${Table} label="Guardrails">
+      <thead><tr><th>Name</th><th>Allowed models</th><th>Ignored models</th><th>Allowed providers</th>
+        <th class="num">Max cost</th><th class="num">Max video s</th><th>Actions</th></tr></thead>
+      <tbody>${rows.map((g) => html`<tr key=${g.id}><td>${g.name}</td><td>${listed(g.allowed_models)}</td>
+        <td>${g.ignored_models ? g.ignored_models.join(", ") : "none"}</td><td>${listed(g.allowed_providers)}</td>
+        <td class="num">${g.max_cost_per_request_usd === null ? "—" : usd(g.max_cost_per_request_usd)}</td>
+        <td class="num">${g.max_video_duration_seconds ?? "—"}</td>
+        <td><${ConfirmButton} label="Delete" confirmLabel=${`Delete ${g.name}`}
+          onConfirm=${() => act(() => api(`/guardrails/${encodeURIComponent(g.id)}`, { method: "DELETE" }))} /></td></tr>`)}</tbody>
+    <//>
+    ${list && !rows.length ? html`<p class="muted">No guardrails: every model and provider may be used.</p>` : null}
+    <${Pager} label="Guardrails" offset=${offset} count=${rows.length} total=${list?.total_count} onMove=${setOffset} />
+  </section>`;
+}
+
+function ByokPage({ me }) {
+  const [offset, setOffset] = useState(0);
+  const [error, setError] = useState(null);
+  const [list, loadError, reload] = useLoad(() => api(`/byok${query({ offset, limit: PAGE })}`), [offset]);
+  if (!me.is_management_key) return html`<${Restricted} />`;
+  const act = async (work) => { setError(null); try { await work(); reload(); } catch (e) { setError(e); } };
+  const create = (event) => {
+    event.preventDefault();
+    const f = event.target.elements;
+    const body = { provider: f.provider.value.trim(), key: f.key.value };
+    if (f.name.value.trim()) body.name = f.name.value.trim();
+    act(async () => { await api("/byok", { method: "POST", body }); event.target.reset(); });
+  };
+  const rows = list?.data || [];
+  return html`<section>
+    <div class="panel"><h2>Add a provider key</h2>
+      <form class="inline" onSubmit=${create}>
+        <${Field} id="byok-provider" label="Provider"><input id="byok-provider" name="provider" required placeholder="openai" /><//>
+        <${Field} id="byok-key" label="Provider API key"><input id="byok-key" name="key" type="password" autocomplete="off" required /><//>
+        <${Field} id="byok-name" label="Name (optional)"><input id="byok-name" name="name" /><//>
+        <button type="submit">Add key</button>
+      </form></div>
+    <${ErrorBox} error=${error || loadError} />
+    <${Table} label="Provider keys">
+      <thead><tr><th>Provider</th><th>Name</th><th>Key</th><th>Use</th><th>State</th><th>Created</th><th>Actions</th></tr></thead>
+      <tbody>${rows.map((k) => html`<tr key=${k.id}><td>${k.provider}</td><td>${k.name || "—"}</td><td class="mono">${k.label}</td>
+        <td>${k.is_byok_only ? "always (every model)" : k.is_required ? "always (its models)" : k.is_fallback ? "after the gateway's" : "first"}</td>
+        <td>${k.disabled ? "disabled" : "active"}</td><td>${when(k.created_at)}</td>
+        <td><${ConfirmButton} label="Delete" confirmLabel=${`Delete ${k.label}`}
+          onConfirm=${() => act(() => api(`/byok/${encodeURIComponent(k.id)}`, { method: "DELETE" }))} /></td></tr>`)}</tbody>
+    <//>
+    ${list && !rows.length ? html`<p class="muted">No provider keys: requests use the gateway's own.</p>` : null}
+    <${Pager} label="Provider keys" offset=${offset} count=${rows.length} total=${list?.total_count} onMove=${setOffset} />
+  </section>`;
+}
+
+// ---- the shell ------------------------------------------------------------------------------
+
+const PAGES = [
+  { path: "", title: "Usage", page: UsagePage },
+  { path: "keys", title: "Keys", page: KeysPage, management: true },
+  { path: "credits", title: "Credits", page: CreditsPage, management: true },
+  { path: "activity", title: "Activity", page: ActivityPage },
+  { path: "videos", title: "Videos", page: VideosPage },
+  { path: "vault", title: "Vault", page: VaultPage, management: true },
+  { path: "guardrails", title: "Guardrails", page: GuardrailsPage, management: true },
+  { path: "byok", title: "Provider keys", page: ByokPage, management: true },
+];
+
+function currentRoute() {
+  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  return { section: parts[0] || "", id: parts[1] || "" };
+}
+
+function App() {
+  const [me, setMe] = useState(null);
+  const [checking, setChecking] = useState(Boolean(storedKey()));
+  const [route, setRoute] = useState(currentRoute());
+  const heading = useRef(null);
+  useEffect(() => {
+    const moved = () => setRoute(currentRoute());
+    window.addEventListener("hashchange", moved);
+    return () => window.removeEventListener("hashchange", moved);
+  }, []);
+  useEffect(() => {
+    if (!storedKey()) return;
+    api("/key").then((r) => setMe(r.data), () => sessionStorage.removeItem(KEY_SLOT)).finally(() => setChecking(false));
+  }, []);
+  useEffect(() => { if (heading.current) heading.current.focus(); }, [route.section, route.id, me]);
+  if (checking) return html`<p class="loading">Loading the console…</p>`;
+  if (!me) return html`<${SignIn} onSignedIn=${setMe} />`;
+  const signOut = () => { sessionStorage.removeItem(KEY_SLOT); setMe(null); location.hash = "#/"; };
+  const visible = PAGES.filter((p) => !p.management || me.is_management_key);
+  const entry = PAGES.find((p) => p.path === route.section);
+  let body;
+  let title;
+  if (!entry) {
+    title = "Not found";
+    body = html`<p class="notice">There is no such page. <a href="#/">Back to usage</a>.</p>`;
+  } else if (route.section === "activity" && route.id) {
+    title = "Generation";
+    body = html`<${GenerationPage} id=${route.id} />`;
+  } else if (route.section === "videos" && route.id) {
+    title = "Video job";
+    body = html`<${VideoPage} id=${route.id} />`;
+  } else {
+    title = entry.title;
+    body = html`<${entry.page} me=${me} />`;
+  }
+  return html`<a class="skip" href="#main" onClick=${(e) => { e.preventDefault(); heading.current?.focus(); }}>Skip to content</a>
+    <header class="top">
+      <span class="brand">Gateway console</span>
+      <span class="who">${me.label} · ${me.is_management_key ? "management key" : "standard key"}</span>
+      <button type="button" class="secondary" onClick=${signOut}>Sign out</button>
+      <nav class="main" aria-label="Console pages"><ul>${visible.map((p) => html`<li>
+        <a href=${`#/${p.path}`} aria-current=${p.path === route.section ? "page" : undefined}>${p.title}</a></li>`)}</ul></nav>
+    </header>
+    <main id="main"><h1 tabindex="-1" ref=${heading}>${title}</h1>${body}</main>`;
+}
+
+const root = document.getElementById("app");
+root.textContent = "";  // the "Loading" placeholder
+render(html`<${App} />`, root);
