@@ -377,7 +377,10 @@ def _cell(value: float | None) -> str:
 
 
 def report(
-    figures: dict[tuple[str, int], Figure], targets: Sequence[Target], machine: dict[str, Any]
+    figures: dict[tuple[str, int], Figure],
+    targets: Sequence[Target],
+    machine: dict[str, Any],
+    load_at_start: Sequence[float] = (),
 ) -> str:
     table = markdown_table(
         ["path", "concurrency", "rounds", "req/s (median)", "p50 ms (median)", "errors"],
@@ -406,7 +409,8 @@ def report(
             for t in targets
         ],
     )
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    start = " ".join(f"{x:.2f}" for x in load_at_start)
+    load = f"at the start {start}, at the end " + " ".join(f"{x:.2f}" for x in os.getloadavg())
     return "\n".join(
         [
             table,
@@ -414,7 +418,7 @@ def report(
             checks,
             "",
             f"Machine: {machine.get('cpu')} x{machine.get('nproc')}, Python "
-            f"{machine.get('python')}; load average at the end {load}",
+            f"{machine.get('python')}; load average {load}",
         ]
     )
 
@@ -483,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     started = time.monotonic()
+    load_at_start = os.getloadavg()
     audio = speech(AUDIO_SECONDS)
     rss: dict[str, float | None] = {}
     with (
@@ -534,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures = summarise(results)
     targets = evaluate(figures, videos, rss)
     machine = machine_info(database.label)
-    print(report(figures, targets, machine))
+    print(report(figures, targets, machine, load_at_start))
     print(f"Took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.json is not None:
         args.json.write_text(
@@ -542,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {
                     "benchmark": "hotpath",
                     "date": time.strftime("%Y-%m-%d", time.gmtime()),
-                    "load_average": os.getloadavg(),
+                    "load_average": {"start": load_at_start, "end": os.getloadavg()},
                     "machine": machine,
                     "settings": {
                         "rounds": args.rounds,
