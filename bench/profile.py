@@ -15,7 +15,8 @@ driver code (sqlalchemy, aiosqlite, asyncpg) are counted again in the "of which 
     python -m bench.profile                  # 600 requests per path
     python -m bench.profile --requests 1000 --json profile.json
 
-py-spy needs ptrace on the server process (it works in this sandbox as root). Only
+py-spy (`pip install '.[bench]'`) needs ptrace on the server process (it works in this
+sandbox as root). Only
 127.0.0.1 is contacted; the processes started are stopped by PID.
 """
 
@@ -258,6 +259,8 @@ def profile_path(
     out: Path,
 ) -> PathProfile:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        raise SystemExit("bench.profile needs py-spy: pip install '.[bench]'")
     recorder = subprocess.Popen(
         [
             py_spy,
