@@ -148,7 +148,7 @@ _OPEN = (jobs.PENDING, jobs.IN_PROGRESS)
 class BenchCatalog:
     path: Path
     unserved_base_url: str  # nobody listens there
-    unset_key_env: str  # not set anywhere
+    unset_key_env: str  # set to a dummy key for the gateway only: the model is routable
 
 
 def write_catalog(path: Path, provider_base_url: str) -> BenchCatalog:
@@ -192,10 +192,11 @@ def write_catalog(path: Path, provider_base_url: str) -> BenchCatalog:
 def worker_note(catalog: BenchCatalog) -> str:
     return (
         f"Submissions use {UNSERVED_MODEL}: its only endpoint is an openai adapter at "
-        f"{catalog.unserved_base_url} (nothing listens) with api_key_env {catalog.unset_key_env} "
-        "unset, so the background worker fails each job at once (no provider call, no "
-        "rendering) but still runs a claim and a finish transaction per job in the server "
-        "process while the submissions are measured."
+        f"{catalog.unserved_base_url} (nothing listens; its api_key_env "
+        f"{catalog.unset_key_env} holds a dummy key, as a model without credentials is "
+        "refused with 503), so the background worker fails each job at once (a refused "
+        "connection, no rendering) but still runs a claim and a finish transaction per job "
+        "in the server process while the submissions are measured."
     )
 
 
@@ -858,6 +859,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 environment = {
                     "GATEWAY_CATALOG": str(catalog.path),
                     FAKE_KEY_ENV: FAKE_PROVIDER_KEY,
+                    catalog.unset_key_env: "bench-dummy-key",
                     "GATEWAY_WEBHOOK_CA_BUNDLE": str(receiver.ca_file),
                     "GATEWAY_WEBHOOK_ALLOW_PRIVATE": "1",
                 }

@@ -195,30 +195,42 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
 
 
 class LeanHttpClient:
-    """A minimal keep-alive HTTP/1.1 client for pre-encoded POSTs: the requests are built
-    once and each call costs a write and a parse of the response head, so the load
-    generator's CPU stays small next to the servers'. Each call sends the next request in
+    """A minimal keep-alive HTTP/1.1 client for pre-encoded POSTs (or bodiless GETs): the
+    requests are built once and each call costs a write and a parse of the response head, so
+    the load generator's CPU stays small next to the servers'. Each call sends the next request in
     turn (one per API key given). Connections are opened on demand, at most one per
     concurrent call, and reused; one that fails or is cut off is closed."""
 
-    def __init__(self, url: str, keys: Sequence[str], content_type: str, body: bytes) -> None:
+    def __init__(
+        self,
+        url: str,
+        keys: Sequence[str],
+        content_type: str,
+        body: bytes,
+        method: str = "POST",
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or parts.hostname != LOOPBACK or parts.port is None:
             raise ValueError(f"the lean client only talks plain HTTP to {LOOPBACK}: {url}")
         if not keys:
             raise ValueError("the lean client needs at least one API key")
         self._port = parts.port
+        # A GET carries no body, so no Content-Type or Content-Length either.
+        entity = (
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+            if method != "GET"
+            else ""
+        )
         self._requests = [
             (
-                f"POST {parts.path} HTTP/1.1\r\n"
+                f"{method} {parts.path} HTTP/1.1\r\n"
                 f"Host: {LOOPBACK}:{parts.port}\r\n"
                 f"Authorization: Bearer {key}\r\n"
-                f"Content-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\n"
+                f"{entity}"
                 "Accept: application/json\r\n"
                 "\r\n"
             ).encode("latin-1")
-            + body
+            + (body if method != "GET" else b"")
             for key in keys
         ]
         self._sent = 0

@@ -1,0 +1,572 @@
+"""Issue 17's hot-path benchmark: the gateway against the floors of its own stack, and LiteLLM.
+
+One run starts, side by side on 127.0.0.1:
+- the fast fake provider (bench/harness/stt.py);
+- the floors (bench/floors.py): F1 = Envoy + JSON transcoder + a bare grpc.aio GET /key,
+  F2 = F1's stack + one httpx call to the fake with the request's audio;
+- the gateway (`gateway up`, one server process, SQLite) with a funded key;
+- LiteLLM's proxy (bench/litellm.py: its own venv under .bench-cache/, one worker, no
+  database) routing a transcription model to the same fake.
+Then it measures, in `--rounds` interleaved rounds (so drift of a shared machine falls on
+every side), at concurrency 1 and 16: GET /key on F1 and the gateway, and a transcription of
+the same 32 KB WAV (1 s, 16 kHz mono) directly to the fake, on F2, on the gateway and on
+LiteLLM. Each figure is the median over the rounds; ratios are taken within the run. Video
+submissions (202 = durably stored) are measured by `python -m bench.videos` on SQLite and
+PostgreSQL after the rounds (there is no floor to pair them with). Peak RSS (VmHWM) of each
+server process is read before it stops.
+
+    python -m bench.hotpath                    # 3 rounds, 500 requests per case
+    python -m bench.hotpath --rounds 5 --json out.json
+    python -m bench.hotpath --no-litellm --no-videos
+
+Every load loop is bounded by a request count and a time cap; only processes this run
+started are stopped, by PID. Targets are reported, never enforced (exit status 1 only when
+requests failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import litellm as litellm_proxy
+from bench.floors import FLOOR_READY
+from bench.harness.cli import add_json_argument, positive_int
+from bench.harness.load import (
+    LOOPBACK,
+    Call,
+    CaseResult,
+    LeanHttpClient,
+    lean_call,
+    measure,
+)
+from bench.harness.processes import (
+    ENVOY_COMMAND,
+    REPO_ROOT,
+    create_funded_key,
+    peak_rss,
+    process_tree,
+    run_database,
+    running_gateway,
+    scratch,
+    terminate,
+)
+from bench.harness.report import case_done, machine_info, markdown_table
+from bench.harness.stt import (
+    BENCH_MODEL,
+    ROUTE,
+    UPSTREAM_MODEL,
+    FakeProviderProcess,
+    multipart_upload,
+    running_fake_provider,
+    write_catalog,
+)
+from tests.support.audio import speech
+from tests.support.catalog import FAKE_KEY_ENV
+
+F1_KEY = "F1 GET /key"
+GW_KEY = "gateway GET /key"
+DIRECT_STT = "direct to fake"
+F2_STT = "F2 transcription"
+GW_STT = "gateway transcription"
+LITELLM_STT = "LiteLLM transcription"
+AUDIO_SECONDS = 1.0  # 16 kHz mono s16 WAV: 32,078 bytes
+
+
+# --- the floors' process --------------------------------------------------------------------
+
+
+@dataclass
+class FloorProcess:
+    provider: FakeProviderProcess
+    process: subprocess.Popen[str] | None = None
+    port: int | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}/api/v1"
+
+    def start(self, ready_within: float = 60.0) -> FloorProcess:
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.floors",
+                "--provider-url",
+                self.provider.base_url,
+                "--provider-key",
+                self.provider.api_key,
+            ],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.process is not None and self.process.stdout is not None
+            for line in self.process.stdout:
+                if line.startswith(FLOOR_READY):
+                    self.port = int(line.rsplit(":", 1)[1])
+                    ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(ready_within):
+            self.stop()
+            raise RuntimeError("the floors did not start")
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and not terminate(self.process, 10.0):
+            self.process.kill()
+            self.process.wait()
+
+    def peak_rss_mib(self) -> float | None:
+        if self.process is None or self.process.poll() is not None:
+            return None
+        return peak_rss(self.process.pid).server_mib
+
+
+# --- the cases ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    path: str
+    open_call: Callable[[int], Awaitable[tuple[Call, Callable[[], Awaitable[None]]]]]
+
+
+def largest_process_mib(root_pid: int) -> float | None:
+    """The largest peak RSS (VmHWM) of one Python process in `root_pid`'s tree (Envoy
+    excluded): the target is per server process."""
+    peaks: list[float] = []
+    for pid in process_tree(root_pid):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text(encoding="utf-8").strip() == ENVOY_COMMAND:
+                continue
+            status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+        except OSError:  # gone
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                peaks.append(round(int(line.split()[1]) / 1024, 1))
+    return max(peaks) if peaks else None
+
+
+def get_case(path: str, base_url: str, key: str) -> Case:
+    async def open_call(concurrency: int) -> tuple[Call, Callable[[], Awaitable[None]]]:
+        # The lean client, as for the uploads: httpx's own CPU (~0.8 ms a request) would
+        # cap both sides at the load generator's rate.
+        client = LeanHttpClient(base_url + "/key", [key], "", b"", method="GET")
+        return lean_call(client), client.aclose
+
+    return Case(path, open_call)
+
+
+def post_case(path: str, url: str, key: str, model: str, audio: bytes) -> Case:
+    upload = multipart_upload(model, audio)
+
+    async def open_call(concurrency: int) -> tuple[Call, Callable[[], Awaitable[None]]]:
+        client = LeanHttpClient(url, [key], upload.content_type, upload.content)
+        return lean_call(client), client.aclose
+
+    return Case(path, open_call)
+
+
+async def preflight(case: Case) -> None:
+    call, close = await case.open_call(1)
+    try:
+        failure = await call()
+    finally:
+        await close()
+    if failure is not None:
+        raise RuntimeError(f"{case.path} preflight failed: {failure}")
+
+
+async def run_rounds(cases: Sequence[Case], args: argparse.Namespace) -> list[CaseResult]:
+    for case in cases:
+        await preflight(case)
+    results: list[CaseResult] = []
+    for round_index in range(args.rounds):
+        print(f"round {round_index + 1}/{args.rounds}", file=sys.stderr, flush=True)
+        for concurrency in (1, 16):
+            for case in cases:
+                call, close = await case.open_call(concurrency)
+                try:
+                    result = await measure(
+                        case.path, call, concurrency, args.requests, args.warmup, args.time_cap
+                    )
+                finally:
+                    await close()
+                results.append(result)
+                case_done(result)
+    return results
+
+
+# --- summary --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figure:
+    path: str
+    concurrency: int
+    rounds: int
+    requests_per_second: float
+    p50_ms: float | None
+    errors: int
+
+
+def summarise(results: Sequence[CaseResult]) -> dict[tuple[str, int], Figure]:
+    """The median over the rounds of each (path, concurrency)."""
+    grouped: dict[tuple[str, int], list[CaseResult]] = {}
+    for result in results:
+        grouped.setdefault((result.path, result.concurrency), []).append(result)
+    figures = {}
+    for (path, concurrency), group in grouped.items():
+        p50s = [r.p50_ms for r in group if r.p50_ms is not None]
+        figures[(path, concurrency)] = Figure(
+            path,
+            concurrency,
+            len(group),
+            round(statistics.median(r.requests_per_second for r in group), 1),
+            round(statistics.median(p50s), 2) if p50s else None,
+            sum(r.errors for r in group),
+        )
+    return figures
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    figure: float | None
+    floor: float | None
+    ratio: float | None
+    met: bool | None
+    unit: str
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else round(a / b, 3)
+
+
+def evaluate(
+    figures: dict[tuple[str, int], Figure],
+    videos: dict[str, float | None],
+    rss: dict[str, float | None],
+) -> list[Target]:
+    def rps(path: str) -> float | None:
+        figure = figures.get((path, 16))
+        return None if figure is None else figure.requests_per_second
+
+    def p50(path: str) -> float | None:
+        figure = figures.get((path, 1))
+        return None if figure is None else figure.p50_ms
+
+    def added(path: str) -> float | None:
+        through, direct = p50(path), p50(DIRECT_STT)
+        return None if through is None or direct is None else round(through - direct, 2)
+
+    targets: list[Target] = []
+    ratio = _ratio(rps(GW_KEY), rps(F1_KEY))
+    targets.append(
+        Target(
+            "GET /key req/s at 16 >= 50% of F1",
+            rps(GW_KEY),
+            rps(F1_KEY),
+            ratio,
+            None if ratio is None else ratio >= 0.5,
+            "req/s",
+        )
+    )
+    ratio = _ratio(p50(GW_KEY), p50(F1_KEY))
+    targets.append(
+        Target(
+            "GET /key p50 at 1 <= 1.5x F1",
+            p50(GW_KEY),
+            p50(F1_KEY),
+            ratio,
+            None if ratio is None else ratio <= 1.5,
+            "ms",
+        )
+    )
+    ratio = _ratio(rps(GW_STT), rps(F2_STT))
+    targets.append(
+        Target(
+            "transcription req/s at 16 >= 50% of F2",
+            rps(GW_STT),
+            rps(F2_STT),
+            ratio,
+            None if ratio is None else ratio >= 0.5,
+            "req/s",
+        )
+    )
+    gw_added, f2_added = added(GW_STT), added(F2_STT)
+    targets.append(
+        Target(
+            "transcription added p50 at 1 <= F2's + 1.5 ms",
+            gw_added,
+            f2_added,
+            _ratio(gw_added, f2_added),
+            None if gw_added is None or f2_added is None else gw_added <= f2_added + 1.5,
+            "ms",
+        )
+    )
+    for backend, accepted in videos.items():
+        targets.append(
+            Target(
+                f"video submissions at 16 >= 500 accepted/s ({backend})",
+                accepted,
+                None,
+                None,
+                None if accepted is None else accepted >= 500,
+                "/s",
+            )
+        )
+    ratio = _ratio(rps(GW_STT), rps(LITELLM_STT))
+    targets.append(
+        Target(
+            "transcription req/s at 16 >= 3x LiteLLM's",
+            rps(GW_STT),
+            rps(LITELLM_STT),
+            ratio,
+            None if ratio is None else ratio >= 3,
+            "req/s",
+        )
+    )
+    ll_added = added(LITELLM_STT)
+    ratio = _ratio(gw_added, ll_added)
+    targets.append(
+        Target(
+            "transcription added p50 at 1 <= 1/3 of LiteLLM's",
+            gw_added,
+            ll_added,
+            ratio,
+            None if ratio is None else ratio <= 1 / 3,
+            "ms",
+        )
+    )
+    for process, mib in rss.items():
+        targets.append(
+            Target(
+                f"peak RSS <= 150 MiB ({process})",
+                mib,
+                None,
+                None,
+                None if mib is None else mib <= 150,
+                "MiB",
+            )
+        )
+    return targets
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def report(
+    figures: dict[tuple[str, int], Figure],
+    targets: Sequence[Target],
+    machine: dict[str, Any],
+    load_at_start: Sequence[float] = (),
+) -> str:
+    table = markdown_table(
+        ["path", "concurrency", "rounds", "req/s (median)", "p50 ms (median)", "errors"],
+        [
+            [
+                f.path,
+                f.concurrency,
+                f.rounds,
+                f"{f.requests_per_second:.1f}",
+                _cell(f.p50_ms),
+                f.errors,
+            ]
+            for f in sorted(figures.values(), key=lambda f: (f.concurrency, f.path))
+        ],
+    )
+    checks = markdown_table(
+        ["target", "figure", "floor / reference", "ratio", "met"],
+        [
+            [
+                t.name,
+                f"{_cell(t.figure)} {t.unit}",
+                _cell(t.floor),
+                _cell(t.ratio),
+                "-" if t.met is None else ("met" if t.met else "NOT met"),
+            ]
+            for t in targets
+        ],
+    )
+    start = " ".join(f"{x:.2f}" for x in load_at_start)
+    load = f"at the start {start}, at the end " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return "\n".join(
+        [
+            table,
+            "",
+            checks,
+            "",
+            f"Machine: {machine.get('cpu')} x{machine.get('nproc')}, Python "
+            f"{machine.get('python')}; load average {load}",
+        ]
+    )
+
+
+# --- videos ---------------------------------------------------------------------------------
+
+
+def video_submissions(args: argparse.Namespace, database_url: str | None) -> float | None:
+    """Accepted submissions/s at concurrency 16, from `python -m bench.videos`."""
+    with tempfile.TemporaryDirectory(prefix="bench-hotpath-videos-") as tmp:
+        out = Path(tmp) / "videos.json"
+        command = [
+            sys.executable,
+            "-m",
+            "bench.videos",
+            "--requests",
+            str(args.requests),
+            "--warmup",
+            str(args.warmup),
+            "--time-cap",
+            str(args.time_cap),
+            "--concurrency",
+            "16",
+            "--webhook-jobs",
+            "0",
+            "--json",
+            str(out),
+        ]
+        if database_url:
+            command += ["--database-url", database_url]
+        subprocess.run(command, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, timeout=600, check=False)
+        if not out.exists():
+            return None
+        document = json.loads(out.read_text(encoding="utf-8"))
+        cases = [c for c in document.get("submissions", []) if c.get("concurrency") == 16]
+        return float(cases[0]["accepted_per_second"]) if cases else None
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.hotpath", description=__doc__)
+    parser.add_argument("--rounds", type=positive_int, default=3, help="interleaved rounds (3)")
+    parser.add_argument(
+        "--requests",
+        type=positive_int,
+        default=500,
+        help="measured requests per case and round (500)",
+    )
+    parser.add_argument("--warmup", type=int, default=50, help="warm-up requests per case (50)")
+    parser.add_argument(
+        "--time-cap", type=float, default=30.0, help="hard time cap per case in seconds (30)"
+    )
+    parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM")
+    parser.add_argument("--no-videos", action="store_true", help="skip video submissions")
+    parser.add_argument(
+        "--pg-url",
+        default="postgresql",
+        help="PostgreSQL admin URL for the video run ('postgresql' = default)",
+    )
+    add_json_argument(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    started = time.monotonic()
+    load_at_start = os.getloadavg()
+    audio = speech(AUDIO_SECONDS)
+    rss: dict[str, float | None] = {}
+    with (
+        scratch("bench-hotpath-") as tmp,
+        run_database(None, tmp / "data") as database,
+        running_fake_provider() as fake,
+        running_gateway(
+            tmp / "data",
+            database,
+            1,
+            {
+                "GATEWAY_CATALOG": str(write_catalog(tmp / "catalog.toml", fake.base_url)),
+                FAKE_KEY_ENV: fake.api_key,
+            },
+        ) as run,
+    ):
+        key = create_funded_key(tmp / "data", database.url)
+        floor = FloorProcess(fake).start()
+        proxy = None if args.no_litellm else litellm_proxy.LiteLLMProxy(fake, tmp).start()
+        try:
+            gateway_url = run.gateway.base_url
+            cases = [
+                get_case(F1_KEY, floor.base_url, key),
+                get_case(GW_KEY, gateway_url, key),
+                post_case(DIRECT_STT, fake.base_url + ROUTE, fake.api_key, UPSTREAM_MODEL, audio),
+                post_case(F2_STT, floor.base_url + ROUTE, key, UPSTREAM_MODEL, audio),
+                post_case(GW_STT, gateway_url + ROUTE, key, BENCH_MODEL, audio),
+            ]
+            if proxy is not None:
+                cases.append(
+                    post_case(
+                        LITELLM_STT, proxy.base_url + ROUTE, "none", litellm_proxy.MODEL, audio
+                    )
+                )
+            results = asyncio.run(run_rounds(cases, args))
+            assert run.gateway.process is not None
+            rss["gateway server process"] = largest_process_mib(run.gateway.process.pid)
+            rss["floor server"] = floor.peak_rss_mib()
+            if proxy is not None:
+                rss["LiteLLM"] = proxy.peak_rss_mib()
+        finally:
+            if proxy is not None:
+                proxy.stop()
+            floor.stop()
+    videos: dict[str, float | None] = {}
+    if not args.no_videos:
+        videos["SQLite"] = video_submissions(args, None)
+        videos["PostgreSQL"] = video_submissions(args, args.pg_url)
+    figures = summarise(results)
+    targets = evaluate(figures, videos, rss)
+    machine = machine_info(database.label)
+    print(report(figures, targets, machine, load_at_start))
+    print(f"Took {time.monotonic() - started:.0f} s", file=sys.stderr)
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "benchmark": "hotpath",
+                    "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                    "load_average": {"start": load_at_start, "end": os.getloadavg()},
+                    "machine": machine,
+                    "settings": {
+                        "rounds": args.rounds,
+                        "requests": args.requests,
+                        "warmup": args.warmup,
+                        "audio_bytes": len(audio),
+                        "litellm": None if args.no_litellm else litellm_proxy.VERSION,
+                    },
+                    "results": [asdict(r) for r in results],
+                    "figures": [asdict(f) for f in figures.values()],
+                    "targets": [asdict(t) for t in targets],
+                },
+                indent=2,
+            )
+            + "\n",
+            encoding="utf-8",
+        )
+    return 1 if any(r.errors for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
