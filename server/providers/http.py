@@ -194,7 +194,10 @@ async def download(http: httpx.AsyncClient, endpoint: Endpoint, url: object) -> 
     if not isinstance(url, str) or not downloadable(url, endpoint.base_url):
         raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video URL")
     request = http.build_request("GET", url, timeout=endpoint.timeout_seconds)
-    return (await send(http, request)).content
+    content = (await send(http, request)).content
+    if not content:
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an empty video")
+    return content
 
 
 def same_origin(url: object, base_url: str) -> bool:

@@ -4,12 +4,13 @@
 `GET {base}/{model}/requests/{id}` → `{video: {url}}` or `{videos: [{url}, ...]}`; cancel
 `PUT {base}/{model}/requests/{id}/cancel` → 202 `{status: CANCELLATION_REQUESTED}` (400
 `ALREADY_COMPLETED` once done) — https://docs.fal.ai/model-apis/model-endpoints/queue.
-fal.ai itself has its own adapter (fal_video.py), which follows the URLs fal returns."""
+fal.ai itself has its own adapter (fal_video.py), which follows the URLs fal returns.
+The result JSON is read with the key (it lives on the API host); the video file it names is
+fetched with the key only when it lies under the base URL, otherwise (a CDN) without it."""
 
 from __future__ import annotations
 
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -89,7 +90,15 @@ class QueueVideoAdapter:
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
         videos = []
         for url in cast(list[str], urls):  # all str: checked just above
-            if urlsplit(url).scheme not in ("https", "http"):
-                raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video URL")
-            videos.append((await provider_http.call(self._http, endpoint, "GET", url)).content)
+            videos.append(await self._fetch(endpoint, url))
         return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=videos)
+
+    async def _fetch(self, endpoint: Endpoint, url: str) -> bytes:
+        """A result file: with the key only under the endpoint's base URL (the API host);
+        elsewhere (fal's CDN) without it, and only from a public https host."""
+        if endpoint.base_url and provider_http.same_origin(url, endpoint.base_url):
+            response = await provider_http.call(self._http, endpoint, "GET", url)
+            if not response.content:
+                raise ProviderFailure(INVALID_RESPONSE, "Provider returned an empty video")
+            return response.content
+        return await provider_http.download(self._http, endpoint, url)

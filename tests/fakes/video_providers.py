@@ -4,7 +4,8 @@
   POST /v1/videos/{id}/remix {prompt}: a new job from a completed one,
   https://platform.openai.com/docs/api-reference/videos/remix);
 - a fal-style queue under /queue (POST /queue/{model}, GET .../requests/{id}/status,
-  GET .../requests/{id} -> {"video": {"url"}}, and the file itself; PUT
+  GET .../requests/{id} -> {"video": {"url"}}, and the file itself (outside /queue, as
+  on fal's CDN, served without the key); PUT
   .../requests/{id}/cancel -> 202 {"status": "CANCELLATION_REQUESTED"}, 400
   {"status": "ALREADY_COMPLETED"} once done: https://docs.fal.ai/model-apis/model-endpoints/queue).
 
@@ -112,11 +113,11 @@ class FakeVideoProviders:
                 self._json(202, {"status": "CANCELLATION_REQUESTED"})
 
             def do_GET(self) -> None:
-                if not self._authorized():
-                    return
                 parts = self.path.strip("/").split("/")
-                if parts[0] == "files":
+                if parts[0] == "files":  # the result file, as on fal's CDN: no key needed
                     self._bytes(VIDEO)
+                    return
+                if not self._authorized():
                     return
                 job_id = parts[2] if parts[0] == "v1" else parts[3]
                 job = fake.jobs.get(job_id)
