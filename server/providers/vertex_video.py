@@ -21,10 +21,12 @@ expire. No cancel call is documented for Veo operations.
 Field mapping: as the `gemini` adapter (server/providers/veo.py), plus `seed` and
 `generate_audio` → `seed`, `generateAudio`, which Vertex AI honours.
 
-How an operator configures it: project and location are part of the endpoint's base URL
-(nothing else to set): `base_url =
-"https://us-central1-aiplatform.googleapis.com/v1/projects/MY_PROJECT/locations/us-central1"`
-(use the region the models are served in). `api_key_env = "GOOGLE_APPLICATION_CREDENTIALS"`
+How an operator configures it: the built-in base URL `https://aiplatform.googleapis.com/v1`
+names no project: the service account's own `project_id` (from its key file) is used, in
+DEFAULT_LOCATION (us-central1) on that region's host. To choose them, put both in the base
+URL: `base_url =
+"https://europe-west4-aiplatform.googleapis.com/v1/projects/MY_PROJECT/locations/europe-west4"`.
+`api_key_env = "GOOGLE_APPLICATION_CREDENTIALS"`
 names the variable holding the PATH of a service-account key file (JSON, role Vertex AI
 User); the variable may instead hold the key file's JSON itself (as a BYOK key would).
 `model` = the Veo model, e.g. `veo-3.1-generate-001`, `veo-3.1-fast-generate-001`,
@@ -38,7 +40,7 @@ import binascii
 import hashlib
 import json
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import google.auth.exceptions
 import google.auth.transport.requests
@@ -57,6 +59,9 @@ from server.providers.video import VideoCall, VideoProgress
 from server.providers.video_http import ImageFetcher, download, json_body, send
 
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+GLOBAL_HOST = "aiplatform.googleapis.com"
+# Where Veo runs when the base URL names no location (Veo's documented region).
+DEFAULT_LOCATION = "us-central1"
 STORAGE_BASE = "https://storage.googleapis.com"
 
 
@@ -113,6 +118,17 @@ class ServiceAccountTokens:
                     ) from exc
             return str(credentials.token)
 
+    async def project_id(self, credential: str) -> str:
+        """The Google Cloud project the service account belongs to (its key file says)."""
+        await self.token(credential)  # loads the account (and mints its first token)
+        account = hashlib.sha256(credential.encode()).hexdigest()
+        project = getattr(self._credentials[account], "project_id", None)
+        if not isinstance(project, str) or not project:
+            raise ProviderFailure(
+                REJECTED_CREDENTIALS, "The service-account key names no project_id"
+            )
+        return project
+
 
 class VertexVideoAdapter:
     def __init__(
@@ -135,8 +151,23 @@ class VertexVideoAdapter:
             raise ProviderFailure(REJECTED_CREDENTIALS, "No credential is configured")
         return {"Authorization": f"Bearer {await self._tokens.token(credential)}"}
 
-    def _model_url(self, endpoint: Endpoint, call: VideoCall, verb: str) -> str:
-        return f"{endpoint.base_url}/publishers/google/models/{call.model}:{verb}"
+    async def _model_url(self, endpoint: Endpoint, call: VideoCall, verb: str) -> str:
+        return f"{await self._project_base(endpoint)}/publishers/google/models/{call.model}:{verb}"
+
+    async def _project_base(self, endpoint: Endpoint) -> str:
+        """The base URL with project and location: as configured when it names them, else the
+        service account's own project in DEFAULT_LOCATION, on that region's host."""
+        base = endpoint.base_url or ""
+        if "/projects/" in base:
+            return base
+        credential = endpoint.credential()
+        if not credential:
+            raise ProviderFailure(REJECTED_CREDENTIALS, "No credential is configured")
+        project = quote(await self._tokens.project_id(credential), safe="")
+        parts = urlsplit(base)
+        if parts.hostname == GLOBAL_HOST:  # Veo is served from regional hosts
+            base = f"{parts.scheme}://{DEFAULT_LOCATION}-{GLOBAL_HOST}{parts.path}"
+        return f"{base}/projects/{project}/locations/{DEFAULT_LOCATION}"
 
     async def _post(self, endpoint: Endpoint, url: str, body: dict[str, Any]) -> dict[str, Any]:
         request = self._http.build_request(
@@ -157,7 +188,7 @@ class VertexVideoAdapter:
             storage_uri=self._storage_uri,
         )
         operation = await self._post(
-            endpoint, self._model_url(endpoint, call, "predictLongRunning"), body
+            endpoint, await self._model_url(endpoint, call, "predictLongRunning"), body
         )
         return await self._progress(endpoint, operation)
 
@@ -166,7 +197,7 @@ class VertexVideoAdapter:
     ) -> VideoProgress:
         operation = await self._post(
             endpoint,
-            self._model_url(endpoint, call, "fetchPredictOperation"),
+            await self._model_url(endpoint, call, "fetchPredictOperation"),
             {"operationName": provider_job_id},
         )
         return await self._progress(endpoint, operation)

@@ -5,6 +5,7 @@ and how each provider's failures map onto the routing rules' kinds."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -565,3 +566,15 @@ async def test_timeouts_and_unreachable_providers(
             )
             failure = await _failure(adapter, endpoint, _call("m", duration=5))
             assert failure.kind == kind, adapter
+
+
+async def test_vertex_without_a_project_in_its_base_url_uses_the_service_accounts(
+    vertex: FakeVertex, http: httpx.AsyncClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The built-in catalog's base URL names no project: the key file's project_id, in the
+    # default location (the fake serves that project in that location).
+    endpoint = dataclasses.replace(
+        _vertex_endpoint(vertex, tmp_path, monkeypatch), base_url=f"{vertex.origin}/v1"
+    )
+    progress = await _run(VertexVideoAdapter(http), endpoint, _call("veo-3.1-generate-001"))
+    assert (progress.state, progress.videos) == ("completed", [VIDEO])
