@@ -105,7 +105,7 @@ async def _worker_ready(target: str, child: asyncio.subprocess.Process) -> None:
 
 
 def serve_command(
-    settings: Settings, index: int, entry_point: tuple[str, ...] = ("-m", "server.cli", "serve")
+    settings: Settings, index: int, entry_point: tuple[str, ...] = ("-m", "server", "serve")
 ) -> list[str]:
     """`gateway serve` (or another entry point taking its options) on gRPC port
     grpc_port + index, with the stack's settings."""

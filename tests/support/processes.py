@@ -107,7 +107,7 @@ class GatewayProcess:
     extra_args: tuple[str, ...] = ()
     # What runs `up` (Python arguments): another entry point taking the same options and
     # printing READY_LINE, e.g. the benchmark's gateway without limits.
-    command: tuple[str, ...] = ("-m", "server.cli", "up")
+    command: tuple[str, ...] = ("-m", "server", "up")
     process: subprocess.Popen[str] | None = None
     output: list[str] = field(default_factory=list)
 

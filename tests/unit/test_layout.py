@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # below it, never one above.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # what starts things: the `gateway` command and the wiring of one server process
-    ("entry", frozenset({"cli", "app"})),
+    ("entry", frozenset({"__main__", "cli", "app"})),
     # what runs on the domain: gRPC handlers (one per proto service) and background loops
     ("handlers", frozenset({"services", "workers", "maintenance"})),
     # the protobuf contract compiled from proto/: gRPC types stop at the handlers
