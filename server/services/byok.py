@@ -22,7 +22,7 @@ from server.services.rpc import (
     answer_with_status,
     list_or_null,
     metadata_of,
-    null,
+    nullable_bool,
     nullable_string,
     string_or_null,
     strings_or_null,
@@ -49,9 +49,7 @@ def byok_key_message(row: ByokKey) -> byok_pb2.ByokKey:
         allowed_api_key_hashes=list_or_null(row.allowed_api_key_hashes),
         allowed_user_ids=list_or_null(row.allowed_user_ids),
         declared_region=nullable_string(row.declared_region),
-        declared_zdr=null()
-        if row.declared_zdr is None
-        else struct_pb2.Value(bool_value=row.declared_zdr),
+        declared_zdr=nullable_bool(row.declared_zdr),
         workspace_id=nullable_string(row.workspace_id),
         created_at=rfc3339(row.created_at),
     )
@@ -103,6 +101,18 @@ class ByokService(byok_pb2_grpc.ByokServicer):
             given["declared_zdr"] = _bool_or_null(request.declared_zdr, "declared_zdr")
         return store.check_changes(self._catalog, given)
 
+    async def _workspace_id(
+        self,
+        session: AsyncSession,
+        principal: Principal,
+        request: byok_pb2.ListByokKeysRequest | byok_pb2.CreateByokKeyRequest,
+    ) -> str:
+        """The workspace the request names (one of the account's), else the caller's own."""
+        named = request.workspace_id if request.HasField("workspace_id") else None
+        return await workspace_of_account(
+            session, principal.account.id, named, principal.workspace.id
+        )
+
     async def _account_key(
         self, session: AsyncSession, principal: Principal, key_id: str
     ) -> ByokKey:
@@ -114,12 +124,7 @@ class ByokService(byok_pb2_grpc.ByokServicer):
     ) -> byok_pb2.ListByokKeysResponse:
         async with self._sessions() as session:
             principal = await self._principal(session, context)
-            workspace_id = await workspace_of_account(
-                session,
-                principal.account.id,
-                request.workspace_id if request.HasField("workspace_id") else None,
-                principal.workspace.id,
-            )
+            workspace_id = await self._workspace_id(session, principal, request)
             rows, total = await store.list_keys(
                 session,
                 workspace_id,
@@ -137,12 +142,7 @@ class ByokService(byok_pb2_grpc.ByokServicer):
         async with self._sessions() as session:
             principal = await self._principal(session, context)
             changes = self._changes(request)
-            workspace_id = await workspace_of_account(
-                session,
-                principal.account.id,
-                request.workspace_id if request.HasField("workspace_id") else None,
-                principal.workspace.id,
-            )
+            workspace_id = await self._workspace_id(session, principal, request)
             row = await store.create_key(
                 session,
                 self._master,

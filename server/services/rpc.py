@@ -395,6 +395,10 @@ def nullable_string(value: str | None) -> struct_pb2.Value:
     return null() if value is None else struct_pb2.Value(string_value=value)
 
 
+def nullable_bool(value: bool | None) -> struct_pb2.Value:
+    return null() if value is None else struct_pb2.Value(bool_value=value)
+
+
 def nullable_usd(micros: int | None) -> struct_pb2.Value:
     return (
         null() if micros is None else struct_pb2.Value(number_value=micros_to_json_number(micros))
