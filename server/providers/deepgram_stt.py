@@ -34,7 +34,6 @@ from typing import Any
 import httpx
 
 from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.http import (
     ErrorFields,
     error_fields,
@@ -49,6 +48,7 @@ from server.providers.stt import (
     SttCall,
     Transcript,
     Word,
+    reading_answer,
     seconds,
     segments_from_words,
 )
@@ -158,9 +158,5 @@ class DeepgramSttAdapter:
             timeout=endpoint.timeout_seconds,
         )
         response = await send(self._http, request, failure_of)
-        try:
+        with reading_answer():
             return parse(json_object(response), call)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-            raise ProviderFailure(
-                INVALID_RESPONSE, "Provider returned an invalid response", status=200
-            ) from exc

@@ -29,7 +29,6 @@ from typing import Any
 import httpx
 
 from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.http import (
     ErrorFields,
     error_fields,
@@ -39,7 +38,14 @@ from server.providers.http import (
     send,
 )
 from server.providers.openai_stt import MIME
-from server.providers.stt import SttCall, Transcript, Word, seconds, segments_from_words
+from server.providers.stt import (
+    SttCall,
+    Transcript,
+    Word,
+    reading_answer,
+    seconds,
+    segments_from_words,
+)
 
 _WORD_KEYS = ("text", "start", "end", "type")
 
@@ -118,9 +124,5 @@ class ElevenLabsSttAdapter:
         )
         request.read()
         response = await send(self._http, request, failure_of)
-        try:
+        with reading_answer():
             return parse(json_object(response), call)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ProviderFailure(
-                INVALID_RESPONSE, "Provider returned an invalid response", status=200
-            ) from exc

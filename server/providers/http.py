@@ -248,30 +248,9 @@ def _origin(url: str) -> tuple[str, str] | None:
         return None
 
 
-def _pinned_get(
-    http: httpx.AsyncClient,
-    target: ResolvedTarget,
-    timeout_seconds: float,
-    headers: dict[str, str] | None = None,
-) -> httpx.Request:
-    """A GET of a checked URL at the address it was checked at (its name in Host and SNI)."""
-    return http.build_request(
-        "GET",
-        target.url,
-        headers={**(headers or {}), "host": target.host_header},
-        timeout=timeout_seconds,
-        extensions={"sni_hostname": target.sni_hostname},
-    )
-
-
-class Downloads:
-    """Fetches the files a provider's answer points at (a finished video). A URL on the
-    trusted origin — the endpoint's base URL, or another the adapter was configured with
-    (Vertex's Cloud Storage) — is fetched as it is, with `headers` (a credential) when given.
-    Any other URL (a CDN, signed storage) only over https to a public address, checked after
-    DNS and pinned as webhook targets are (private ones only when the operator allows them),
-    and never with `headers`: a credential stays on its own origin. One redirect is followed,
-    under the same rules, without `headers`."""
+class CheckedFetcher:
+    """Fetches URLs someone else named over the one client: each only after resolve_target
+    (https, public addresses unless `allow_private`), at the address it was checked at."""
 
     def __init__(
         self, http: httpx.AsyncClient, *, allow_private: bool = False, lookup: Lookup = dns_lookup
@@ -279,6 +258,34 @@ class Downloads:
         self._http = http
         self._allow_private = allow_private
         self._lookup = lookup
+
+    async def _target(self, url: str) -> ResolvedTarget:
+        return await resolve_target(url, allow_private=self._allow_private, lookup=self._lookup)
+
+    def _pinned_get(
+        self,
+        target: ResolvedTarget,
+        timeout_seconds: float,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Request:
+        """A GET at the checked address, the URL's name in Host and SNI."""
+        return self._http.build_request(
+            "GET",
+            target.url,
+            headers={**(headers or {}), "host": target.host_header},
+            timeout=timeout_seconds,
+            extensions={"sni_hostname": target.sni_hostname},
+        )
+
+
+class Downloads(CheckedFetcher):
+    """Fetches the files a provider's answer points at (a finished video). A URL on the
+    trusted origin — the endpoint's base URL, or another the adapter was configured with
+    (Vertex's Cloud Storage) — is fetched as it is, with `headers` (a credential) when given.
+    Any other URL (a CDN, signed storage) only over https to a public address, checked after
+    DNS and pinned as webhook targets are (private ones only when the operator allows them),
+    and never with `headers`: a credential stays on its own origin. One redirect is followed,
+    under the same rules, without `headers`."""
 
     async def fetch(
         self,
@@ -322,16 +329,14 @@ class Downloads:
             raise ProviderFailure(INVALID_RESPONSE, _BAD_URL)
         else:
             try:
-                target = await resolve_target(
-                    url, allow_private=self._allow_private, lookup=self._lookup
-                )
+                target = await self._target(url)
             except RefusedTarget as exc:
                 raise ProviderFailure(INVALID_RESPONSE, _BAD_URL) from exc
             except UnresolvedTarget as exc:
                 raise ProviderFailure(
                     UNREACHABLE, "Provider's video host cannot be resolved"
                 ) from exc
-            request = _pinned_get(self._http, target, timeout_seconds)
+            request = self._pinned_get(target, timeout_seconds)
         return await send(self._http, request, failure_of)
 
 
@@ -370,35 +375,26 @@ def data_url_image(url: str) -> InlineImage | None:
 MAX_IMAGE_BYTES = 20 * 1024 * 1024  # Veo's own limit on an inline image
 
 
-class ImageFetcher:
+class ImageFetcher(CheckedFetcher):
     """Fetches a client's image URL for providers that take images only inline (Veo).
     https only, to public addresses only (checked after DNS and pinned, as webhook targets
     are, so a name cannot point inside the gateway's network), no redirects, no
     credentials, at most MAX_IMAGE_BYTES of an image/* type. Every refusal is the client's
     fault: its message names the problem, never the URL."""
 
-    def __init__(
-        self, http: httpx.AsyncClient, *, allow_private: bool = False, lookup: Lookup = dns_lookup
-    ) -> None:
-        self._http = http
-        self._allow_private = allow_private
-        self._lookup = lookup
-
     async def inline(self, url: str, timeout_seconds: float) -> InlineImage:
         image = data_url_image(url)
         if image is not None:
             return image
         try:
-            target = await resolve_target(
-                url, allow_private=self._allow_private, lookup=self._lookup
-            )
+            target = await self._target(url)
         except RefusedTarget as exc:
             raise ProviderFailure(
                 CLIENT_ERROR, "An image URL must be a public https:// URL or a data: URL"
             ) from exc
         except UnresolvedTarget as exc:
             raise ProviderFailure(CLIENT_ERROR, "An image URL's host cannot be resolved") from exc
-        request = _pinned_get(self._http, target, timeout_seconds, {"accept": "image/*"})
+        request = self._pinned_get(target, timeout_seconds, {"accept": "image/*"})
         try:
             response = await self._http.send(request, stream=True)
             try:

@@ -9,9 +9,8 @@ from typing import Any
 import httpx
 
 from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.http import authorized, send
-from server.providers.stt import Segment, SttCall, Transcript, Word, seconds
+from server.providers.stt import Segment, SttCall, Transcript, Word, reading_answer, seconds
 
 MIME = {
     "wav": "audio/wav",
@@ -119,12 +118,8 @@ async def transcribe_form(
     # Encoding the multipart body in one go costs half of streaming it in small chunks.
     request.read()
     response = await send(http, request)
-    try:
+    with reading_answer():
         return parse(response.json(), call.verbose)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ProviderFailure(
-            INVALID_RESPONSE, "Provider returned an invalid response", status=200
-        ) from exc
 
 
 class OpenAISttAdapter:
