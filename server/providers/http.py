@@ -305,7 +305,11 @@ class Downloads(CheckedFetcher):
             location = response.headers.get("location")
             if not location:
                 raise ProviderFailure(INVALID_RESPONSE, "Provider redirected nowhere")
-            response = await self._get(urljoin(url, location), trusted, None, failure_of, timeout)
+            try:
+                target = urljoin(url, location)
+            except ValueError as exc:
+                raise ProviderFailure(INVALID_RESPONSE, _BAD_URL) from exc
+            response = await self._get(target, trusted, None, failure_of, timeout)
             if response.is_redirect:
                 raise ProviderFailure(INVALID_RESPONSE, "Provider redirected too often")
         if not response.content:
