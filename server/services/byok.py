@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from google.protobuf import struct_pb2
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts.workspaces import workspace_ids_of_account, workspace_of_account
@@ -16,10 +15,10 @@ from server.clock import Clock, rfc3339
 from server.contract import byok_pb2, byok_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import ByokKey
-from server.errors import bad_request
 from server.routing.catalog import Catalog
 from server.services.rpc import (
     answer_with_status,
+    bool_or_null,
     list_or_null,
     metadata_of,
     nullable_bool,
@@ -53,15 +52,6 @@ def byok_key_message(row: ByokKey) -> byok_pb2.ByokKey:
         workspace_id=nullable_string(row.workspace_id),
         created_at=rfc3339(row.created_at),
     )
-
-
-def _bool_or_null(value: struct_pb2.Value, param: str) -> bool | None:
-    kind = value.WhichOneof("kind")
-    if kind == "null_value":
-        return None
-    if kind != "bool_value":
-        raise bad_request(f"{param} must be a boolean or null", param=param)
-    return value.bool_value
 
 
 class ByokService(byok_pb2_grpc.ByokServicer):
@@ -98,7 +88,7 @@ class ByokService(byok_pb2_grpc.ByokServicer):
         if request.HasField("declared_region"):
             given["declared_region"] = string_or_null(request.declared_region, "declared_region")
         if request.HasField("declared_zdr"):
-            given["declared_zdr"] = _bool_or_null(request.declared_zdr, "declared_zdr")
+            given["declared_zdr"] = bool_or_null(request.declared_zdr, "declared_zdr")
         return store.check_changes(self._catalog, given)
 
     async def _workspace_id(

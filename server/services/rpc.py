@@ -335,6 +335,16 @@ def string_or_null(value: struct_pb2.Value, param: str) -> str | None:
     return value.string_value
 
 
+def bool_or_null(value: struct_pb2.Value, param: str) -> bool | None:
+    """A JSON member that may be a boolean or null (proto Value)."""
+    kind = value.WhichOneof("kind")
+    if kind == "null_value":
+        return None
+    if kind != "bool_value":
+        raise bad_request(f"{param} must be a boolean or null", param=param)
+    return value.bool_value
+
+
 def number_or_null(value: struct_pb2.Value, param: str) -> Decimal | None:
     """A JSON number or null, as the decimal the client wrote."""
     kind = value.WhichOneof("kind")
