@@ -137,9 +137,7 @@ async def test_the_operator_runs_the_quickstart_over_rest(stack: Stack, unique: 
         patched = await client.patch(path, json={"intern_programme": False}, headers=operator)
 
         credits = await client.post(f"{path}/credits", json={"amount": 12.5}, headers=operator)
-        exact = await client.post(
-            f"{path}/credits", json={"amount": "0.000001"}, headers=operator
-        )
+        exact = await client.post(f"{path}/credits", json={"amount": "0.000001"}, headers=operator)
         refusals = [
             await client.post(f"{path}/credits", json={"amount": amount}, headers=operator)
             for amount in (0, -1, 0.0000015, 1e9 + 1, "ten", None)
