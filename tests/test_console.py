@@ -252,6 +252,8 @@ async def test_a_management_key_runs_the_console(console: Console, browser: Brow
         "return v && v.readyState >= 2 && v.duration > 0; }",
         timeout=30_000,
     )
+    stage = page.get_by_role("list", name="Progress").locator("[aria-current=step]")
+    await expect(stage).to_have_text("Finished")
     deliveries = page.get_by_role("region", name="Webhook deliveries")
     await expect(deliveries).to_contain_text("video.generation.completed")
     await expect(deliveries.locator("tbody tr").first.locator(".status")).to_have_text(

@@ -519,6 +519,15 @@ function VideosPage() {
 
 const UNFINISHED = new Set(["pending", "in_progress"]);
 
+// A job's progress as far as the API knows it: its stage (no provider reports a percentage).
+function Stages({ status }) {
+  const at = status === "pending" ? 0 : status === "in_progress" ? 1 : 2;
+  const last = status === "completed" || at < 2 ? "Finished" : `Ended (${String(status).replace("_", " ")})`;
+  return html`<ol class="stages" aria-label="Progress">${["Submitted", "Generating", last].map((label, i) => html`<li
+      class=${i < at ? "done" : i === at ? "current" : ""} aria-current=${i === at ? "step" : undefined}>${label}</li>`)}</ol>
+    ${UNFINISHED.has(status) ? html`<progress aria-label="The video is being generated"></progress>` : null}`;
+}
+
 function VideoPage({ id }) {
   const [job, setJob] = useState(null);
   const [error, setError] = useState(null);
@@ -562,6 +571,7 @@ function VideoPage({ id }) {
     <${ErrorBox} error=${error} />
     ${job ? html`<div class="panel"><dl class="detail">
       <dt>Job</dt><dd class="mono">${job.id}</dd>
+      <dt>Progress</dt><dd><${Stages} status=${job.status} /></dd>
       <dt>Status</dt><dd><${Status} value=${job.status} />${UNFINISHED.has(job.status) ? html` <span class="muted">(checking every few seconds)</span>` : null}</dd>
       <dt>Generation</dt><dd>${job.generation_id ? html`<a href=${`#/activity/${encodeURIComponent(job.generation_id)}`}>${job.generation_id}</a>` : "—"}</dd>
       <dt>Cost</dt><dd>${job.usage ? usd(job.usage.cost) : "—"}${job.usage?.is_byok ? " (BYOK)" : ""}</dd>
