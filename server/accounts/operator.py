@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
+from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts.keys import hash_key, hashes_match
@@ -65,12 +67,15 @@ async def _store(sessions: SessionFactory, data_dir: Path, now: datetime, replac
     temporary = _write_private(path, key)
     try:
         async with sessions() as session:
-            row = await session.get(OperatorKey, _ROW)
-            if row is not None and replace:
-                row.key_hash = hash_key(key)
-                row.created_at = now
-            else:
-                session.add(OperatorKey(id=_ROW, key_hash=hash_key(key), created_at=now))
+            values = {"key_hash": hash_key(key), "created_at": now}
+            updated = 0
+            if replace:
+                result = await session.exec(
+                    sa.update(OperatorKey).where(col(OperatorKey.id) == _ROW).values(**values)
+                )
+                updated = result.rowcount
+            if not updated:  # an IntegrityError when another process issued it first
+                await session.exec(sa.insert(OperatorKey).values(id=_ROW, **values))
             await session.commit()
         temporary.replace(path)
     finally:
