@@ -457,3 +457,34 @@ async def test_the_console_works_with_the_keyboard_alone(
     await page.keyboard.press("Enter")
     await expect(page.get_by_role("heading", name="Activity", level=1)).to_be_focused()
     await context.close()
+
+
+async def test_the_operator_page_works_with_the_keyboard_alone(
+    console: Console, browser: Browser
+) -> None:
+    context = await browser.new_context(viewport=PHONE)
+    page = await context.new_page()
+    await page.goto(console.url)
+    await page.keyboard.press("Tab")
+    await expect(page.get_by_label("API key")).to_be_focused()
+    await page.keyboard.type(console.operator_key)
+    await page.keyboard.press("Enter")
+    await expect(page.get_by_role("heading", name="Workspaces", level=1)).to_be_focused()
+    name = page.get_by_label("Name", exact=True)
+    for _ in range(20):  # Tab from the heading reaches the form
+        if await name.evaluate("(field) => field === document.activeElement"):
+            break
+        await page.keyboard.press("Tab")
+    await expect(name).to_be_focused()
+    await page.keyboard.type("keyboard-only")
+    await page.keyboard.press("Tab")
+    await expect(page.get_by_label("Intern programme")).to_be_focused()
+    await page.keyboard.press("Space")
+    await page.keyboard.press("Tab")
+    await expect(page.get_by_role("button", name="Create workspace")).to_be_focused()
+    await page.keyboard.press("Enter")
+    row = page.get_by_role("region", name="Workspaces").get_by_role(
+        "row", name=re.compile("keyboard-only")
+    )
+    await expect(row.get_by_role("cell", name="on", exact=True)).to_be_visible()
+    await context.close()
