@@ -20,7 +20,7 @@ from server.billing.money import AmountError, exact_micros, micros_to_json_numbe
 from server.billing.usage import ACCOUNT, read_usage, read_usages
 from server.clock import rfc3339
 from server.db.models import Account, ApiKey, LedgerEntry, Workspace
-from server.errors import bad_request, not_found
+from server.errors import GatewayError, bad_request, not_found
 
 
 @dataclass(frozen=True)
@@ -123,10 +123,17 @@ async def add_workspace_credits(
     try:
         micros = exact_micros(amount)
     except AmountError as exc:
-        raise bad_request(f"{param} {exc}", param=param) from exc
+        raise _refused(param, exc) from exc
     if micros <= 0:
         raise bad_request(f"{param} must be greater than 0", param=param)
     try:
         return await add_credits(session, workspace.account_id, micros, now, reference=reference)
     except AmountError as exc:
-        raise bad_request(f"{param} {exc}", param=param) from exc
+        raise _refused(param, exc) from exc
+
+
+def _refused(param: str, error: AmountError) -> GatewayError:
+    """"amount must be ...", "amount would take ...", "amount: not an amount of money"."""
+    reason = str(error)
+    joined = " " if reason.startswith(("must", "would")) else ": "
+    return bad_request(f"{param}{joined}{reason}", param=param)
