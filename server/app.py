@@ -74,6 +74,7 @@ from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
 from server.services.models import ModelsService
+from server.services.operator import OperatorService
 from server.services.rpc import RequestInterceptor
 from server.services.vault import VaultService
 from server.services.videos import VideosService
@@ -272,6 +273,9 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     )
     management_pb2_grpc.add_ManagementServicer_to_server(
         ManagementService(core.auth, core.sessions, core.clock), server
+    )
+    management_pb2_grpc.add_OperatorServicer_to_server(
+        OperatorService(core.auth, core.sessions, core.clock), server
     )
     videos_pb2_grpc.add_VideosServicer_to_server(
         VideosService(

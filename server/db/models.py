@@ -348,3 +348,14 @@ class GuardrailKeyAssignment(TableModel, table=True):
     guardrail_id: str = Field(foreign_key="guardrails.id", max_length=40)
     key_hash: str = Field(foreign_key="api_keys.hash", index=True, max_length=64)
     created_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class OperatorKey(TableModel, table=True):
+    """The operator credential: one row (id 1), the SHA-256 of the key only; the plaintext
+    is written once to a file of mode 0600 in the data dir (server/accounts/operator.py)."""
+
+    __tablename__ = "operator_keys"
+
+    id: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    key_hash: str = Field(max_length=64)
+    created_at: datetime = Field(sa_type=UtcDateTime)

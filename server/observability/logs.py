@@ -22,10 +22,12 @@ _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "re
 LOG_FORMATS = ("json", "text")
 
 
-# Secrets that must never be written, whatever logged them: our API keys, bearer tokens of
+# Secrets that must never be written, whatever logged them: our API keys and the operator
+# key, bearer tokens of
 # any kind (a BYOK key in an Authorization header), webhook signing secrets.
 _SECRETS = (
     (re.compile(r"sk-gw-v1-[0-9A-Za-z]+"), "sk-gw-v1-[redacted]"),
+    (re.compile(r"sk-gw-op-[0-9A-Za-z]+"), "sk-gw-op-[redacted]"),  # the operator key
     (re.compile(r"(?i)\b(bearer|basic)(\s+|\\x[0-9a-f]{2}|%20)+[^\s'\"]+"), r"\1 [redacted]"),
     (re.compile(r"whsec_[A-Za-z0-9+/=]+"), "whsec_[redacted]"),
 )
