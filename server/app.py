@@ -51,6 +51,7 @@ from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
 from server.providers.fal_video import FalVideoAdapter
 from server.providers.gemini_video import GeminiVideoAdapter
+from server.providers.http import Downloads, ImageFetcher
 from server.providers.kling_video import KlingVideoAdapter
 from server.providers.local_video import LocalVideoAdapter
 from server.providers.minimax_video import MiniMaxVideoAdapter
@@ -156,18 +157,22 @@ def build_core(
         "elevenlabs": ElevenLabsSttAdapter(http),
         "assemblyai": AssemblyAISttAdapter(http),
     }
+    # Result URLs off the endpoint's own origin: https to public addresses, DNS-pinned.
+    allow_private = settings.provider_downloads_allow_private
+    downloads = Downloads(http, allow_private=allow_private)
+    images = ImageFetcher(http, allow_private=allow_private)
     video_adapters: dict[str, VideoAdapter] = {
         "local": LocalVideoAdapter(),
         "openai": OpenAIVideoAdapter(http),
-        "queue": QueueVideoAdapter(http),
-        "gemini": GeminiVideoAdapter(http),
-        "vertex": VertexVideoAdapter(http),
-        "kling": KlingVideoAdapter(http, clock),
-        "minimax": MiniMaxVideoAdapter(http),
-        "seedance": SeedanceVideoAdapter(http),
-        "dashscope": DashScopeVideoAdapter(http),
-        "fal": FalVideoAdapter(http),
-        "replicate": ReplicateVideoAdapter(http),
+        "queue": QueueVideoAdapter(http, downloads),
+        "gemini": GeminiVideoAdapter(http, images=images, downloads=downloads),
+        "vertex": VertexVideoAdapter(http, images=images, downloads=downloads),
+        "kling": KlingVideoAdapter(http, clock, downloads),
+        "minimax": MiniMaxVideoAdapter(http, downloads),
+        "seedance": SeedanceVideoAdapter(http, downloads),
+        "dashscope": DashScopeVideoAdapter(http, downloads),
+        "fal": FalVideoAdapter(http, downloads),
+        "replicate": ReplicateVideoAdapter(http, downloads),
     }
     # Every catalog endpoint must name a registered adapter (startup error otherwise).
     catalog = served_by(catalog, stt_adapters.keys(), video_adapters.keys())
