@@ -168,6 +168,3 @@ def probe_in_worker(data: bytes, claimed_format: str | None, param: str) -> Prob
     except GatewayError as exc:
         return Refusal(exc.status, exc.message, dict(exc.metadata or {}) or None)
 
-
-def warm_up() -> None:
-    """Run in a fresh worker process: importing this module (and PyAV) is the point."""
