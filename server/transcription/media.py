@@ -9,6 +9,10 @@ timestamps are the client's bytes, and a file remuxed with its timestamps divide
 would otherwise be transcribed in full and billed a thousandth. Timestamps that contradict
 the content are refused; audio that does not decode is refused, before anything is held.
 
+A PCM WAV (the common upload) needs none of this: its samples are its bytes, so it is
+measured in the server process from the sample bytes present (`probe_wav`, server/
+transcription/wav.py), and never reaches a worker.
+
 """
 
 from __future__ import annotations
