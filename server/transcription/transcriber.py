@@ -395,6 +395,11 @@ class Transcriber:
         started: float,
         started_at: datetime,
     ) -> None:
+        # A rollback expires every instance in the session, the caller's key, workspace and
+        # account included, and reading an expired attribute here would load it outside
+        # SQLAlchemy's greenlet (MissingGreenlet): the failure would go unrecorded. Detached
+        # first, they keep what was read (the record below needs their ids, nothing more).
+        session.expunge_all()
         try:
             await session.rollback()
         except Exception:
