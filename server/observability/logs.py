@@ -31,8 +31,10 @@ _SECRETS = (
 )
 
 
-# Where any of them could start: one scan finds a line that has none (nearly every line).
-_ANY_SECRET = re.compile(r"sk-gw-v1-|whsec_|(?i:bearer|basic)")
+# Where any of them starts (a wider net is fine): one scan of literals (5 us; the patterns
+# joined into one cost 40) clears a line that has none, nearly every line. A pattern added
+# above needs its start here: tests/unit/test_log_redaction.py fails until it has.
+_ANY_SECRET = re.compile(r"sk-gw-|whsec_|(?i:bearer|basic)")
 
 
 def redact(text: str) -> str:
