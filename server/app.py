@@ -79,7 +79,6 @@ from server.services.operator import OperatorService
 from server.services.rpc import RequestInterceptor
 from server.services.vault import VaultService
 from server.services.videos import VideosService
-from server.transcription.media import warm_up
 from server.transcription.transcriber import Transcriber
 from server.vault.crypto import MasterKey, load_master_key
 from server.videos.content import ContentStore
@@ -112,7 +111,6 @@ class Core:
     metrics: Metrics
     tracer: Tracer
     tracer_provider: TracerProvider | None  # None: traces are not exported
-    decoder: ComputePool | None = None  # worker processes decoding audio
     pools: tuple[ComputePool, ...] = ()  # every pool of worker processes, to close
 
     async def close(self) -> None:
@@ -237,7 +235,6 @@ def build_core(
         metrics=metrics,
         tracer=tracer,
         tracer_provider=tracer_provider,
-        decoder=decoder,
         pools=(decoder, local_stt),
     )
 
@@ -351,10 +348,9 @@ async def serve(
     ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
-    if core.decoder is not None:
-        # Every transcription is decoded first: its processes start now, not within the
-        # first request's deadline. (The local model's start when it is first used.)
-        await core.decoder.warm(warm_up)
+    # The pools of worker processes start when first used: a WAV (the common upload) is
+    # measured in this process, so the decoders are only for compressed audio, and a server
+    # that never sees any keeps neither their memory nor their start-up CPU.
     server, health_servicer = build_server(core)
     try:
         bound = server.add_insecure_port(settings.grpc_target)

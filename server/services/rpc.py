@@ -281,8 +281,7 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
                 span.set_attribute("gateway.request_id", REQUEST_ID.get() or "")
                 if call.status >= 500:
                     span.set_status(Status(StatusCode.ERROR))
-                self._metrics.requests.labels(route, str(call.status)).inc()
-                self._metrics.request_seconds.labels(route).observe(elapsed)
+                self._metrics.request_done(route, call.status, elapsed)
                 log.info(
                     "%s %s %.1f ms",
                     route,
