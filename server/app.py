@@ -38,6 +38,8 @@ from server.contract import (
 )
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
+from server.db.stamp import PrincipalStampView
+from server.db.stamp import watch as watch_principal_changes
 from server.limits.admission import EnforcedLimits, Limits
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
@@ -130,6 +132,8 @@ def build_core(
     engine = create_engine(settings.database_url)
     sessions = session_factory(engine)
     clock = clock or SystemClock()
+    principals = PrincipalStampView(clock)
+    watch_principal_changes(engine, principals)
     catalog = load_catalog(settings.catalog_file)
     tls = ssl.create_default_context()
     if settings.webhook_ca_bundle:
@@ -188,7 +192,7 @@ def build_core(
         engine=engine,
         sessions=sessions,
         clock=clock,
-        auth=Authenticator(clock),
+        auth=Authenticator(clock, principals),
         catalog=catalog,
         http=http,
         limits=limits,

@@ -12,9 +12,9 @@ from server.billing.money import micros_to_json_number
 from server.clock import Clock
 from server.contract import keys_pb2, keys_pb2_grpc
 from server.db.engine import SessionFactory
-from server.guardrails.policy import guardrails_of
+from server.guardrails.cache import GuardrailsCache
 from server.limits.guardrail_budgets import BudgetLayer, budget_layers, effective_budget
-from server.limits.key_status import KeyStatus, key_status
+from server.limits.key_status import KeyStatus, key_status_and_stamp
 from server.services.rpc import metadata_of, null, nullable_string, nullable_timestamp, nullable_usd
 
 # The deprecated rate_limit member existing clients still require; it carries no policy.
@@ -98,18 +98,39 @@ def current_key_message(
 
 
 class KeysService(keys_pb2_grpc.KeysServicer):
-    def __init__(self, auth: Authenticator, sessions: SessionFactory, clock: Clock) -> None:
+    def __init__(
+        self,
+        auth: Authenticator,
+        sessions: SessionFactory,
+        clock: Clock,
+        guardrails: GuardrailsCache | None = None,
+    ) -> None:
         self._auth = auth
         self._sessions = sessions
         self._clock = clock
+        self._guardrails = guardrails if guardrails is not None else GuardrailsCache(auth.stamp)
 
     async def GetCurrentKey(
         self, request: keys_pb2.GetCurrentKeyRequest, context: grpc.aio.ServicerContext
     ) -> keys_pb2.CurrentKeyResponse:
+        """The caller and its guardrails from the process's caches; usage, the `:free`
+        count and the principal stamp in one statement. A stamp newer than the cache's means
+        the caller changed elsewhere since it was cached: it is looked up again, so GET /key
+        answers from the database's view of the key even inside the cache's second."""
+        metadata = metadata_of(context)
         async with self._sessions() as session:
-            principal = await self._auth.authenticate(session, metadata_of(context))
+            principal = await self._auth.authenticate(session, metadata)
             now = self._clock.now()
-            status = await key_status(session, principal.key, principal.account, now)
-            guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
+            status, stamp = await key_status_and_stamp(
+                session, principal.key, principal.account, now
+            )
+            if self._auth.stamp.observe(stamp, now):
+                principal = await self._auth.authenticate(session, metadata)
+                status, _ = await key_status_and_stamp(
+                    session, principal.key, principal.account, now
+                )
+            guardrails = await self._guardrails.of(
+                session, principal.workspace.id, principal.key.hash
+            )
         layers = budget_layers(guardrails.budgets, principal.key, status.usage, now)
         return keys_pb2.CurrentKeyResponse(data=current_key_message(status, layers))
