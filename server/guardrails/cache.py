@@ -18,6 +18,12 @@ class GuardrailsCache:
         self._cache: dict[tuple[str, str], Guardrails] = {}
         stamp.register(self._cache)
 
+    def cached(self, workspace_id: str, key_hash: str) -> Guardrails | None:
+        """The cached guardrails while the stamp needs no read; None: call `of`."""
+        if self._stamp.due():
+            return None
+        return self._cache.get((workspace_id, key_hash))
+
     async def of(self, session: AsyncSession, workspace_id: str, key_hash: str) -> Guardrails:
         """What `guardrails_of` reads, from the cache when the stamp allows it."""
         await self._stamp.check(session)

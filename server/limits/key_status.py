@@ -8,6 +8,7 @@ the caller made elsewhere since its principal was cached."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, time
 from typing import Any
@@ -17,7 +18,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.periods import PERIOD_OF_RESET, PERIODS, period_starts
 from server.billing.usage import KEY, PeriodUsage
-from server.db.driver import fetch_rows
+from server.db.driver import HotReads, fetch_rows
 from server.db.models import Account, ApiKey, RateWindow, UsageCounter, UtcDateTime
 from server.db.stamp import STAMP_VERSION
 from server.limits.free_models import (
@@ -84,16 +85,17 @@ _STATUS = sa.select(
 )
 
 
-async def key_status_and_stamp(
-    session: AsyncSession, key: ApiKey, account: Account, now: datetime
-) -> tuple[KeyStatus, int]:
-    """The key's status as of now, and the principal stamp read in the same statement."""
+def _params(key: ApiKey, account: Account, now: datetime) -> dict[str, Any]:
     starts = period_starts(now)
     params: dict[str, Any] = {f"{period}_start": starts.of(period) for period in PERIODS}
     params["key_hash"] = key.hash
     params["account_id"] = account.id
     params["day_start"] = datetime.combine(now.astimezone(UTC).date(), time(0), tzinfo=UTC)
-    ((stamp, free_today, *counters),) = await fetch_rows(session, _STATUS, params)
+    return params
+
+
+def _status(row: Sequence[Any], key: ApiKey, account: Account) -> tuple[KeyStatus, int]:
+    stamp, free_today, *counters = row
     usage = PeriodUsage(
         spend={period: int(counters[i]) for i, period in enumerate(PERIODS)},
         byok={period: int(counters[len(PERIODS) + i]) for i, period in enumerate(PERIODS)},
@@ -108,6 +110,24 @@ async def key_status_and_stamp(
         ),
     )
     return status, int(stamp)
+
+
+async def key_status_and_stamp(
+    session: AsyncSession, key: ApiKey, account: Account, now: datetime
+) -> tuple[KeyStatus, int]:
+    """The key's status as of now, and the principal stamp read in the same statement, in
+    the session's transaction."""
+    (row,) = await fetch_rows(session, _STATUS, _params(key, account, now))
+    return _status(row, key, account)
+
+
+async def read_key_status_and_stamp(
+    reads: HotReads, key: ApiKey, account: Account, now: datetime
+) -> tuple[KeyStatus, int]:
+    """The same outside any transaction (server/db/driver.py's HotReads): what GET /key
+    runs when its caller needs no other database work."""
+    (row,) = await reads.rows(_STATUS, _params(key, account, now))
+    return _status(row, key, account)
 
 
 async def key_status(
