@@ -40,7 +40,7 @@ _TOUCH = (
         _KEYS.c.hash == sa.bindparam("hash"),
         sa.or_(
             _KEYS.c.last_used_at.is_(None),
-            _KEYS.c.last_used_at < sa.bindparam("stale_before", type_=UtcDateTime),
+            _KEYS.c.last_used_at <= sa.bindparam("stale_before", type_=UtcDateTime),
         ),
     )
     .values(last_used_at=sa.bindparam("now", type_=UtcDateTime))

@@ -40,7 +40,10 @@ from server.db.models import PrincipalStamp as _StampRow
 CHECK_INTERVAL = timedelta(seconds=1)
 
 _STAMP = _StampRow.__table__
-STAMP_VERSION = sa.select(_STAMP.c.version).where(_STAMP.c.id == 1).scalar_subquery()
+# 0 when the row is missing (a table emptied by hand; the triggers' upsert recreates it).
+STAMP_VERSION = sa.func.coalesce(
+    sa.select(_STAMP.c.version).where(_STAMP.c.id == 1).scalar_subquery(), 0
+)
 _READ_STAMP = sa.select(STAMP_VERSION.label("version"))
 
 # What migration 0010's triggers watch, by table: the statements that change it and, for
@@ -119,14 +122,13 @@ class PrincipalStampView:
 
     def observe(self, version: int, read_at: datetime) -> bool:
         """Record a version read by a statement that began at `read_at`; True when it moved
-        (the caches were dropped)."""
-        moved = self._version is None or version > self._version
+        (the caches were dropped). Any difference counts, a lower one too (the table was
+        emptied by hand): at worst a spurious drop, never a missed one."""
+        moved = version != self._version
         if moved:
             self._version = version
             self.invalidate()
-        if version >= (self._version or 0) and (
-            self._checked_at is None or read_at > self._checked_at
-        ):
+        if self._checked_at is None or read_at > self._checked_at:
             self._checked_at = read_at
         return moved
 

@@ -41,7 +41,11 @@ TRIGGERS = (
     ("guardrail_key_assignments", "upd", "UPDATE"),
     ("guardrail_key_assignments", "del", "DELETE"),
 )
-_BUMP = "UPDATE principal_stamp SET version = version + 1 WHERE id = 1"
+# An upsert, so that a table emptied by hand (TRUNCATE) starts counting again.
+_BUMP = (
+    "INSERT INTO principal_stamp (id, version) VALUES (1, 1) "
+    "ON CONFLICT (id) DO UPDATE SET version = principal_stamp.version + 1"
+)
 
 
 def _name(table: str, suffix: str) -> str:
