@@ -75,7 +75,7 @@ _STATUS = sa.select(
         .where(
             _WINDOWS.c.subject_id == sa.bindparam("account_id"),
             _WINDOWS.c.period == DAY,
-            _WINDOWS.c.window_start == sa.bindparam("day_start", type_=UtcDateTime),
+            _WINDOWS.c.window_start == sa.bindparam("free_day_start", type_=UtcDateTime),
         )
         .scalar_subquery(),
         0,
@@ -90,7 +90,7 @@ def _params(key: ApiKey, account: Account, now: datetime) -> dict[str, Any]:
     params: dict[str, Any] = {f"{period}_start": starts.of(period) for period in PERIODS}
     params["key_hash"] = key.hash
     params["account_id"] = account.id
-    params["day_start"] = datetime.combine(now.astimezone(UTC).date(), time(0), tzinfo=UTC)
+    params["free_day_start"] = datetime.combine(now.astimezone(UTC).date(), time(0), tzinfo=UTC)
     return params
 
 

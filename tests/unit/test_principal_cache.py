@@ -27,6 +27,7 @@ from server.db.stamp import PrincipalStampView, changes_principals, watch
 from server.errors import GatewayError
 from server.guardrails.cache import GuardrailsCache
 from server.guardrails.store import create_guardrail
+from server.limits.free_models import admit_free_request
 from server.limits.key_status import key_status_and_stamp, read_key_status_and_stamp
 from tests.support.admin import IssuedKey
 from tests.support.domain import Domain
@@ -232,6 +233,21 @@ async def test_key_status_is_never_cached_and_reads_the_stamp(
         assert fresh.usage.byok["day"] == 500_000
         assert fresh.limit_remaining_micros == 3_750_000
         assert fresh.free_model_daily_requests.used == 0
+        for _ in range(2):
+            async with domain.sessions() as session:
+                await admit_free_request(
+                    session,
+                    account_id=principal.account.id,
+                    credits_purchased_micros=0,
+                    exempt=False,
+                    now=clock.now(),
+                )
+                await session.commit()
+        counted, _ = await read_key_status_and_stamp(reads, key, principal.account, clock.now())
+        assert counted.free_model_daily_requests.used == 2
+        async with domain.sessions() as session:
+            in_session, _ = await key_status_and_stamp(session, key, principal.account, clock.now())
+        assert in_session == counted
         await domain.admin.update_key(issued, name="renamed")
         _, moved = await read_key_status_and_stamp(reads, key, principal.account, clock.now())
         assert moved != stamp
