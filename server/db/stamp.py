@@ -134,22 +134,28 @@ class PrincipalStampView:
 
     async def check(self, session: AsyncSession) -> None:
         """Make the caches valid for a request starting now: read the stamp when the last
-        read began `interval` ago or more (one read for all requests waiting on it)."""
+        read began `interval` ago or more. Requests that arrive while a read is under way
+        wait for it rather than read again — unless their session already holds a
+        connection: waiting while holding one could wait for ever on a read that needs it
+        (SQLite's one pooled connection), so such a request reads for itself."""
         while self.due():
             pending = self._pending
-            if pending is not None:
-                # Another request is reading: wait for it, then look again (its read may
-                # have failed, or been cancelled with its request).
+            if pending is not None and not session.in_transaction():
+                # Then look again: the read may have failed, or gone with its request.
                 await asyncio.shield(pending)
                 continue
-            pending = self._pending = asyncio.get_running_loop().create_future()
+            mine = pending is None
+            if mine:
+                pending = self._pending = asyncio.get_running_loop().create_future()
             try:
                 read_at = self._clock.now()
                 ((version,),) = await fetch_rows(session, _READ_STAMP, {})
                 self.observe(int(version), read_at)
             finally:
-                self._pending = None
-                pending.set_result(None)
+                if mine:
+                    self._pending = None
+                    assert pending is not None
+                    pending.set_result(None)
             return
 
 

@@ -7,6 +7,7 @@ watched, as `build_core` wires it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -20,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from server.accounts.keys import delete_key, key_by_hash, update_key
 from server.auth import Authenticator
 from server.clock import ManualClock
+from server.db import stamp as stamp_module
 from server.db.driver import HotReads
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.models import ApiKey
@@ -281,3 +283,39 @@ async def test_key_status_is_never_cached_and_reads_the_stamp(
 )
 def test_which_statements_change_principals(statement: str, changes: bool) -> None:
     assert changes_principals(statement) is changes
+
+
+async def test_one_stamp_read_serves_the_requests_waiting_for_it(
+    domain: Domain, process: Process, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    issued = await domain.funded_key("pc-one-read")
+    await process.authenticate(issued)
+    reads: list[object] = []
+    real = stamp_module.fetch_rows
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(args[1])
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(stamp_module, "fetch_rows", counted)
+    clock.advance(timedelta(seconds=1))
+    principals = await asyncio.gather(*(process.authenticate(issued) for _ in range(10)))
+    assert len(reads) == 1
+    assert len({id(p) for p in principals}) == 1
+
+
+async def test_a_request_holding_the_connection_never_waits_on_another_s_stamp_read(
+    domain: Domain, process: Process, clock: ManualClock
+) -> None:
+    """SQLite has one pooled connection: a request that holds it must not wait for a read
+    that needs it (it reads the stamp itself)."""
+    issued = await domain.funded_key("pc-no-deadlock")
+    await process.authenticate(issued)
+    clock.advance(timedelta(seconds=1))
+    async with process.sessions() as holding:
+        await holding.exec(sa.select(sa.literal(1)))  # type: ignore[call-overload]
+        waiting = asyncio.create_task(process.authenticate(issued))  # reads: needs the pool
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        await asyncio.wait_for(process.auth.stamp.check(holding), timeout=5)
+    await asyncio.wait_for(waiting, timeout=5)
