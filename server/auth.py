@@ -141,10 +141,6 @@ class Authenticator:
             await session.commit()
         return cached.principal
 
-    def forget(self) -> None:
-        """Drop every cached principal (this process changed one): see PrincipalStampView."""
-        self.stamp.invalidate()
-
     async def _load(self, session: AsyncSession, presented: str) -> _Cached:
         generation = self.stamp.generation
         row = (await session.exec(_PRINCIPAL_BY_HASH, params={"hash": presented})).one_or_none()  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
