@@ -36,8 +36,11 @@ from server.contract import (
     vault_pb2_grpc,
     videos_pb2_grpc,
 )
+from server.db.driver import HotReads
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
+from server.db.stamp import PrincipalStampView
+from server.db.stamp import watch as watch_principal_changes
 from server.limits.admission import EnforcedLimits, Limits
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
@@ -112,11 +115,14 @@ class Core:
     tracer: Tracer
     tracer_provider: TracerProvider | None  # None: traces are not exported
     pools: tuple[ComputePool, ...] = ()  # every pool of worker processes, to close
+    hot_reads: HotReads | None = None  # GET /key's one read (server/db/driver.py)
 
     async def close(self) -> None:
         for pool in self.pools:
             await pool.close()
         await self.http.aclose()
+        if self.hot_reads is not None:
+            self.hot_reads.close()
         await self.engine.dispose()
         if self.tracer_provider is not None:
             # Export what is still buffered; the exporter blocks, so off the event loop.
@@ -130,6 +136,8 @@ def build_core(
     engine = create_engine(settings.database_url)
     sessions = session_factory(engine)
     clock = clock or SystemClock()
+    principals = PrincipalStampView(clock)
+    watch_principal_changes(engine, principals)
     catalog = load_catalog(settings.catalog_file)
     tls = ssl.create_default_context()
     if settings.webhook_ca_bundle:
@@ -192,7 +200,8 @@ def build_core(
         engine=engine,
         sessions=sessions,
         clock=clock,
-        auth=Authenticator(clock),
+        auth=Authenticator(clock, principals),
+        hot_reads=HotReads(engine),
         catalog=catalog,
         http=http,
         limits=limits,
@@ -271,7 +280,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         ],
     )
     keys_pb2_grpc.add_KeysServicer_to_server(
-        KeysService(core.auth, core.sessions, core.clock), server
+        KeysService(core.auth, core.sessions, core.clock, core.hot_reads), server
     )
     management_pb2_grpc.add_ManagementServicer_to_server(
         ManagementService(core.auth, core.sessions, core.clock), server

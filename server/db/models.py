@@ -53,6 +53,16 @@ class Account(TableModel, table=True):
     created_at: datetime = Field(sa_type=UtcDateTime)
 
 
+class PrincipalStamp(TableModel, table=True):
+    """One row (id 1) whose version triggers bump on every change to keys, workspaces,
+    accounts and guardrails (migration 0010): what processes' principal caches compare."""
+
+    __tablename__ = "principal_stamp"
+
+    id: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    version: int = Field(default=0, sa_type=sa.BigInteger)
+
+
 class Workspace(TableModel, table=True):
     __tablename__ = "workspaces"
 
@@ -336,6 +346,8 @@ class ByokMonthlyRequests(TableModel, table=True):
     account_id: str = Field(primary_key=True, max_length=40)
     month_start: date = Field(primary_key=True)
     requests: int = Field(default=0, sa_type=sa.BigInteger)
+
+
 class GuardrailKeyAssignment(TableModel, table=True):
     """A guardrail assigned to a key: an assigned guardrail applies to its keys only."""
 
