@@ -6,8 +6,8 @@ alter an authentication or a policy decision, whoever makes it (a server process
 SQL typed by an operator). Not on `api_keys.last_used_at` (written by requests) nor on
 `accounts.lock_version` (the hold lock): those change nothing a cache holds.
 
-Revision ID: 0010_principal_stamp
-Revises: 0009_guardrail_budgets
+Revision ID: 0011_principal_stamp
+Revises: 0010_operator
 Create Date: 2026-11-25
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010_principal_stamp"
-down_revision = "0009_guardrail_budgets"
+revision = "0011_principal_stamp"
+down_revision = "0010_operator"
 branch_labels = None
 depends_on = None
 
