@@ -38,6 +38,7 @@ from server.contract import (
 )
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
+from server.db.writer import Writer
 from server.limits.admission import EnforcedLimits, Limits
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
@@ -95,6 +96,7 @@ class Core:
     settings: Settings
     engine: AsyncEngine
     sessions: SessionFactory
+    writer: Writer  # the process's group-commit writer (server/db/writer.py)
     clock: Clock
     auth: Authenticator
     catalog: Catalog
@@ -117,6 +119,7 @@ class Core:
         for pool in self.pools:
             await pool.close()
         await self.http.aclose()
+        await self.writer.close()
         await self.engine.dispose()
         if self.tracer_provider is not None:
             # Export what is still buffered; the exporter blocks, so off the event loop.
@@ -187,6 +190,7 @@ def build_core(
         settings=settings,
         engine=engine,
         sessions=sessions,
+        writer=Writer(sessions),
         clock=clock,
         auth=Authenticator(clock),
         catalog=catalog,
@@ -281,6 +285,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             core.catalog,
             core.content,
             core.limits,
+            core.writer,
             core.video_worker.wake,
             core.byok,
             adapters=core.video_worker.adapters,
