@@ -132,6 +132,7 @@ def build_core(
     """`limits` replaces the enforced limits only to measure what they cost (bench/)."""
     engine = create_engine(settings.database_url)
     sessions = session_factory(engine)
+    writer = Writer(sessions)
     clock = clock or SystemClock()
     catalog = load_catalog(settings.catalog_file)
     tls = ssl.create_default_context()
@@ -190,7 +191,7 @@ def build_core(
         settings=settings,
         engine=engine,
         sessions=sessions,
-        writer=Writer(sessions),
+        writer=writer,
         clock=clock,
         auth=Authenticator(clock),
         catalog=catalog,
@@ -206,6 +207,7 @@ def build_core(
             decoder,
             byok=byok,
             cooldowns=cooldowns,
+            writer=writer,
         ),
         content=content,
         video_worker=VideoWorker(
