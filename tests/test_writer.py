@@ -14,10 +14,12 @@ import pytest_asyncio
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from server.billing.holds import Hold, place_hold
 from server.db.driver import fetch_rows
 from server.db.engine import create_engine
-from server.db.models import RateWindow
+from server.db.models import CreditHold, RateWindow
 from server.db.writer import Writer
+from server.errors import GatewayError
 from tests.support.admin import Admin
 
 _WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
@@ -200,3 +202,49 @@ async def test_close_commits_what_is_queued_then_refuses(admin_db: Admin) -> Non
     assert await asyncio.gather(*tasks) == [f"c{i}" for i in range(5)]
     with pytest.raises(RuntimeError):
         await writer.run(_insert("late"))  # type: ignore[arg-type]
+
+
+async def test_holds_in_one_batch_stay_exact(admin_db: Admin) -> None:
+    """Units reserving from one balance in one batch: each reads the holds of the units
+    before it (the account is locked once per batch), so exactly as many as fit are held;
+    the refused ones (402) write nothing and do not disturb the others."""
+    workspace = await admin_db.workspace("batch")
+    await admin_db.credits(workspace, "0.05")  # room for 5 holds of 0.01
+    issued = await admin_db.key(workspace)
+    now = datetime.now(UTC)
+    writer = Writer(admin_db.sessions)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(session: AsyncSession) -> None:
+        started.set()
+        await release.wait()
+
+    def reserve(session: AsyncSession) -> Awaitable[Hold]:
+        return place_hold(
+            session,
+            account_id=workspace.account_id,
+            key_hash=issued.hash,
+            amount_micros=10_000,
+            now=now,
+        )
+
+    try:
+        gate_task = asyncio.create_task(writer.run(gate))
+        await started.wait()
+        tasks = [asyncio.create_task(writer.run(reserve)) for _ in range(12)]
+        await asyncio.sleep(0)
+        release.set()
+        await gate_task
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        held = [r for r in results if isinstance(r, Hold)]
+        refused = [r for r in results if isinstance(r, GatewayError)]
+        assert len(held) == 5 and len(refused) == 7
+        assert all(r.status == 402 for r in refused)
+        assert writer.stats.sizes == [1, 12]
+        count = await admin_db.count(
+            CreditHold,
+            CreditHold.account_id == workspace.account_id,  # type: ignore[arg-type]
+        )
+        assert count == 5
+    finally:
+        await writer.close()

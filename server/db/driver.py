@@ -145,11 +145,18 @@ async def _driver_of(session: AsyncSession) -> tuple[str, Any]:
     return connection.dialect.name, raw.driver_connection
 
 
+# session.info key of the writer's batch session: the accounts whose hold lock the batch's
+# transaction already has (server/billing/holds.py locks each once per batch). Cleared when
+# a unit is rolled back, since that gives back what the unit locked.
+LOCKED_IN_BATCH = "gateway.locked_in_batch"
+
+
 async def begin_batch(session: AsyncSession) -> None:
     """Begin the batch's transaction. SQLite: BEGIN IMMEDIATE, so the savepoints nest in it
     (Python's sqlite3 begins no transaction before a SAVEPOINT, and a SAVEPOINT outside one
     would become the transaction: its RELEASE would commit) and the write lock is taken
     before the first unit reads. PostgreSQL: begun by the first unit's savepoint."""
+    session.info[LOCKED_IN_BATCH] = set()
     dialect, driver = await _driver_of(session)
     if dialect == "sqlite":
         await driver.execute_fetchall("BEGIN IMMEDIATE")
@@ -174,6 +181,7 @@ async def next_unit(session: AsyncSession, index: int) -> None:
 
 async def rollback_unit(session: AsyncSession, index: int) -> None:
     """Undo what unit `index` wrote; the units before it keep theirs."""
+    session.info.get(LOCKED_IN_BATCH, set()).clear()
     dialect, driver = await _driver_of(session)
     if dialect == "sqlite":
         await driver.execute_fetchall(f"ROLLBACK TO u{index}")
