@@ -38,7 +38,10 @@ from server.videos.request import parse_video_request
 
 
 def _job_message(job: Any) -> videos_pb2.VideoJob:
-    return json_format.ParseDict(jobs.job_document(job), videos_pb2.VideoJob())
+    document = jobs.job_document(job)
+    if "usage" not in document:  # strings only (every job but a completed one): no parser
+        return videos_pb2.VideoJob(**document)
+    return json_format.ParseDict(document, videos_pb2.VideoJob())
 
 
 def _bool_or_null(flag: bool | None) -> struct_pb2.Value:
