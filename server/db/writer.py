@@ -90,7 +90,7 @@ class Writer:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append(_Queued(unit, future))
         self._ready.set()
-        if self._task is None:
+        if self._task is None or self._task.done():  # first use, or after a crash of its loop
             self._task = asyncio.create_task(self._loop(), name="group-commit writer")
         # Shielded: a cancelled caller must not cancel a unit that is part of a batch.
         return await asyncio.shield(future)
