@@ -248,3 +248,31 @@ async def test_holds_in_one_batch_stay_exact(admin_db: Admin) -> None:
         assert count == 5
     finally:
         await writer.close()
+
+
+async def test_a_caller_cancelled_while_queued_withdraws_its_unit(
+    admin_db: Admin, peek: Peek
+) -> None:
+    writer = Writer(admin_db.sessions)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(session: AsyncSession) -> None:
+        started.set()
+        await release.wait()
+
+    try:
+        gate_task = asyncio.create_task(writer.run(gate))
+        await started.wait()
+        kept = asyncio.create_task(writer.run(_insert("kept")))  # type: ignore[arg-type]
+        gone = asyncio.create_task(writer.run(_insert("gone")))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        gone.cancel()
+        await asyncio.sleep(0)
+        release.set()
+        await gate_task
+        assert await kept == "kept"
+        assert gone.cancelled()
+        assert await peek() == {"kept"}  # the withdrawn unit never ran
+        assert writer.stats.sizes == [1, 1]
+    finally:
+        await writer.close()

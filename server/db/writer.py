@@ -19,9 +19,10 @@ round trip) serves many requests.
   lock (SQLite) keep it exact against other processes until the commit.
 
 A unit must only run statements: it holds the batch (and, on SQLite, the process's only
-connection) while it runs. A caller cancelled while its unit is queued or running does not
-stop it: the unit still commits with its batch (like a request whose client went away after
-its transaction began to commit).
+connection) while it runs. A caller cancelled while its unit waits in the queue withdraws
+it (it never runs); once its batch has begun, the cancellation does not stop it: the unit
+still commits with its batch (like a request whose client went away after its transaction
+began to commit).
 
 One writer per process, created with the engine and passed to whoever writes through it.
 """
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH = 256
 
 
-@dataclass
+@dataclass(eq=False)
 class _Queued(Generic[T]):
     unit: Unit[T]
     future: asyncio.Future[T]
@@ -88,12 +89,19 @@ class Writer:
         if self._closed:
             raise RuntimeError("the writer is closed")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Queued(unit, future))
+        queued = _Queued(unit, future)
+        self._queue.append(queued)
         self._ready.set()
         if self._task is None or self._task.done():  # first use, or after a crash of its loop
             self._task = asyncio.create_task(self._loop(), name="group-commit writer")
-        # Shielded: a cancelled caller must not cancel a unit that is part of a batch.
-        return await asyncio.shield(future)
+        try:
+            # Shielded: a cancelled caller must not cancel a unit that is part of a batch.
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if any(q is queued for q in self._queue):  # not begun: withdrawn, never run
+                self._queue.remove(queued)
+                future.cancel()
+            raise
 
     async def close(self) -> None:
         """Commit what is queued, then stop."""
