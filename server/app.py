@@ -41,6 +41,7 @@ from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
 from server.db.stamp import PrincipalStampView
 from server.db.stamp import watch as watch_principal_changes
+from server.db.writer import Writer
 from server.limits.admission import EnforcedLimits, Limits
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
@@ -99,6 +100,7 @@ class Core:
     settings: Settings
     engine: AsyncEngine
     sessions: SessionFactory
+    writer: Writer  # the process's group-commit writer (server/db/writer.py)
     clock: Clock
     auth: Authenticator
     catalog: Catalog
@@ -121,6 +123,7 @@ class Core:
         for pool in self.pools:
             await pool.close()
         await self.http.aclose()
+        await self.writer.close()
         if self.hot_reads is not None:
             self.hot_reads.close()
         await self.engine.dispose()
@@ -135,6 +138,7 @@ def build_core(
     """`limits` replaces the enforced limits only to measure what they cost (bench/)."""
     engine = create_engine(settings.database_url)
     sessions = session_factory(engine)
+    writer = Writer(sessions)
     clock = clock or SystemClock()
     principals = PrincipalStampView(clock)
     watch_principal_changes(engine, principals)
@@ -199,6 +203,7 @@ def build_core(
         settings=settings,
         engine=engine,
         sessions=sessions,
+        writer=writer,
         clock=clock,
         auth=Authenticator(clock, principals),
         hot_reads=HotReads(engine),
@@ -215,6 +220,7 @@ def build_core(
             decoder,
             byok=byok,
             cooldowns=cooldowns,
+            writer=writer,
         ),
         content=content,
         video_worker=VideoWorker(
@@ -296,6 +302,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             core.catalog,
             core.content,
             core.limits,
+            core.writer,
             core.video_worker.wake,
             core.byok,
             adapters=core.video_worker.adapters,

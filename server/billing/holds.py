@@ -19,7 +19,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.billing.ledger import record_charge
 from server.billing.periods import EPOCH, PERIODS, period_starts
 from server.billing.usage import ACCOUNT, KEY
-from server.db.driver import fetch_rows
+from server.db.driver import LOCKED_IN_BATCH, fetch_rows
 from server.db.models import Account, ApiKey, CreditHold, UsageCounter, UtcDateTime
 from server.errors import GatewayError
 
@@ -75,8 +75,14 @@ _LOCK_ACCOUNT = {
 
 
 async def lock_account(session: AsyncSession, account_id: str) -> None:
-    """Serialize the account's holds until the caller's transaction ends."""
+    """Serialize the account's holds until the caller's transaction ends. In a group-commit
+    batch, once per account: the batch's transaction keeps the lock to its commit."""
+    locked = session.info.get(LOCKED_IN_BATCH)
+    if locked is not None and account_id in locked:
+        return
     await fetch_rows(session, _LOCK_ACCOUNT, {"account_id": account_id})
+    if locked is not None:
+        locked.add(account_id)
 
 
 def _held_sum(*conditions: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:

@@ -209,3 +209,57 @@ async def _run(
     params = list(rows) if many else rows[0]
     result = await session.exec(statement, params=params)  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
     return list(result.all()) if result.returns_rows else []
+
+
+# The group-commit writer's transaction control (server/db/writer.py): one transaction per
+# batch, a savepoint per caller's unit, on the batch session's own connection.
+
+
+async def _driver_of(session: AsyncSession) -> tuple[str, Any]:
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    return connection.dialect.name, raw.driver_connection
+
+
+# session.info key of the writer's batch session: the accounts whose hold lock the batch's
+# transaction already has (server/billing/holds.py locks each once per batch). Cleared when
+# a unit is rolled back, since that gives back what the unit locked.
+LOCKED_IN_BATCH = "gateway.locked_in_batch"
+
+
+async def begin_batch(session: AsyncSession) -> None:
+    """Begin the batch's transaction. SQLite: BEGIN IMMEDIATE, so the savepoints nest in it
+    (Python's sqlite3 begins no transaction before a SAVEPOINT, and a SAVEPOINT outside one
+    would become the transaction: its RELEASE would commit) and the write lock is taken
+    before the first unit reads. PostgreSQL: begun by the first unit's savepoint."""
+    session.info[LOCKED_IN_BATCH] = set()
+    dialect, driver = await _driver_of(session)
+    if dialect == "sqlite":
+        await driver.execute_fetchall("BEGIN IMMEDIATE")
+
+
+async def next_unit(session: AsyncSession, index: int) -> None:
+    """Mark the start of unit `index` of the batch (a savepoint to roll back to). A unit
+    that succeeded needs nothing more: its savepoint ends with the next one or the commit."""
+    connection = await session.connection()
+    if connection.dialect.name == "sqlite":
+        # Nested and never released (the COMMIT ends them all): one statement per unit.
+        _, driver = await _driver_of(session)
+        await driver.execute_fetchall(f"SAVEPOINT u{index}")
+    elif index == 0:
+        # Through SQLAlchemy, which begins the transaction first.
+        await connection.exec_driver_sql("SAVEPOINT u")
+    else:
+        # The previous unit's savepoint ends and this one's starts in one round trip.
+        _, driver = await _driver_of(session)
+        await driver.execute("RELEASE SAVEPOINT u; SAVEPOINT u")
+
+
+async def rollback_unit(session: AsyncSession, index: int) -> None:
+    """Undo what unit `index` wrote; the units before it keep theirs."""
+    session.info.get(LOCKED_IN_BATCH, set()).clear()
+    dialect, driver = await _driver_of(session)
+    if dialect == "sqlite":
+        await driver.execute_fetchall(f"ROLLBACK TO u{index}")
+    else:
+        await driver.execute("ROLLBACK TO SAVEPOINT u")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from server.clock import Clock
 from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import VideoJob
+from server.db.writer import Writer
 from server.guardrails.policy import guardrails_of
 from server.limits.admission import Limits
 from server.providers.video import VideoAdapter, can_continue
@@ -36,7 +38,10 @@ from server.videos.request import parse_video_request
 
 
 def _job_message(job: Any) -> videos_pb2.VideoJob:
-    return json_format.ParseDict(jobs.job_document(job), videos_pb2.VideoJob())
+    document = jobs.job_document(job)
+    if "usage" not in document:  # strings only (every job but a completed one): no parser
+        return videos_pb2.VideoJob(**document)
+    return json_format.ParseDict(document, videos_pb2.VideoJob())
 
 
 def _bool_or_null(flag: bool | None) -> struct_pb2.Value:
@@ -90,6 +95,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         catalog: Catalog,
         store: ContentStore,
         limits: Limits,
+        writer: Writer,
         wake_worker: asyncio.Event | None = None,
         byok: ByokRouting | None = None,
         *,
@@ -105,6 +111,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         self._catalog = catalog
         self._store = store
         self._limits = limits
+        self._writer = writer
         self._wake = wake_worker
 
     async def CreateVideo(
@@ -142,19 +149,24 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 usable = any(e.available for e in endpoints)
             if not usable:  # refused now, not by a job that fails later; nothing written
                 raise no_provider(video.model.id, endpoints)
-            job = await jobs.submit_job(
-                session,
-                principal,
-                video,
-                self._clock.now(),
-                principal.workspace.default_callback_url,
-                self._limits,
+        # The session's reads are done (on SQLite its connection is the process's only one):
+        # the hold and the job row go to the group-commit writer, and the 202 leaves once
+        # their batch has committed.
+        job = await self._writer.run(
+            functools.partial(
+                jobs.store_job,
+                principal=principal,
+                video=video,
+                now=self._clock.now(),
+                default_callback_url=principal.workspace.default_callback_url,
+                limits=self._limits,
                 # The worker uses only these endpoints when guardrails restrict them.
-                [e.provider for e in endpoints] if guardrails.rules else None,
-                continuation,
+                allowed_providers=[e.provider for e in endpoints] if guardrails.rules else None,
+                continuation=continuation,
                 billing=billing,
                 budgets=guardrails.budgets,
             )
+        )
         if self._wake is not None:
             self._wake.set()
         await answer_with_status(context, 202)

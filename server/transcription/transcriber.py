@@ -4,6 +4,7 @@ fallback, settle, record."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -30,6 +31,7 @@ from server.byok.routing import ByokRouting, billing_plan
 from server.clock import Clock
 from server.compute import ComputePool, PoolBusy, WorkerLost
 from server.db.models import Generation
+from server.db.writer import Writer
 from server.errors import GatewayError, bad_request
 from server.guardrails.policy import guardrails_of
 from server.limits.admission import Limits
@@ -112,7 +114,11 @@ class Transcriber:
         decoder: ComputePool,
         byok: ByokRouting | None = None,
         cooldowns: Cooldowns | None = None,
+        writer: Writer | None = None,
     ) -> None:
+        # Settlements commit in the group-commit writer's batches (None: each in its own
+        # transaction on the request's session).
+        self._writer = writer
         self._cooldowns = cooldowns  # providers that asked to wait (None: none remembered)
         self._byok = byok  # None: no workspace keys (the operator's endpoints only)
         self._decoder = decoder  # where audio is decoded and measured
@@ -266,22 +272,25 @@ class Transcriber:
         try:
             # The charge and the generation record commit together; once the provider has
             # answered, that finishes even if the caller leaves meanwhile.
-            charged = await finish_uncancelled(
-                self._settle(
-                    session,
-                    (hold, byok_hold),
-                    principal,
-                    request,
-                    model,
-                    generation_id,
-                    provider=routed.endpoint.provider,
-                    is_byok=routed.endpoint.is_byok,
-                    cost=cost,
-                    seconds=audio.seconds,
-                    started=started,
-                    started_at=started_at,
-                )
+            settle = functools.partial(
+                self._settle,
+                holds=(hold, byok_hold),
+                principal=principal,
+                request=request,
+                model=model,
+                generation_id=generation_id,
+                provider=routed.endpoint.provider,
+                is_byok=routed.endpoint.is_byok,
+                cost=cost,
+                seconds=audio.seconds,
+                started=started,
+                started_at=started_at,
             )
+            charged, record = await finish_uncancelled(
+                settle(session) if self._writer is None else self._writer.run(settle)
+            )
+            if self._writer is not None:  # committed now: the span of what was recorded
+                emit_generation_span(self._tracer, record, started_at, REQUEST_ID.get())
         except asyncio.CancelledError as cancelled:
             # The caller went away after the answer: settled — unless the settlement failed.
             if cancelled.__cause__ is not None:
@@ -303,22 +312,22 @@ class Transcriber:
     async def _settle(
         self,
         session: AsyncSession,
+        *,
         holds: tuple[Hold, Hold | None],
         principal: Principal,
         request: TranscriptionInput,
         model: Model,
         generation_id: str,
-        *,
         provider: str,
         is_byok: bool,
         cost: int,
         seconds: Decimal,
         started: float,
         started_at: datetime,
-    ) -> int:
-        """Charge the request (and record it); return what the credits paid. Served with
-        the workspace's key: the provider cost goes to the BYOK counters, the platform fee
-        to the credits."""
+    ) -> tuple[int, Generation]:
+        """Charge the request (and record it); return what the credits paid, and the record.
+        Served with the workspace's key: the provider cost goes to the BYOK counters, the
+        platform fee to the credits. Commits unless it is a unit of the writer's batch."""
         hold, byok_hold = holds
         now = self._clock.now()
         charged = cost
@@ -330,12 +339,13 @@ class Transcriber:
         elif byok_hold is not None:
             await drop_hold(session, byok_hold)
         await settle_hold(session, hold, cost_micros=charged, now=now, reference=generation_id)
-        await self._record(
+        record = await self._record(
             session,
             principal,
             request,
             model,
             generation_id,
+            commit=self._writer is None,
             provider=provider,
             status="completed",
             cost=charged,
@@ -344,7 +354,7 @@ class Transcriber:
             started_at=started_at,
             is_byok=is_byok,
         )
-        return charged
+        return charged, record
 
     @staticmethod
     def _measure_wav(request: TranscriptionInput) -> ProbedAudio | None:
@@ -450,8 +460,10 @@ class Transcriber:
         started_at: datetime,
         error: str | None = None,
         is_byok: bool = False,
-    ) -> None:
-        """Store the generation record (committing) and report it as a span."""
+        commit: bool = True,
+    ) -> Generation:
+        """Store the generation record; with `commit`, commit and report it as a span (else
+        the caller does both)."""
         now = self._clock.now()
         record = Generation(
             id=generation_id,
@@ -473,5 +485,7 @@ class Transcriber:
             created_at=now,
         )
         await store_generation(session, record)
-        await session.commit()
-        emit_generation_span(self._tracer, record, started_at, REQUEST_ID.get())
+        if commit:
+            await session.commit()
+            emit_generation_span(self._tracer, record, started_at, REQUEST_ID.get())
+        return record

@@ -16,6 +16,7 @@ from server.billing.holds import place_hold
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.byok.routing import BillingPlan
 from server.clock import rfc3339
+from server.db.driver import fetch_rows, insert_statement
 from server.db.models import VideoJob, WebhookDelivery
 from server.errors import GatewayError, bad_request, not_found
 from server.limits.admission import Limits
@@ -36,7 +37,8 @@ RUNNING_STATES = (PENDING, IN_PROGRESS)  # the states a worker claims and a canc
 # A job's credits stay held until it ends; a job that outlives this is failed.
 JOB_DEADLINE = timedelta(hours=2)
 
-_INSERT_JOB = sa.insert(VideoJob.__table__)
+_INSERT_JOB = insert_statement(VideoJob.__table__)
+_JOB_COLUMNS = tuple(c.name for c in VideoJob.__table__.columns)
 _INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)
 
 
@@ -102,9 +104,41 @@ async def submit_job(
     billing: BillingPlan | None = None,
     budgets: Sequence[GuardrailBudget] = (),
 ) -> VideoJob:
-    """Hold the estimated cost (within the key's guardrail `budgets`) and store the job; it is
-    durable when this returns. `billing`: what to hold when the workspace's own keys may serve
-    it (BYOK)."""
+    """`store_job` in the session's transaction, then commit: the job is durable when this
+    returns. (The API submits through the group-commit writer instead: `store_job` as a unit
+    of its batch.)"""
+    job = await store_job(
+        session,
+        principal,
+        video,
+        now,
+        default_callback_url,
+        limits,
+        allowed_providers,
+        continuation,
+        billing=billing,
+        budgets=budgets,
+    )
+    await session.commit()
+    return job
+
+
+async def store_job(
+    session: AsyncSession,
+    principal: Principal,
+    video: VideoInput,
+    now: datetime,
+    default_callback_url: str | None,
+    limits: Limits,
+    allowed_providers: list[str] | None = None,
+    continuation: dict[str, Any] | None = None,
+    billing: BillingPlan | None = None,
+    budgets: Sequence[GuardrailBudget] = (),
+) -> VideoJob:
+    """Hold the estimated cost (within the key's guardrail `budgets`) and write the job, in
+    the caller's transaction: the hold and the job commit together, or neither does. `billing`:
+    what to hold when the workspace's own keys may serve it (BYOK). Every statement goes
+    straight to the driver (no ORM): this is a unit of the group-commit writer's batch."""
     estimate = estimate_micros(video)
     credit_estimate = estimate if billing is None else billing.credit_hold
     ttl = JOB_DEADLINE + timedelta(minutes=10)
@@ -155,10 +189,12 @@ async def submit_job(
         created_at=now,
         updated_at=now,
     )
-    # The hold and the job commit together: one transaction per accepted submission.
-    await session.exec(_INSERT_JOB, params=job.model_dump())
-    await session.commit()
+    await fetch_rows(session, _INSERT_JOB, _job_row(job))
     return job
+
+
+def _job_row(job: VideoJob) -> dict[str, Any]:
+    return {column: getattr(job, column) for column in _JOB_COLUMNS}
 
 
 async def find_job(session: AsyncSession, principal: Principal, job_id: str) -> VideoJob:
