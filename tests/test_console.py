@@ -1,6 +1,7 @@
 """The web console (/console/) in a real browser — Debian's chromium driven by Playwright,
-never a downloaded browser — against the real stack (`gateway up` of this module's own), plus
-the REST routes it reads (/activity, /generations, /videos, /videos/{id}/webhooks) end to end.
+never a downloaded browser — against the real stack (the session's `gateway up`, in a
+workspace of this module's own), plus the REST routes it reads (/activity, /generations,
+/videos, /videos/{id}/webhooks) end to end.
 
 Screenshots of every page at desktop (1280x800) and phone (390x844) width are written to
 test-artifacts/console/ (gitignored). The browser waits on elements, never on time."""
@@ -13,14 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 import pytest_asyncio
 from openrouter import OpenRouter
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
 from server.db.models import Workspace
-from tests.conftest import Databases, own_gateway
-from tests.fakes.openai_stt import FakeSttProvider
+from tests.conftest import Stack
 from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.admin import Admin, IssuedKey
 from tests.support.audio import fixture
@@ -52,21 +51,17 @@ class Console:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def console(
-    databases: Databases,
-    tmp_path_factory: pytest.TempPathFactory,
-    fake_stt: FakeSttProvider,
-    webhook_receiver: WebhookReceiver,
-) -> AsyncIterator[Console]:
-    folder = tmp_path_factory.mktemp("console")
-    async with own_gateway(databases, "sqlite", folder, fake_stt, webhook_receiver) as own:
-        workspace = await own.admin.workspace("console", intern_programme=True)
-        await own.admin.credits(workspace, "10")
-        management = await own.admin.key(workspace, "console admin", management=True)
-        standard = await own.admin.key(workspace, "console reader")
-        await own.admin.intern(workspace, "ada")
-        origin = f"http://127.0.0.1:{own.port}"
-        yield Console(origin, own.admin, workspace, management, standard, webhook_receiver)
+async def console(stack: Stack) -> Console:
+    """The session's stack, with a workspace of this module's own (the console shows one
+    workspace: what others do in theirs never appears here)."""
+    admin = stack.admin
+    workspace = await admin.workspace("console", intern_programme=True)
+    await admin.credits(workspace, "10")
+    management = await admin.key(workspace, "console admin", management=True)
+    standard = await admin.key(workspace, "console reader")
+    await admin.intern(workspace, "ada")
+    origin = stack.base_url.removesuffix("/api/v1")
+    return Console(origin, admin, workspace, management, standard, stack.webhooks)
 
 
 @pytest_asyncio.fixture(scope="module")
