@@ -27,6 +27,7 @@ from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
 from tests.fakes.openai_stt import FakeSttProvider
 from tests.fakes.video_providers import FakeVideoProviders
 from tests.fakes.webhook_receiver import WebhookReceiver
+from tests.support import processes
 from tests.support.admin import Admin, IssuedKey
 from tests.support.catalog import FAKE_KEY_ENV, write_test_catalog
 from tests.support.processes import GatewayProcess
@@ -82,6 +83,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 f"({item.nodeid} has no @group): see pyproject.toml"
             )
 
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller adds them up
+        workeroutput["gateways_started"] = len(processes.STARTED)
+
+
+def pytest_testnodedown(node: Any) -> None:
+    started = getattr(node, "workeroutput", {}).get("gateways_started", 0)
+    node.config.stash[_GATEWAYS] = node.config.stash.get(_GATEWAYS, 0) + started
+
+
+_GATEWAYS = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    started = config.stash.get(_GATEWAYS, 0) + len(processes.STARTED)
+    if started:
+        terminalreporter.write_line(f"gateways started (`gateway up`): {started}")
 
 async def _admin_connection() -> asyncpg.Connection:
     try:

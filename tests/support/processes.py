@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 READY_LINE = "Gateway ready"
+# `gateway up` processes this test process started: the suite's biggest cost, so the session
+# reports it (tests/conftest.py, pytest_terminal_summary).
+STARTED: list[str] = []
 
 
 def free_port() -> int:
@@ -144,6 +147,7 @@ class GatewayProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, ready_within: float = 60.0) -> GatewayProcess:
+        STARTED.append(os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0])
         env = {**os.environ, "GATEWAY_DATABASE_URL": self.database_url, **self.extra_env}
         self.process = subprocess.Popen(
             [
