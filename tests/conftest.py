@@ -84,7 +84,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             )
 
 
-
 def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: the controller adds them up
@@ -103,6 +102,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     started = config.stash.get(_GATEWAYS, 0) + len(processes.STARTED)
     if started:
         terminalreporter.write_line(f"gateways started (`gateway up`): {started}")
+
 
 async def _admin_connection() -> asyncpg.Connection:
     try:
