@@ -90,6 +90,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         workeroutput["gateways_started"] = len(processes.STARTED)
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent under -p no:xdist
 def pytest_testnodedown(node: Any) -> None:
     started = getattr(node, "workeroutput", {}).get("gateways_started", 0)
     node.config.stash[_GATEWAYS] = node.config.stash.get(_GATEWAYS, 0) + started
