@@ -62,19 +62,26 @@ grep -q "Gateway ready" "$work/gateway.log" || {
   cat "$work/gateway.log"; echo "smoke: gateway not ready in 120 s"; exit 1
 }
 
+# The operator key: issued by the first start, only its file's path printed, mode 0600.
+operator_key_file="$data/operator-key"
+[ -f "$operator_key_file" ] || { cat "$work/gateway.log"; echo "smoke: no $operator_key_file"; exit 1; }
+[ "$(stat -c %a "$operator_key_file")" = "600" ] || { echo "smoke: operator key not mode 0600"; exit 1; }
+operator_key="$(head -1 "$operator_key_file")"
+if grep -qF "$operator_key" "$work/gateway.log"; then echo "smoke: operator key in the log"; exit 1; fi
+
 key="$("$gateway" keys create --name smoke --data-dir "$data" | tail -1)"
 "$gateway" credits add --amount 10 --data-dir "$data" >/dev/null
 
 # The REST calls, with the standard library only.
 "$work/venv/bin/python" - "http://127.0.0.1:$http_port/api/v1" "$key" \
-  "$checkout/tests/fixtures/door.wav" <<'PY'
+  "$checkout/tests/fixtures/door.wav" "$operator_key" <<'PY'
 import json
 import sys
 import time
 import urllib.request
 import uuid
 
-base, key, audio_path = sys.argv[1:4]
+base, key, audio_path, operator_key = sys.argv[1:5]
 auth = {"Authorization": f"Bearer {key}"}
 
 
@@ -136,6 +143,15 @@ for path, wanted in (("/console/", "text/html"), ("/console/app.js", "text/javas
         got = response.headers.get("content-type", "")
         assert response.status == 200 and got.startswith(wanted), (path, response.status, got)
 print("smoke: console served")
+
+# The operator key administers workspaces over REST (as the console does).
+request = urllib.request.Request(
+    base + "/workspaces", headers={"Authorization": f"Bearer {operator_key}"}
+)
+with urllib.request.urlopen(request, timeout=30) as response:
+    names = [w["name"] for w in json.loads(response.read())["data"]]
+assert response.status == 200 and "default" in names, (response.status, names)
+print("smoke: operator key lists the workspaces")
 PY
 
 echo "smoke: stopping the gateway (SIGTERM)"

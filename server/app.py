@@ -36,8 +36,11 @@ from server.contract import (
     vault_pb2_grpc,
     videos_pb2_grpc,
 )
+from server.db.driver import HotReads
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
+from server.db.stamp import PrincipalStampView
+from server.db.stamp import watch as watch_principal_changes
 from server.limits.admission import EnforcedLimits, Limits
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
@@ -51,6 +54,7 @@ from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
 from server.providers.fal_video import FalVideoAdapter
 from server.providers.gemini_video import GeminiVideoAdapter
+from server.providers.http import Downloads, ImageFetcher
 from server.providers.kling_video import KlingVideoAdapter
 from server.providers.local_video import LocalVideoAdapter
 from server.providers.minimax_video import MiniMaxVideoAdapter
@@ -74,10 +78,10 @@ from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
 from server.services.management import ManagementService
 from server.services.models import ModelsService
+from server.services.operator import OperatorService
 from server.services.rpc import RequestInterceptor
 from server.services.vault import VaultService
 from server.services.videos import VideosService
-from server.transcription.media import warm_up
 from server.transcription.transcriber import Transcriber
 from server.vault.crypto import MasterKey, load_master_key
 from server.videos.content import ContentStore
@@ -110,13 +114,15 @@ class Core:
     metrics: Metrics
     tracer: Tracer
     tracer_provider: TracerProvider | None  # None: traces are not exported
-    decoder: ComputePool | None = None  # worker processes decoding audio
     pools: tuple[ComputePool, ...] = ()  # every pool of worker processes, to close
+    hot_reads: HotReads | None = None  # GET /key's one read (server/db/driver.py)
 
     async def close(self) -> None:
         for pool in self.pools:
             await pool.close()
         await self.http.aclose()
+        if self.hot_reads is not None:
+            self.hot_reads.close()
         await self.engine.dispose()
         if self.tracer_provider is not None:
             # Export what is still buffered; the exporter blocks, so off the event loop.
@@ -130,6 +136,8 @@ def build_core(
     engine = create_engine(settings.database_url)
     sessions = session_factory(engine)
     clock = clock or SystemClock()
+    principals = PrincipalStampView(clock)
+    watch_principal_changes(engine, principals)
     catalog = load_catalog(settings.catalog_file)
     tls = ssl.create_default_context()
     if settings.webhook_ca_bundle:
@@ -155,18 +163,22 @@ def build_core(
         "elevenlabs": ElevenLabsSttAdapter(http),
         "assemblyai": AssemblyAISttAdapter(http),
     }
+    # Result URLs off the endpoint's own origin: https to public addresses, DNS-pinned.
+    allow_private = settings.provider_downloads_allow_private
+    downloads = Downloads(http, allow_private=allow_private)
+    images = ImageFetcher(http, allow_private=allow_private)
     video_adapters: dict[str, VideoAdapter] = {
         "local": LocalVideoAdapter(),
         "openai": OpenAIVideoAdapter(http),
-        "queue": QueueVideoAdapter(http),
-        "gemini": GeminiVideoAdapter(http),
-        "vertex": VertexVideoAdapter(http),
-        "kling": KlingVideoAdapter(http, clock),
-        "minimax": MiniMaxVideoAdapter(http),
-        "seedance": SeedanceVideoAdapter(http),
-        "dashscope": DashScopeVideoAdapter(http),
-        "fal": FalVideoAdapter(http),
-        "replicate": ReplicateVideoAdapter(http),
+        "queue": QueueVideoAdapter(http, downloads),
+        "gemini": GeminiVideoAdapter(http, images=images, downloads=downloads),
+        "vertex": VertexVideoAdapter(http, images=images, downloads=downloads),
+        "kling": KlingVideoAdapter(http, clock, downloads),
+        "minimax": MiniMaxVideoAdapter(http, downloads),
+        "seedance": SeedanceVideoAdapter(http, downloads),
+        "dashscope": DashScopeVideoAdapter(http, downloads),
+        "fal": FalVideoAdapter(http, downloads),
+        "replicate": ReplicateVideoAdapter(http, downloads),
     }
     # Every catalog endpoint must name a registered adapter (startup error otherwise).
     catalog = served_by(catalog, stt_adapters.keys(), video_adapters.keys())
@@ -188,7 +200,8 @@ def build_core(
         engine=engine,
         sessions=sessions,
         clock=clock,
-        auth=Authenticator(clock),
+        auth=Authenticator(clock, principals),
+        hot_reads=HotReads(engine),
         catalog=catalog,
         http=http,
         limits=limits,
@@ -231,7 +244,6 @@ def build_core(
         metrics=metrics,
         tracer=tracer,
         tracer_provider=tracer_provider,
-        decoder=decoder,
         pools=(decoder, local_stt),
     )
 
@@ -268,10 +280,13 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         ],
     )
     keys_pb2_grpc.add_KeysServicer_to_server(
-        KeysService(core.auth, core.sessions, core.clock), server
+        KeysService(core.auth, core.sessions, core.clock, core.hot_reads), server
     )
     management_pb2_grpc.add_ManagementServicer_to_server(
         ManagementService(core.auth, core.sessions, core.clock), server
+    )
+    management_pb2_grpc.add_OperatorServicer_to_server(
+        OperatorService(core.auth, core.sessions, core.clock), server
     )
     videos_pb2_grpc.add_VideosServicer_to_server(
         VideosService(
@@ -342,10 +357,9 @@ async def serve(
     ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
-    if core.decoder is not None:
-        # Every transcription is decoded first: its processes start now, not within the
-        # first request's deadline. (The local model's start when it is first used.)
-        await core.decoder.warm(warm_up)
+    # The pools of worker processes start when first used: a WAV (the common upload) is
+    # measured in this process, so the decoders are only for compressed audio, and a server
+    # that never sees any keeps neither their memory nor their start-up CPU.
     server, health_servicer = build_server(core)
     try:
         bound = server.add_insecure_port(settings.grpc_target)

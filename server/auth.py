@@ -4,20 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
-from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts.keys import KEY_PATTERN, hash_key, hashes_match
 from server.clock import Clock
-from server.db.models import Account, ApiKey, Workspace
+from server.db.driver import fetch_rows
+from server.db.models import Account, ApiKey, UtcDateTime, Workspace
+from server.db.stamp import PrincipalStampView
 from server.errors import forbidden, unauthorized
 
 # last_used_at is refreshed at most this often, to keep reads free of writes.
 LAST_USED_GRANULARITY = timedelta(minutes=1)
+# Callers kept per process; past it the oldest is dropped (a miss costs one read).
+MAX_CACHED_PRINCIPALS = 10_000
 
 
 # Built once: compiled and cached; each request only binds the hash.
@@ -29,11 +32,35 @@ _PRINCIPAL_BY_HASH = (
 )
 
 
+_KEYS = ApiKey.__table__
+# Raw (server/db/driver.py): no ORM, and no write when another process refreshed it already.
+_TOUCH = (
+    sa.update(_KEYS)
+    .where(
+        _KEYS.c.hash == sa.bindparam("hash"),
+        sa.or_(
+            _KEYS.c.last_used_at.is_(None),
+            _KEYS.c.last_used_at <= sa.bindparam("stale_before", type_=UtcDateTime),
+        ),
+    )
+    .values(last_used_at=sa.bindparam("now", type_=UtcDateTime))
+)
+
+
 @dataclass(frozen=True)
 class Principal:
+    """Who calls. Shared by every request of the process while cached: read only (the rows
+    are detached from any session)."""
+
     key: ApiKey
     workspace: Workspace
     account: Account
+
+
+@dataclass
+class _Cached:
+    principal: Principal
+    last_used_at: datetime | None  # as this process last wrote or read it
 
 
 def bearer_token(metadata: Sequence[tuple[str, str | bytes]]) -> str:
@@ -53,36 +80,83 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]]) -> str:
     return token
 
 
-class Authenticator:
-    """Resolves the caller inside the request's own session (one session per request)."""
+def _presented_hash(metadata: Sequence[tuple[str, str | bytes]]) -> str:
+    token = bearer_token(metadata)
+    if not KEY_PATTERN.match(token):
+        raise unauthorized("Invalid API key")
+    return hash_key(token)
 
-    def __init__(self, clock: Clock) -> None:
+
+class Authenticator:
+    """Resolves the caller inside the request's own session (one session per request).
+
+    A usable key's principal is cached by key hash and trusted while the principal stamp
+    (server/db/stamp.py) says nothing changed: no database read in the common case, and a
+    change anywhere refused within a second. Disabled and unknown keys are never cached.
+    Expiry is checked on every request against the clock."""
+
+    def __init__(self, clock: Clock, stamp: PrincipalStampView | None = None) -> None:
         self._clock = clock
+        self.stamp = stamp if stamp is not None else PrincipalStampView(clock)
+        self._cache: dict[str, _Cached] = {}
+        self.stamp.register(self._cache)
+
+    def cached(self, metadata: Sequence[tuple[str, str | bytes]]) -> Principal | None:
+        """The caller without any database work, when nothing calls for it: the stamp was
+        read within the second, the key is cached and its last use is recent. None means
+        "call authenticate". Raises what authenticate would for a malformed or expired key."""
+        presented = _presented_hash(metadata)
+        if self.stamp.due():
+            return None
+        cached = self._cache.get(presented)
+        if cached is None:
+            return None
+        now = self._clock.now()
+        key = cached.principal.key
+        if key.expires_at is not None and key.expires_at <= now:
+            raise unauthorized("API key has expired")
+        if cached.last_used_at is None or now - cached.last_used_at >= LAST_USED_GRANULARITY:
+            return None
+        return cached.principal
 
     async def authenticate(
         self, session: AsyncSession, metadata: Sequence[tuple[str, str | bytes]]
     ) -> Principal:
-        token = bearer_token(metadata)
-        if not KEY_PATTERN.match(token):
-            raise unauthorized("Invalid API key")
-        presented = hash_key(token)
+        presented = _presented_hash(metadata)
+        await self.stamp.check(session)
         now = self._clock.now()
+        cached = self._cache.get(presented)
+        if cached is None:
+            cached = await self._load(session, presented)
+        key = cached.principal.key
+        if key.expires_at is not None and key.expires_at <= now:
+            raise unauthorized("API key has expired")
+        if cached.last_used_at is None or now - cached.last_used_at >= LAST_USED_GRANULARITY:
+            cached.last_used_at = now  # claimed first: concurrent requests do not write too
+            await fetch_rows(
+                session,
+                _TOUCH,
+                {"hash": key.hash, "now": now, "stale_before": now - LAST_USED_GRANULARITY},
+            )
+            await session.commit()
+        return cached.principal
+
+    async def _load(self, session: AsyncSession, presented: str) -> _Cached:
+        generation = self.stamp.generation
         row = (await session.exec(_PRINCIPAL_BY_HASH, params={"hash": presented})).one_or_none()  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
         if row is None or not hashes_match(row[0].hash, presented):
             raise unauthorized("Invalid API key")
         key, workspace, account = row
         if key.disabled:
             raise unauthorized("API key is disabled")
-        if key.expires_at is not None and key.expires_at <= now:
-            raise unauthorized("API key has expired")
-        if key.last_used_at is None or now - key.last_used_at >= LAST_USED_GRANULARITY:
-            await session.exec(
-                sa.update(ApiKey).where(col(ApiKey.hash) == key.hash).values(last_used_at=now)
-            )
-            await session.commit()
-            # Reflect the stored value without marking the row dirty again.
-            set_committed_value(key, "last_used_at", now)
-        return Principal(key=key, workspace=workspace, account=account)
+        for loaded in (key, workspace, account):
+            session.expunge(loaded)  # shared by requests from now on: no session owns it
+        cached = _Cached(Principal(key=key, workspace=workspace, account=account), key.last_used_at)
+        if self.stamp.generation == generation:  # nothing changed while it was read
+            if len(self._cache) >= MAX_CACHED_PRINCIPALS:
+                del self._cache[next(iter(self._cache))]
+            self._cache[presented] = cached
+        return cached
 
     async def authenticate_management(
         self, session: AsyncSession, metadata: Sequence[tuple[str, str | bytes]]

@@ -21,7 +21,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts import keys as key_store
 from server.accounts import workspaces
-from server.billing.ledger import add_credits
+from server.accounts.operator import ensure_operator_key, rotate_operator_key
+from server.accounts.provisioning import add_workspace_credits
 from server.billing.money import AmountError, exact_micros, micros_to_usd
 from server.billing.periods import LIMIT_RESETS
 from server.clock import SystemClock, rfc3339
@@ -163,6 +164,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         args, grpc_port=args.grpc_port, http_port=args.http_port, http_host=args.host
     )
     stop = stop_on_signals()
+    await _operator_key(settings)
 
     def announce(base_url: str) -> None:
         print(f"Gateway ready: REST {base_url}  gRPC {settings.grpc_target}", flush=True)
@@ -208,9 +210,49 @@ async def cmd_envoy_config(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _operator_key(settings: Settings) -> None:
+    """Migrate, and issue the operator key when the database has none. Only the file's
+    path is printed, never the key."""
+    await upgrade(settings.database_url)
+    engine = create_engine(settings.database_url)
+    try:
+        found = await ensure_operator_key(
+            session_factory(engine), settings.data_dir, SystemClock().now()
+        )
+    finally:
+        await engine.dispose()
+    if found.created:
+        print(f"Operator key: written to {found.path} (mode 0600)", flush=True)
+    elif found.present:
+        print(f"Operator key: {found.path}", flush=True)
+    else:
+        print(
+            f"Operator key: not in {found.path} (issued elsewhere); "
+            "`gateway operator-key rotate` issues a new one",
+            flush=True,
+        )
+
+
 async def cmd_migrate(args: argparse.Namespace) -> int:
-    await upgrade(_settings(args).database_url)
+    settings = _settings(args)
+    await _operator_key(settings)
     print("Database schema is up to date.")
+    return 0
+
+
+async def cmd_operator_key_rotate(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    await upgrade(settings.database_url)
+    engine = create_engine(settings.database_url)
+    try:
+        path = await rotate_operator_key(
+            session_factory(engine), settings.data_dir, SystemClock().now()
+        )
+    finally:
+        await engine.dispose()
+    print(
+        f"Operator key replaced: the new one is in {path} (mode 0600); the old one no longer works."
+    )
     return 0
 
 
@@ -560,20 +602,15 @@ async def cmd_byok_delete(args: argparse.Namespace) -> int:
 
 
 async def cmd_credits_add(args: argparse.Namespace) -> int:
-    micros = exact_micros(args.amount)
-    if micros <= 0:
-        raise GatewayError(400, "--amount must be greater than 0")
-
     async def work(session: AsyncSession, now: datetime) -> Any:
         workspace = await _workspace(session, args.workspace, now)
-        try:
-            await add_credits(session, workspace.account_id, micros, now, reference="operator CLI")
-        except AmountError as exc:
-            raise GatewayError(400, f"--amount {exc}") from exc
-        return workspace
+        entry = await add_workspace_credits(
+            session, workspace, args.amount, now, reference="operator CLI", param="--amount"
+        )
+        return workspace, entry
 
-    workspace = await _with_session(args, work)
-    added = format(micros_to_usd(micros), "f")  # exactly what was stored
+    workspace, entry = await _with_session(args, work)
+    added = format(micros_to_usd(entry.amount_micros), "f")  # exactly what was stored
     print(f"Added {added} USD of credits to the account of workspace {workspace.name}")
     return 0
 
@@ -648,6 +685,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     migrate = commands.add_parser("migrate", parents=[common], help="apply schema migrations")
     migrate.set_defaults(run=cmd_migrate)
+
+    operator_key = commands.add_parser(
+        "operator-key", help="the operator key (console and /api/v1/workspaces)"
+    ).add_subparsers(dest="action", required=True, metavar="ACTION")
+    operator_rotate = operator_key.add_parser(
+        "rotate",
+        parents=[common],
+        help="issue a new operator key into <data dir>/operator-key (the old one stops working)",
+    )
+    operator_rotate.set_defaults(run=cmd_operator_key_rotate)
 
     ws = commands.add_parser("workspaces", help="manage workspaces").add_subparsers(
         dest="action", required=True, metavar="ACTION"

@@ -118,14 +118,6 @@ class ComputePool:
             self._executor = None
             broken.shutdown(wait=False, cancel_futures=True)
 
-    async def warm(self, fn: Callable[[], object]) -> None:
-        """Start the processes now rather than on the first request (starting one and
-        importing what it runs takes about a second on a busy machine). `fn` is a no-op from
-        the module the jobs come from: running it imports that module."""
-        pool = self._pool()
-        futures = [pool.submit(fn) for _ in range(self.workers)]
-        await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-
     async def close(self) -> None:
         """Drop queued jobs, wait for running ones, and end the worker processes."""
         self._closed = True

@@ -157,6 +157,9 @@ class Settings(BaseSettings):
     maintenance_interval_seconds: float = Field(5.0, gt=0, allow_inf_nan=False)
     webhook_ca_bundle: str | None = None  # an extra CA file trusted for webhook TLS
     webhook_allow_private: bool = False  # allow loopback/private webhook targets
+    # allow provider result downloads and image fetches (not on the endpoint's own origin)
+    # from loopback/private addresses: a provider whose CDN lives inside the operator's network
+    provider_downloads_allow_private: bool = False
     regional_hosts: Hosts = frozenset()  # hostnames refused on vault routes
     metrics_host: str = "127.0.0.1"
     # Prometheus /metrics of this process; 0 (the default): not served. Off unless asked

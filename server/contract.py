@@ -20,6 +20,7 @@ REINSTALL = "reinstall to generate it: pip install -e . (or pip install .)"
 SERVICES = (
     "gateway.v1.Keys",
     "gateway.v1.Management",
+    "gateway.v1.Operator",
     "gateway.v1.Videos",
     "gateway.v1.Audio",
     "gateway.v1.Vault",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -146,3 +147,23 @@ def test_vault_master_key_rotation(tmp_path: Path) -> None:
 
 # Keys with an expiry and guardrails with a budget are created and listed in-process:
 # tests/unit/test_cli_commands.py.
+
+
+def test_the_operator_key_is_issued_once_into_a_private_file(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = run(data, "migrate")
+    assert first.returncode == 0, first.stderr
+    path = data / "operator-key"
+    key = path.read_text().strip()
+    assert key.startswith("sk-gw-op-") and len(key) == len("sk-gw-op-") + 64
+    assert oct(path.stat().st_mode)[-3:] == "600"
+    assert f"written to {path}" in first.stdout and key not in first.stdout + first.stderr
+    stored = (data / "gateway.db").read_bytes().decode("latin-1")
+    assert key not in stored and hashlib.sha256(key.encode()).hexdigest() in stored
+    again = run(data, "migrate")  # present: kept, only its path printed
+    assert path.read_text().strip() == key and str(path) in again.stdout
+    rotated = run(data, "operator-key", "rotate")
+    assert rotated.returncode == 0 and key not in rotated.stdout
+    new = path.read_text().strip()
+    assert new != key and new not in rotated.stdout
+    assert oct(path.stat().st_mode)[-3:] == "600"

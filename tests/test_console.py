@@ -1,7 +1,6 @@
 """The web console (/console/) in a real browser — Debian's chromium driven by Playwright,
-never a downloaded browser — against the real stack (the session's `gateway up`, in a
-workspace of this module's own), plus the REST routes it reads (/activity, /generations,
-/videos, /videos/{id}/webhooks) end to end.
+never a downloaded browser — against the real stack (`gateway up` of this module's own), plus
+the REST routes it reads (/activity, /generations, /videos, /videos/{id}/webhooks) end to end.
 
 Screenshots of every page at desktop (1280x800) and phone (390x844) width are written to
 test-artifacts/console/ (gitignored). The browser waits on elements, never on time."""
@@ -14,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 import pytest_asyncio
 from openrouter import OpenRouter
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
 from server.db.models import Workspace
-from tests.conftest import Stack
+from tests.conftest import Databases, own_gateway
+from tests.fakes.openai_stt import FakeSttProvider
 from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.admin import Admin, IssuedKey
 from tests.support.audio import fixture
@@ -40,6 +41,7 @@ class Console:
     management: IssuedKey
     standard: IssuedKey
     webhooks: WebhookReceiver
+    operator_key: str  # what `gateway up` wrote to <data dir>/operator-key
 
     @property
     def url(self) -> str:
@@ -51,17 +53,24 @@ class Console:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def console(stack: Stack) -> Console:
-    """The session's stack, with a workspace of this module's own (the console shows one
-    workspace: what others do in theirs never appears here)."""
-    admin = stack.admin
-    workspace = await admin.workspace("console", intern_programme=True)
-    await admin.credits(workspace, "10")
-    management = await admin.key(workspace, "console admin", management=True)
-    standard = await admin.key(workspace, "console reader")
-    await admin.intern(workspace, "ada")
-    origin = stack.base_url.removesuffix("/api/v1")
-    return Console(origin, admin, workspace, management, standard, stack.webhooks)
+async def console(
+    databases: Databases,
+    tmp_path_factory: pytest.TempPathFactory,
+    fake_stt: FakeSttProvider,
+    webhook_receiver: WebhookReceiver,
+) -> AsyncIterator[Console]:
+    folder = tmp_path_factory.mktemp("console")
+    async with own_gateway(databases, "sqlite", folder, fake_stt, webhook_receiver) as own:
+        workspace = await own.admin.workspace("console", intern_programme=True)
+        await own.admin.credits(workspace, "10")
+        management = await own.admin.key(workspace, "console admin", management=True)
+        standard = await own.admin.key(workspace, "console reader")
+        await own.admin.intern(workspace, "ada")
+        origin = f"http://127.0.0.1:{own.port}"
+        operator_key = (own.gateway.data_dir / "operator-key").read_text().strip()
+        yield Console(
+            origin, own.admin, workspace, management, standard, webhook_receiver, operator_key
+        )
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -72,7 +81,9 @@ async def browser() -> AsyncIterator[Browser]:
         await launched.close()
 
 
-async def signed_in(browser: Browser, console: Console, key: str) -> Page:
+async def signed_in(
+    browser: Browser, console: Console, key: str, first_page: str = "Usage"
+) -> Page:
     context = await browser.new_context(viewport=DESKTOP)
     page = await context.new_page()
     errors: list[str] = []
@@ -85,7 +96,7 @@ async def signed_in(browser: Browser, console: Console, key: str) -> Page:
     await page.goto(console.url)
     await page.get_by_label("API key").fill(key)
     await page.get_by_role("button", name="Sign in").click()
-    await expect(page.get_by_role("heading", name="Usage", level=1)).to_be_visible()
+    await expect(page.get_by_role("heading", name=first_page, level=1)).to_be_visible()
     return page
 
 
@@ -241,6 +252,8 @@ async def test_a_management_key_runs_the_console(console: Console, browser: Brow
         "return v && v.readyState >= 2 && v.duration > 0; }",
         timeout=30_000,
     )
+    stage = page.get_by_role("list", name="Progress").locator("[aria-current=step]")
+    await expect(stage).to_have_text("Finished")
     deliveries = page.get_by_role("region", name="Webhook deliveries")
     await expect(deliveries).to_contain_text("video.generation.completed")
     await expect(deliveries.locator("tbody tr").first.locator(".status")).to_have_text(
@@ -327,6 +340,72 @@ async def test_a_management_key_runs_the_console(console: Console, browser: Brow
     await page.context.close()
 
 
+async def test_the_operator_runs_the_quickstart_in_the_console(
+    console: Console, browser: Browser
+) -> None:
+    """The README's quickstart without the CLI: the operator key signs in, creates a
+    workspace, adds credits and issues its management key; that key creates a standard key,
+    which transcribes with the local model; the charge shows in usage."""
+    page = await signed_in(browser, console, console.operator_key, first_page="Workspaces")
+    await expect(page.get_by_text("operator key", exact=True)).to_be_visible()
+    await expect(nav(page, "Keys")).to_have_count(0)  # the operator key is no API key
+    await page.get_by_label("Name", exact=True).fill("quickstart")
+    await page.get_by_label("Intern programme").check()
+    await page.get_by_role("button", name="Create workspace").click()
+    table = page.get_by_role("region", name="Workspaces")
+    row = table.get_by_role("row", name=re.compile("quickstart"))
+    await expect(row.get_by_role("cell", name="on", exact=True)).to_be_visible()
+
+    # A refused amount is explained; a right one lands on the account.
+    await row.get_by_role("button", name="Add credits").click()
+    await row.get_by_label("Amount (USD)").fill("0.0000001")
+    await row.get_by_role("button", name="Add to balance").click()
+    await expect(page.get_by_role("alert")).to_contain_text("micro-dollars")
+    await row.get_by_label("Amount (USD)").fill("10")
+    await row.get_by_role("button", name="Add to balance").click()
+    await expect(row.get_by_role("cell", name="$10.00")).to_be_visible()
+    await expect(page.get_by_text("Added $10.00 to quickstart.")).to_be_visible()
+
+    await row.get_by_role("button", name="Create management key").click()
+    await row.get_by_label("Key name").fill("quickstart admin")
+    await row.get_by_role("button", name="Issue management key").click()
+    created = page.get_by_test_id("created-key")
+    await expect(created).to_have_value(re.compile(r"^sk-gw-v1-"))
+    management_key = await created.input_value()
+    await screenshots(page, "workspaces")
+    # Only the refused amount's answer (the browser logs every 4xx).
+    errors: list[str] = page.errors  # type: ignore[attr-defined]
+    assert [e for e in errors if "status of 400" not in e] == [] and len(errors) == 1
+    errors.clear()
+
+    # The workspace's management key takes over: a standard key, then a transcription.
+    await page.get_by_role("button", name="Sign out").click()
+    await page.get_by_label("API key").fill(management_key)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.get_by_role("heading", name="Usage", level=1)).to_be_visible()
+    await expect(page.get_by_text("management key")).to_be_visible()
+    await nav(page, "Keys").click()
+    await page.get_by_label("Name", exact=True).fill("quickstart app")
+    await page.get_by_role("button", name="Create key").click()
+    app_key = page.get_by_test_id("created-key")
+    await expect(app_key).to_have_value(re.compile(r"^sk-gw-v1-"))
+    await transcribe(console, await app_key.input_value())
+    await nav(page, "Usage").click()
+    await page.get_by_text("By key as a table").click()
+    by_key = page.get_by_role("region", name="By key table")
+    await expect(by_key.get_by_role("columnheader", name="quickstart app")).to_be_visible()
+    await expect(by_key.locator("tbody")).to_contain_text(re.compile(r"\$0\.0001\d"))
+    await nav(page, "Credits").click()
+    await expect(
+        page.get_by_role("region", name="Purchases").get_by_role("cell", name="$10.00")
+    ).to_be_visible()
+    spent = page.locator(".card", has_text="Spent, all time")
+    await expect(spent).to_contain_text(re.compile(r"\$0\.0001\d"))
+    await screenshots(page, "quickstart-credits")
+    assert not page.errors  # type: ignore[attr-defined]
+    await page.context.close()
+
+
 async def test_a_standard_key_cannot_reach_management_pages(
     console: Console, browser: Browser
 ) -> None:
@@ -377,4 +456,35 @@ async def test_the_console_works_with_the_keyboard_alone(
     assert names.index("Sign out") < names.index("Usage") < names.index("Activity")
     await page.keyboard.press("Enter")
     await expect(page.get_by_role("heading", name="Activity", level=1)).to_be_focused()
+    await context.close()
+
+
+async def test_the_operator_page_works_with_the_keyboard_alone(
+    console: Console, browser: Browser
+) -> None:
+    context = await browser.new_context(viewport=PHONE)
+    page = await context.new_page()
+    await page.goto(console.url)
+    await page.keyboard.press("Tab")
+    await expect(page.get_by_label("API key")).to_be_focused()
+    await page.keyboard.type(console.operator_key)
+    await page.keyboard.press("Enter")
+    await expect(page.get_by_role("heading", name="Workspaces", level=1)).to_be_focused()
+    name = page.get_by_label("Name", exact=True)
+    for _ in range(20):  # Tab from the heading reaches the form
+        if await name.evaluate("(field) => field === document.activeElement"):
+            break
+        await page.keyboard.press("Tab")
+    await expect(name).to_be_focused()
+    await page.keyboard.type("keyboard-only")
+    await page.keyboard.press("Tab")
+    await expect(page.get_by_label("Intern programme")).to_be_focused()
+    await page.keyboard.press("Space")
+    await page.keyboard.press("Tab")
+    await expect(page.get_by_role("button", name="Create workspace")).to_be_focused()
+    await page.keyboard.press("Enter")
+    row = page.get_by_role("region", name="Workspaces").get_by_role(
+        "row", name=re.compile("keyboard-only")
+    )
+    await expect(row.get_by_role("cell", name="on", exact=True)).to_be_visible()
     await context.close()

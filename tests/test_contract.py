@@ -58,6 +58,11 @@ PUBLIC_ROUTES = {
     ("POST", "/api/v1/guardrails/{id}/assignments/keys/remove"),
     ("GET", "/api/v1/guardrails/{id}/assignments/keys"),
     ("GET", "/api/v1/guardrails/assignments/keys"),
+    ("GET", "/api/v1/workspaces"),
+    ("POST", "/api/v1/workspaces"),
+    ("PATCH", "/api/v1/workspaces/{workspace_id}"),
+    ("POST", "/api/v1/workspaces/{workspace_id}/keys"),
+    ("POST", "/api/v1/workspaces/{workspace_id}/credits"),
 }
 
 

@@ -115,23 +115,32 @@ async def gateway(
 
 
 async def test_a_malformed_authorization_value_never_logs_the_key(gateway: OwnGateway) -> None:
-    key = gateway.issued.key
-    await _grpc_with_raw_byte(gateway.gateway.grpc_target, key)
-    await asyncio.to_thread(_raw_grpc_headers, gateway.gateway.grpc_port, key)
-    await asyncio.to_thread(
-        exchange,
-        gateway.port,
-        b"GET /api/v1/key HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
-        + key.encode()
-        + b"\xe9\r\nConnection: close\r\n\r\n",
-    )
+    # An API key, and the operator key `gateway up` wrote to its data dir (only its path
+    # is printed).
+    operator_key = (gateway.gateway.data_dir / "operator-key").read_text().strip()
+    secrets = (gateway.issued.key, operator_key)
+    for key in secrets:
+        await _grpc_with_raw_byte(gateway.gateway.grpc_target, key)
+        await asyncio.to_thread(_raw_grpc_headers, gateway.gateway.grpc_port, key)
+        for path in (b"/api/v1/key", b"/api/v1/workspaces"):
+            await asyncio.to_thread(
+                exchange,
+                gateway.port,
+                b"GET "
+                + path
+                + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                + key.encode()
+                + b"\xe9\r\nConnection: close\r\n\r\n",
+            )
     await logged_past(gateway.gateway)  # the server's lines for those calls are all in
     output = "".join(gateway.gateway.output)
-    assert _leaks(output, key) == [], output[-3000:]
+    for key in secrets:
+        assert _leaks(output, key) == [], output[-3000:]
     gateway.terminate()
     await gateway.exit_code(within=30)
     output = "".join(gateway.gateway.output)
-    assert _leaks(output, key) == [], output[-3000:]
     envoy_log = Path(gateway.gateway.data_dir) / "envoy" / "envoy.log"
-    if envoy_log.exists():
-        assert _leaks(envoy_log.read_text(errors="replace"), key) == []
+    for key in secrets:
+        assert _leaks(output, key) == [], output[-3000:]
+        if envoy_log.exists():
+            assert _leaks(envoy_log.read_text(errors="replace"), key) == []

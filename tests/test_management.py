@@ -107,3 +107,106 @@ async def test_keys_of_other_accounts_are_invisible(stack: Stack, unique: str) -
     # Untouched.
     async with httpx.AsyncClient() as client:
         assert (await client.get(f"{stack.base_url}/key", headers=other.headers)).status_code == 200
+
+
+def _operator(stack: Stack) -> dict[str, str]:
+    """The operator key `gateway up` wrote to its data dir (mode 0600)."""
+    path = stack.gateway.data_dir / "operator-key"
+    assert oct(path.stat().st_mode)[-3:] == "600"
+    key = path.read_text().strip()
+    assert key.startswith("sk-gw-op-")
+    assert key not in stack.gateway.log()  # only the file's path is printed
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_the_operator_runs_the_quickstart_over_rest(stack: Stack, unique: str) -> None:
+    operator = _operator(stack)
+    name = f"op-{unique}"
+    async with httpx.AsyncClient(base_url=stack.base_url) as client:
+        created = await client.post(
+            "/workspaces", json={"name": name, "intern_programme": True}, headers=operator
+        )
+        assert created.status_code == 201, created.text
+        workspace = created.json()["data"]
+        assert workspace["name"] == name and workspace["intern_programme"] is True
+        assert workspace["total_credits"] == 0 and workspace["default_callback_url"] is None
+        duplicate = await client.post("/workspaces", json={"name": name}, headers=operator)
+        bad_name = await client.post("/workspaces", json={"name": "no spaces"}, headers=operator)
+        listed = (await client.get("/workspaces?limit=100", headers=operator)).json()
+        path = f"/workspaces/{workspace['id']}"
+        patched = await client.patch(path, json={"intern_programme": False}, headers=operator)
+
+        credits = await client.post(f"{path}/credits", json={"amount": 12.5}, headers=operator)
+        exact = await client.post(f"{path}/credits", json={"amount": "0.000001"}, headers=operator)
+        refusals = [
+            await client.post(f"{path}/credits", json={"amount": amount}, headers=operator)
+            for amount in (0, -1, 0.0000015, 1e9 + 1, "ten", None)
+        ]
+        # Total purchases stay within 1e9 USD.
+        beyond = await client.post(f"{path}/credits", json={"amount": 1e9}, headers=operator)
+        unknown = await client.post(
+            "/workspaces/ws_nothing/credits", json={"amount": 1}, headers=operator
+        )
+
+        issued = await client.post(f"{path}/keys", json={"name": "first admin"}, headers=operator)
+        assert issued.status_code == 201, issued.text
+        manager = issued.json()
+        assert manager["key"].startswith("sk-gw-v1-")
+        assert manager["data"]["is_management_key"] is True
+        assert manager["data"]["workspace_id"] == workspace["id"]
+        headers = {"Authorization": f"Bearer {manager['key']}"}
+        # The management key takes over: a standard key, the credits it sees.
+        standard = await client.post("/keys", json={"name": "app"}, headers=headers)
+        balance = (await client.get("/credits", headers=headers)).json()["data"]
+    assert duplicate.status_code == 409 and bad_name.status_code == 400
+    assert bad_name.json()["error"]["metadata"]["param"] == "name"
+    assert name in [w["name"] for w in listed["data"]] and listed["total_count"] >= 1
+    assert patched.status_code == 200 and patched.json()["data"]["intern_programme"] is False
+    assert credits.status_code == 201, credits.text
+    assert credits.json()["purchase"]["amount"] == 12.5
+    assert credits.json()["data"]["total_credits"] == 12.5
+    assert exact.status_code == 201 and exact.json()["data"]["total_credits"] == 12.500001
+    for refused in refusals:
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["metadata"]["param"] == "amount"
+    assert "greater than 0" in refusals[0].json()["error"]["message"]
+    assert "micro-dollars" in refusals[2].json()["error"]["message"]
+    assert beyond.status_code == 400 and "1e9" in beyond.json()["error"]["message"]
+    assert unknown.status_code == 404
+    assert standard.status_code == 201 and standard.json()["data"]["is_management_key"] is False
+    assert balance["total_credits"] == 12.500001
+
+
+async def test_only_the_operator_key_may_call_the_operator_routes(
+    stack: Stack, unique: str
+) -> None:
+    workspace = await stack.admin.workspace(f"not-op-{unique}")
+    manager = await stack.admin.key(workspace, "manager", management=True)
+    standard = await stack.admin.key(workspace, "standard")
+    wrong_operator = {"Authorization": "Bearer sk-gw-op-" + "0" * 64}
+    calls = [
+        ("GET", "/workspaces", None),
+        ("POST", "/workspaces", {"name": f"sneaky-{unique}"}),
+        ("PATCH", f"/workspaces/{workspace.id}", {"intern_programme": True}),
+        ("POST", f"/workspaces/{workspace.id}/keys", {"name": "x"}),
+        ("POST", f"/workspaces/{workspace.id}/credits", {"amount": 5}),
+    ]
+    async with httpx.AsyncClient(base_url=stack.base_url) as client:
+        for method, path, body in calls:
+            for headers, status in (
+                (manager.headers, 403),
+                (standard.headers, 403),
+                (wrong_operator, 401),
+                ({}, 401),
+            ):
+                answer = await client.request(method, path, json=body, headers=headers)
+                assert answer.status_code == status, (method, path, answer.text)
+                error = answer.json()["error"]
+                assert error["code"] == status and isinstance(error["message"], str)
+                if status == 403:
+                    assert error["message"] == "This operation requires the operator key"
+        # The operator key is no API key: the key routes refuse it.
+        as_key = await client.get("/key", headers=_operator(stack))
+        credits = (await client.get("/credits", headers=manager.headers)).json()["data"]
+    assert as_key.status_code == 401
+    assert credits["total_credits"] == 0  # nothing was added

@@ -301,8 +301,8 @@ async def test_sigterm_drains_local_transcriptions_and_ends_the_worker_processes
         issued = await admin.key(workspace)
         audio = speech(2.5)
         assert gateway.process is not None
-        # The decoding processes start with each server; the local model's start with the
-        # first recognition handed to them.
+        # Worker processes start when first used (a WAV is measured in the server process):
+        # the local model's with the first recognition handed to them.
         warm = await asyncio.to_thread(_pool_workers, gateway.process.pid)
         async with httpx.AsyncClient(timeout=120) as client:
             calls = [

@@ -15,6 +15,7 @@ from openrouter import OpenRouter
 
 from server.accounts.workspaces import update_workspace, workspace_by_id
 from server.db.models import Intern, VaultKey, VaultSecret, Workspace
+from server.db.stamp import CHECK_INTERVAL as PRINCIPAL_CHECK_INTERVAL
 from server.vault import crypto, store
 from tests.conftest import Stack
 from tests.support.admin import Admin, IssuedKey
@@ -156,6 +157,8 @@ async def test_regional_hosts_403_and_disabled_writes_503(vault: Vault) -> None:
         assert workspace is not None
         await update_workspace(session, workspace, vault_writes_disabled=True)
         await session.commit()
+    # Changed outside the server (as the CLI does): seen within the principal cache's second.
+    await asyncio.sleep(PRINCIPAL_CHECK_INTERVAL.total_seconds())
     intern = vault.intern.id
     for method, path, body in (
         ("PUT", "/secrets/new_one", {"value": "v", "hosts": ["a.example.com"]}),

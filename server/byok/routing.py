@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import TypedDict, Unpack
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -135,6 +136,17 @@ def billing_plan(endpoints: Sequence[Endpoint], cost: int, fees: ByokFees | None
     )
 
 
+class KeyedRequest(TypedDict):
+    """The request a plan is made for (ByokRouting.attempts / endpoints)."""
+
+    workspace_id: str
+    key_hash: str
+    model_id: str
+    endpoints: Sequence[Endpoint]  # the model's, after guardrails
+    user: str | None
+    now: datetime
+
+
 class ByokRouting:
     """Loads a workspace's keys and opens them for one request; prices the platform fee."""
 
@@ -171,31 +183,19 @@ class ByokRouting:
         return with_key(endpoint, UsableKey(row, store.open_key(self._master, row, opening)))
 
     async def attempts(
-        self,
-        session: AsyncSession,
-        *,
-        workspace_id: str,
-        key_hash: str,
-        model_id: str,
-        endpoints: Sequence[Endpoint],
-        user: str | None,
-        now: datetime,
+        self, session: AsyncSession, **request: Unpack[KeyedRequest]
     ) -> list[PlannedAttempt]:
-        usable = await self.usable_keys(session, workspace_id, now)
-        return plan_attempts(endpoints, usable, model_id=model_id, key_hash=key_hash, user=user)
+        usable = await self.usable_keys(session, request["workspace_id"], request["now"])
+        return plan_attempts(
+            request["endpoints"],
+            usable,
+            model_id=request["model_id"],
+            key_hash=request["key_hash"],
+            user=request["user"],
+        )
 
     async def endpoints(
-        self,
-        session: AsyncSession,
-        *,
-        workspace_id: str,
-        key_hash: str,
-        model_id: str,
-        endpoints: Sequence[Endpoint],
-        user: str | None,
-        now: datetime,
+        self, session: AsyncSession, **request: Unpack[KeyedRequest]
     ) -> list[Endpoint]:
-        usable = await self.usable_keys(session, workspace_id, now)
-        if not usable:
-            return list(endpoints)
-        return plan(endpoints, usable, model_id=model_id, key_hash=key_hash, user=user)
+        """The endpoints to try, in order (see attempts)."""
+        return [attempt.endpoint for attempt in await self.attempts(session, **request)]

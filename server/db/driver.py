@@ -14,12 +14,14 @@ roll back with everything else the caller does.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 # Raised by asyncpg when the connection or the server went away.
@@ -86,6 +88,80 @@ async def fetch_rows(
     """Execute `statement` (a module-level constant) with `params` in the session's
     transaction; return its rows (RETURNING's, for a write; none for a plain write)."""
     return await _run(session, statement, [params], many=False)
+
+
+async def read_rows(
+    engine: AsyncEngine, statement: Statement, params: Mapping[str, Any]
+) -> Sequence[Sequence[Any]]:
+    """Run one read-only `statement` (a module-level constant) on a pooled connection outside
+    any transaction: no session, no BEGIN and no ROLLBACK; one hand-off to aiosqlite's thread
+    or one round trip to PostgreSQL (a single statement reads one snapshot either way). The
+    connection goes back to the pool as it came: nothing was begun on it."""
+    async with engine.connect() as connection:
+        dialect = connection.dialect
+        if isinstance(statement, Mapping):
+            statement = statement["postgresql" if dialect.name == "postgresql" else "sqlite"]
+        compiled = _compile(statement, dialect)
+        raw = await connection.get_raw_connection()
+        driver: Any = raw.driver_connection
+        if dialect.name == "sqlite":
+            return list(await driver.execute_fetchall(compiled.sql, compiled.arguments(params)))
+        try:
+            return list(await driver.fetch(compiled.sql, *compiled.arguments(params)))
+        except Exception as error:
+            if isinstance(error, _CONNECTION_LOST):
+                await connection.invalidate()
+                raise ConnectionError("the database connection was lost") from error
+            raise
+
+
+class HotReads:
+    """Single read-only statements of hot paths (GET /key), at the least cost each database
+    allows: on PostgreSQL `read_rows` (one round trip); on SQLite a read-only connection of
+    its own, used on the event loop's thread. A single-statement read of a few primary-key
+    rows takes SQLite ~15 us, while handing it to aiosqlite's thread and back costs several
+    times that in CPU and, on a busy machine, hundreds of microseconds of waiting — and
+    queues behind every write on the one pooled connection. WAL readers neither wait for
+    writers nor block them, and each statement reads the newest committed state (other
+    processes' too). The connection never waits for a lock (timeout 0): if SQLite is busy
+    (a rare recovery or exclusive lock) the read goes through the pool instead, so the loop
+    is never blocked longer than the statement itself."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        url = engine.url
+        database = url.database if url.get_backend_name() == "sqlite" else None
+        self._sqlite_path = database if database and database != ":memory:" else None
+        self._sqlite: sqlite3.Connection | None = None
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._sqlite is None:
+            assert self._sqlite_path is not None
+            connection = sqlite3.connect(self._sqlite_path, timeout=0, isolation_level=None)
+            connection.execute("PRAGMA query_only=1")
+            self._sqlite = connection
+        return self._sqlite
+
+    async def rows(
+        self, statement: Statement, params: Mapping[str, Any]
+    ) -> Sequence[Sequence[Any]]:
+        if self._sqlite_path is not None:
+            if isinstance(statement, Mapping):
+                statement = statement["sqlite"]
+            compiled = _compile(statement, self._engine.dialect)
+            try:
+                return (
+                    self._connection().execute(compiled.sql, compiled.arguments(params)).fetchall()
+                )
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) and "busy" not in str(error):
+                    raise
+        return await read_rows(self._engine, statement, params)
+
+    def close(self) -> None:
+        if self._sqlite is not None:
+            self._sqlite.close()
+            self._sqlite = None
 
 
 async def execute_many(

@@ -53,6 +53,16 @@ class Account(TableModel, table=True):
     created_at: datetime = Field(sa_type=UtcDateTime)
 
 
+class PrincipalStamp(TableModel, table=True):
+    """One row (id 1) whose version triggers bump on every change to keys, workspaces,
+    accounts and guardrails (migration 0010): what processes' principal caches compare."""
+
+    __tablename__ = "principal_stamp"
+
+    id: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    version: int = Field(default=0, sa_type=sa.BigInteger)
+
+
 class Workspace(TableModel, table=True):
     __tablename__ = "workspaces"
 
@@ -336,6 +346,8 @@ class ByokMonthlyRequests(TableModel, table=True):
     account_id: str = Field(primary_key=True, max_length=40)
     month_start: date = Field(primary_key=True)
     requests: int = Field(default=0, sa_type=sa.BigInteger)
+
+
 class GuardrailKeyAssignment(TableModel, table=True):
     """A guardrail assigned to a key: an assigned guardrail applies to its keys only."""
 
@@ -347,4 +359,15 @@ class GuardrailKeyAssignment(TableModel, table=True):
     id: str = Field(primary_key=True, max_length=40)
     guardrail_id: str = Field(foreign_key="guardrails.id", max_length=40)
     key_hash: str = Field(foreign_key="api_keys.hash", index=True, max_length=64)
+    created_at: datetime = Field(sa_type=UtcDateTime)
+
+
+class OperatorKey(TableModel, table=True):
+    """The operator credential: one row (id 1), the SHA-256 of the key only; the plaintext
+    is written once to a file of mode 0600 in the data dir (server/accounts/operator.py)."""
+
+    __tablename__ = "operator_keys"
+
+    id: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    key_hash: str = Field(max_length=64)
     created_at: datetime = Field(sa_type=UtcDateTime)

@@ -9,6 +9,7 @@ and video-duration ceilings are the lowest any guardrail sets. A refusal is 403 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -125,25 +126,36 @@ class Guardrails:
         return True
 
     def check_cost(self, estimate_micros: int) -> None:
-        for guardrail in self.rules:
-            ceiling = guardrail.max_cost_per_request_micros
-            if ceiling is not None and estimate_micros > ceiling:
-                raise blocked(
-                    guardrail,
-                    MAX_COST_PER_REQUEST,
-                    f"the request would cost {micros_to_json_number(estimate_micros)} USD, "
-                    f"over the {micros_to_json_number(ceiling)} USD per request allowed",
-                )
+        self._check_ceiling(
+            MAX_COST_PER_REQUEST,
+            lambda g: g.max_cost_per_request_micros,
+            estimate_micros,
+            lambda ceiling: (
+                f"the request would cost {micros_to_json_number(estimate_micros)} "
+                f"USD, over the {micros_to_json_number(ceiling)} USD per request allowed"
+            ),
+        )
 
     def check_video_duration(self, seconds: int) -> None:
+        self._check_ceiling(
+            MAX_VIDEO_DURATION,
+            lambda g: g.max_video_duration_seconds,
+            seconds,
+            lambda ceiling: f"a {seconds} s video is longer than the {ceiling} s allowed",
+        )
+
+    def _check_ceiling(
+        self,
+        rule: str,
+        ceiling_of: Callable[[Guardrail], int | None],
+        value: int,
+        refusal: Callable[[int], str],
+    ) -> None:
+        """Refuse `value` over the first guardrail's ceiling it exceeds (`rule` names it)."""
         for guardrail in self.rules:
-            ceiling = guardrail.max_video_duration_seconds
-            if ceiling is not None and seconds > ceiling:
-                raise blocked(
-                    guardrail,
-                    MAX_VIDEO_DURATION,
-                    f"a {seconds} s video is longer than the {ceiling} s allowed",
-                )
+            ceiling = ceiling_of(guardrail)
+            if ceiling is not None and value > ceiling:
+                raise blocked(guardrail, rule, refusal(ceiling))
 
 
 async def guardrails_of(session: AsyncSession, workspace_id: str, key_hash: str) -> Guardrails:

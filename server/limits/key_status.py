@@ -1,19 +1,30 @@
-"""What a key has spent and may still spend: the view behind GET /key and the /keys routes."""
+"""What a key has spent and may still spend: the view behind GET /key and the /keys routes.
+
+Read fresh on every call (never cached: GET /key after a response includes that request's
+charge, whichever process made it), in ONE statement on the raw driver connection
+(server/db/driver.py): the key's four current usage counters, the account's `:free`
+requests of the UTC day, and the principal stamp, which lets GET /key notice a change to
+the caller made elsewhere since its principal was cached."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, time
+from typing import Any
 
+import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from server.billing.periods import PERIOD_OF_RESET
-from server.billing.usage import KEY, PeriodUsage, read_usage
-from server.db.models import Account, ApiKey
+from server.billing.periods import PERIOD_OF_RESET, PERIODS, period_starts
+from server.billing.usage import KEY, PeriodUsage
+from server.db.driver import HotReads, fetch_rows
+from server.db.models import Account, ApiKey, RateWindow, UsageCounter, UtcDateTime
+from server.db.stamp import STAMP_VERSION
 from server.limits.free_models import (
+    DAY,
     FreeModelDailyRequests,
     daily_limit,
-    free_requests_today,
     is_free_tier,
 )
 
@@ -37,17 +48,89 @@ def limit_remaining(key: ApiKey, usage: PeriodUsage) -> int | None:
     return max(0, key.limit_micros - used)
 
 
-async def key_status(
-    session: AsyncSession, key: ApiKey, account: Account, now: datetime
-) -> KeyStatus:
-    usage = await read_usage(session, KEY, key.hash, now)
-    return KeyStatus(
+_COUNTERS = UsageCounter.__table__
+_WINDOWS = RateWindow.__table__
+
+
+def _counter(period: str, column: sa.Column[Any]) -> sa.ColumnElement[Any]:
+    return sa.func.coalesce(
+        sa.select(column)
+        .where(
+            _COUNTERS.c.subject == KEY,
+            _COUNTERS.c.subject_id == sa.bindparam("key_hash"),
+            _COUNTERS.c.period == period,
+            _COUNTERS.c.period_start == sa.bindparam(f"{period}_start", type_=sa.Date),
+        )
+        .scalar_subquery(),
+        0,
+    )
+
+
+# One row: stamp, free requests today, spend per period, BYOK spend per period (PERIODS'
+# order). Every part is a primary-key lookup.
+_STATUS = sa.select(
+    STAMP_VERSION,
+    sa.func.coalesce(
+        sa.select(_WINDOWS.c.count)
+        .where(
+            _WINDOWS.c.subject_id == sa.bindparam("account_id"),
+            _WINDOWS.c.period == DAY,
+            _WINDOWS.c.window_start == sa.bindparam("free_day_start", type_=UtcDateTime),
+        )
+        .scalar_subquery(),
+        0,
+    ),
+    *(_counter(period, _COUNTERS.c.spend_micros) for period in PERIODS),
+    *(_counter(period, _COUNTERS.c.byok_micros) for period in PERIODS),
+)
+
+
+def _params(key: ApiKey, account: Account, now: datetime) -> dict[str, Any]:
+    starts = period_starts(now)
+    params: dict[str, Any] = {f"{period}_start": starts.of(period) for period in PERIODS}
+    params["key_hash"] = key.hash
+    params["account_id"] = account.id
+    params["free_day_start"] = datetime.combine(now.astimezone(UTC).date(), time(0), tzinfo=UTC)
+    return params
+
+
+def _status(row: Sequence[Any], key: ApiKey, account: Account) -> tuple[KeyStatus, int]:
+    stamp, free_today, *counters = row
+    usage = PeriodUsage(
+        spend={period: int(counters[i]) for i, period in enumerate(PERIODS)},
+        byok={period: int(counters[len(PERIODS) + i]) for i, period in enumerate(PERIODS)},
+    )
+    status = KeyStatus(
         key=key,
         usage=usage,
         limit_remaining_micros=limit_remaining(key, usage),
         is_free_tier=is_free_tier(account.credits_purchased_micros),
         free_model_daily_requests=FreeModelDailyRequests(
-            used=await free_requests_today(session, account.id, now),
-            limit=daily_limit(account.credits_purchased_micros),
+            used=int(free_today), limit=daily_limit(account.credits_purchased_micros)
         ),
     )
+    return status, int(stamp)
+
+
+async def key_status_and_stamp(
+    session: AsyncSession, key: ApiKey, account: Account, now: datetime
+) -> tuple[KeyStatus, int]:
+    """The key's status as of now, and the principal stamp read in the same statement, in
+    the session's transaction."""
+    (row,) = await fetch_rows(session, _STATUS, _params(key, account, now))
+    return _status(row, key, account)
+
+
+async def read_key_status_and_stamp(
+    reads: HotReads, key: ApiKey, account: Account, now: datetime
+) -> tuple[KeyStatus, int]:
+    """The same outside any transaction (server/db/driver.py's HotReads): what GET /key
+    runs when its caller needs no other database work."""
+    (row,) = await reads.rows(_STATUS, _params(key, account, now))
+    return _status(row, key, account)
+
+
+async def key_status(
+    session: AsyncSession, key: ApiKey, account: Account, now: datetime
+) -> KeyStatus:
+    return (await key_status_and_stamp(session, key, account, now))[0]

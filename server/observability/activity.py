@@ -4,7 +4,6 @@ each confined to one workspace and, for a key that is not a management key, to t
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -64,6 +63,17 @@ def _start_of(day: date) -> datetime:
     return datetime.combine(day, time.min, tzinfo=UTC)
 
 
+def _utc_day(column: Any, dialect: str) -> Any:
+    """The UTC day of a stored time as YYYY-MM-DD, computed by the database. SQLite keeps
+    times as UTC text ("2026-11-25 10:00:00.000000"); PostgreSQL as timestamptz, read in
+    UTC whatever the session's time zone. Constants are literal SQL, not parameters, so
+    the GROUP BY expression is the selected one."""
+    if dialect == "postgresql":
+        utc = sa.func.timezone(sa.literal_column("'UTC'"), column)
+        return sa.func.to_char(utc, sa.literal_column("'YYYY-MM-DD'"))
+    return sa.func.date(column)
+
+
 async def activity(
     session: AsyncSession,
     workspace_id: str,
@@ -79,33 +89,41 @@ async def activity(
     if group_by not in GROUP_BY:
         raise bad_request("group_by must be api_key or empty", param="group_by")
     first, last = activity_window(now.astimezone(UTC).date(), wanted_date)
-    # Six columns: more than sqlmodel's typed select() takes, so SQLAlchemy's own.
-    query = sa.select(
-        col(Generation.created_at),
-        col(Generation.model),
-        col(Generation.provider),
-        col(Generation.key_hash),
-        col(Generation.cost_micros),
-        col(Generation.is_byok),
-    ).where(
-        col(Generation.workspace_id) == workspace_id,
-        col(Generation.created_at) >= _start_of(first),
-        col(Generation.created_at) < _start_of(last + timedelta(days=1)),
+    connection = await session.connection()
+    day_of = _utc_day(col(Generation.created_at), connection.dialect.name)
+    provider_of = sa.func.coalesce(col(Generation.provider), sa.literal_column("''"))
+    groups: list[Any] = [day_of, col(Generation.model), provider_of]
+    if group_by == "api_key":
+        groups.append(col(Generation.key_hash))
+    cost = col(Generation.cost_micros)
+    byok = col(Generation.is_byok)
+    # The sums are the database's, in integer micro-dollars: one row per group comes back.
+    query = (
+        sa.select(
+            *groups,
+            sa.func.sum(sa.case((byok, 0), else_=cost)),
+            sa.func.sum(sa.case((byok, cost), else_=0)),
+            sa.func.count(),
+        )
+        .where(
+            col(Generation.workspace_id) == workspace_id,
+            col(Generation.created_at) >= _start_of(first),
+            col(Generation.created_at) < _start_of(last + timedelta(days=1)),
+        )
+        .group_by(*groups)
     )
     if key_hash:
         query = query.where(col(Generation.key_hash) == key_hash)
-    totals: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
-    connection = await session.connection()
-    for created_at, model, provider, row_key, cost, is_byok in await connection.execute(query):
-        group = (
-            created_at.astimezone(UTC).date().isoformat(),
-            model,
-            provider or "",
-            row_key if group_by == "api_key" else "",
+    totals: dict[tuple[str, str, str, str], tuple[int, int, int]] = {}
+    for row in await connection.execute(query):
+        row_day, model, row_provider = row[0], row[1], row[2]
+        row_key = row[3] if group_by == "api_key" else ""
+        charged, byok_paid, requests = row[-3:]
+        totals[(str(row_day), model, row_provider, row_key)] = (
+            int(charged),
+            int(byok_paid),
+            int(requests),
         )
-        total = totals[group]
-        total[1 if is_byok else 0] += cost
-        total[2] += 1
     return [
         {
             "date": day,

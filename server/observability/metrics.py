@@ -106,9 +106,25 @@ class Metrics:
             "When the housekeeping of this process last completed every step (Unix time)",
             registry=r,
         )
+        self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
         for task in ("holds", "videos", "rate_windows"):  # exported from the start, at 0
             self.maintenance_rows.labels(task)
             self.maintenance_failures.labels(task)
+
+    def request_done(self, route: str, status: int, seconds: float) -> None:
+        """Count one answered rpc and its duration. The labelled children are looked up once
+        per (route, status) — both sets are small and fixed — not on every request."""
+        key = (route, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = (
+                self.requests.labels(route, str(status)),
+                self.request_seconds.labels(route),
+            )
+            self._request_children[key] = children
+        count, duration = children
+        count.inc()
+        duration.observe(seconds)
 
     @contextmanager
     def provider_call(self, provider: str, operation: str) -> Iterator[None]:

@@ -148,6 +148,8 @@ def emit_generation_span(
 ) -> None:
     """Record a finished generation (and its `span_name` wrapper) after the fact: from
     `started_at` to the record's creation."""
+    if isinstance(tracer, trace.NoOpTracer):
+        return  # tracing is off: nothing to build
     config = record.trace or {}
     error = None if record.status == "completed" else (record.error or "failed")
     attributes = generation_attributes(record, request_id)

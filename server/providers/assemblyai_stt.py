@@ -41,9 +41,9 @@ from typing import Any
 import httpx
 
 from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, SERVER_ERROR, TIMEOUT, ProviderFailure
+from server.providers.failures import SERVER_ERROR, TIMEOUT, ProviderFailure
 from server.providers.http import MAX_PROVIDER_MESSAGE, json_object, send
-from server.providers.stt import Segment, SttCall, Transcript, Word, seconds
+from server.providers.stt import Segment, SttCall, Transcript, Word, reading_answer, seconds
 
 POLL_INTERVALS = (0.5, 1.0, 2.0)
 POLL_INTERVAL_MAX = 3.0
@@ -141,7 +141,7 @@ class AssemblyAISttAdapter:
 
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
         deadline = self._monotonic() + endpoint.timeout_seconds
-        try:
+        with reading_answer():
             uploaded = await self._request(
                 endpoint,
                 deadline,
@@ -169,10 +169,6 @@ class AssemblyAISttAdapter:
                 )
                 sentences = answer["sentences"]
             return parse(body, sentences)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ProviderFailure(
-                INVALID_RESPONSE, "Provider returned an invalid response", status=200
-            ) from exc
 
     async def _wait(
         self, endpoint: Endpoint, deadline: float, transcript_id: str

@@ -26,9 +26,7 @@ from urllib.parse import quote
 import httpx
 
 from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, ProviderFailure
-from server.providers.http import send
-from server.providers.openai_stt import MIME, form, parse
+from server.providers.openai_stt import transcribe_form
 from server.providers.stt import SttCall, Transcript
 
 DEFAULT_API_VERSION = "2024-10-21"
@@ -41,20 +39,11 @@ class AzureOpenAISttAdapter:
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
         credential = endpoint.credential()
         deployment = quote(call.model, safe="")
-        request = self._http.build_request(
-            "POST",
+        return await transcribe_form(
+            self._http,
+            endpoint,
+            call,
             f"{endpoint.base_url}/openai/deployments/{deployment}/audio/transcriptions",
-            params={"api-version": endpoint.api_version or DEFAULT_API_VERSION},
-            data=form(call),
-            files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
-            headers={"api-key": credential} if credential else {},
-            timeout=endpoint.timeout_seconds,
+            {"api-key": credential} if credential else {},
+            {"api-version": endpoint.api_version or DEFAULT_API_VERSION},
         )
-        request.read()
-        response = await send(self._http, request)
-        try:
-            return parse(response.json(), call.verbose)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ProviderFailure(
-                INVALID_RESPONSE, "Provider returned an invalid response", status=200
-            ) from exc

@@ -34,7 +34,6 @@ model name, e.g. `wan2.5-t2v-preview`, `wan2.5-i2v-preview`, `wan2.1-kf2v-plus`.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -43,9 +42,9 @@ import httpx
 from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
+from server.providers.http import Downloads
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_http import merged, seconds_of
-from server.providers.video_tasks import failed
+from server.providers.video_tasks import failed, merged, seconds_of
 
 _RUNNING = ("PENDING", "RUNNING")
 _TASK_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -56,14 +55,11 @@ FIRST_AND_LAST_FRAME_PATH = "services/aigc/image2video/video-synthesis"
 
 def read_error(response: httpx.Response) -> provider_http.ErrorFields:
     """DashScope's error body: `{"request_id", "code", "message"}`."""
-    try:
-        body = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None, ""
-    if not isinstance(body, dict):
-        return None, ""
-    code, message = body.get("code"), body.get("message")
-    return (code if isinstance(code, str) else None, message if isinstance(message, str) else "")
+    body = provider_http.json_or_none(response) or {}
+    return provider_http.error_fields(body.get("code"), body.get("message"))
+
+
+failure_of = provider_http.failure_reading(read_error)
 
 
 def task_request(call: VideoCall) -> tuple[str, dict[str, Any]]:
@@ -118,8 +114,9 @@ def _task_id(value: object) -> str:
 
 
 class DashScopeVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
         self._http = http
+        self._downloads = downloads or Downloads(http)
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         path, body = task_request(call)
@@ -130,7 +127,7 @@ class DashScopeVideoAdapter:
             f"{endpoint.base_url}/{path}",
             json=body,
             headers={"X-DashScope-Async": "enable"},
-            read_error=read_error,
+            failure_of=failure_of,
         )
         output = provider_http.json_object(response).get("output")
         task_id = _task_id(output.get("task_id") if isinstance(output, dict) else None)
@@ -141,7 +138,7 @@ class DashScopeVideoAdapter:
     ) -> VideoProgress:
         url = f"{endpoint.base_url}/tasks/{_task_id(provider_job_id)}"
         body = provider_http.json_object(
-            await provider_http.call(self._http, endpoint, "GET", url, read_error=read_error)
+            await provider_http.call(self._http, endpoint, "GET", url, failure_of=failure_of)
         )
         output = body.get("output")
         if not isinstance(output, dict) or not isinstance(output.get("task_status"), str):
@@ -150,7 +147,7 @@ class DashScopeVideoAdapter:
         if status in _RUNNING:
             return VideoProgress(state="running", provider_job_id=provider_job_id)
         if status == "SUCCEEDED":
-            video = await provider_http.download(self._http, endpoint, output.get("video_url"))
+            video = await self._downloads.fetch(endpoint, output.get("video_url"))
             usage = body.get("usage")
             duration = usage.get("video_duration") if isinstance(usage, dict) else None
             seconds = seconds_of(duration)
@@ -162,4 +159,4 @@ class DashScopeVideoAdapter:
 
     async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:
         url = f"{endpoint.base_url}/tasks/{_task_id(provider_job_id)}/cancel"
-        await provider_http.call(self._http, endpoint, "POST", url, read_error=read_error)
+        await provider_http.call(self._http, endpoint, "POST", url, failure_of=failure_of)

@@ -34,14 +34,21 @@ from typing import Any
 import httpx
 
 from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, ProviderFailure
-from server.providers.http import MAX_PROVIDER_MESSAGE, ErrorFields, json_object, send
+from server.providers.http import (
+    ErrorFields,
+    error_fields,
+    failure_reading,
+    json_object,
+    json_or_none,
+    send,
+)
 from server.providers.openai_stt import MIME
 from server.providers.stt import (
     Segment,
     SttCall,
     Transcript,
     Word,
+    reading_answer,
     seconds,
     segments_from_words,
 )
@@ -54,18 +61,13 @@ _WORD_KEYS = ("word", "punctuated_word", "start", "end")
 
 def read_error(response: httpx.Response) -> ErrorFields:
     """Deepgram's error bodies: {"err_code", "err_msg"} or {"category", "message"}."""
-    try:
-        body = response.json()
-    except ValueError:
-        return None, ""
-    if not isinstance(body, dict):
-        return None, ""
-    code = body.get("err_code") or body.get("category")
-    message = body.get("err_msg") or body.get("message") or ""
-    return (
-        code if isinstance(code, str) else None,
-        message[:MAX_PROVIDER_MESSAGE] if isinstance(message, str) else "",
+    body = json_or_none(response) or {}
+    return error_fields(
+        body.get("err_code") or body.get("category"), body.get("err_msg") or body.get("message")
     )
+
+
+failure_of = failure_reading(read_error)
 
 
 def _query_value(value: Any) -> str:
@@ -155,10 +157,6 @@ class DeepgramSttAdapter:
             headers=headers,
             timeout=endpoint.timeout_seconds,
         )
-        response = await send(self._http, request, read_error)
-        try:
+        response = await send(self._http, request, failure_of)
+        with reading_answer():
             return parse(json_object(response), call)
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-            raise ProviderFailure(
-                INVALID_RESPONSE, "Provider returned an invalid response", status=200
-            ) from exc

@@ -29,10 +29,23 @@ from typing import Any
 import httpx
 
 from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, ProviderFailure
-from server.providers.http import MAX_PROVIDER_MESSAGE, ErrorFields, json_object, send
+from server.providers.http import (
+    ErrorFields,
+    error_fields,
+    failure_reading,
+    json_object,
+    json_or_none,
+    send,
+)
 from server.providers.openai_stt import MIME
-from server.providers.stt import SttCall, Transcript, Word, seconds, segments_from_words
+from server.providers.stt import (
+    SttCall,
+    Transcript,
+    Word,
+    reading_answer,
+    seconds,
+    segments_from_words,
+)
 
 _WORD_KEYS = ("text", "start", "end", "type")
 
@@ -40,21 +53,15 @@ _WORD_KEYS = ("text", "start", "end", "type")
 def read_error(response: httpx.Response) -> ErrorFields:
     """ElevenLabs' error bodies: {"detail": {"status", "message"}}, a validation list, or a
     plain {"detail": "..."}."""
-    try:
-        body = response.json()
-    except ValueError:
-        return None, ""
-    detail = body.get("detail") if isinstance(body, dict) else None
+    detail = (json_or_none(response) or {}).get("detail")
     if isinstance(detail, dict):
-        code, message = detail.get("status"), detail.get("message")
-    elif isinstance(detail, list) and detail and isinstance(detail[0], dict):
-        code, message = detail[0].get("type"), detail[0].get("msg")
-    else:
-        code, message = None, detail
-    return (
-        code if isinstance(code, str) else None,
-        message[:MAX_PROVIDER_MESSAGE] if isinstance(message, str) else "",
-    )
+        return error_fields(detail.get("status"), detail.get("message"))
+    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        return error_fields(detail[0].get("type"), detail[0].get("msg"))
+    return error_fields(None, detail)
+
+
+failure_of = failure_reading(read_error)
 
 
 def _text(value: Any) -> str:
@@ -116,10 +123,6 @@ class ElevenLabsSttAdapter:
             timeout=endpoint.timeout_seconds,
         )
         request.read()
-        response = await send(self._http, request, read_error)
-        try:
+        response = await send(self._http, request, failure_of)
+        with reading_answer():
             return parse(json_object(response), call)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ProviderFailure(
-                INVALID_RESPONSE, "Provider returned an invalid response", status=200
-            ) from exc

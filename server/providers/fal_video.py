@@ -32,7 +32,6 @@ How an operator configures it: an endpoint `adapter = "fal"`, `base_url =
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import replace
 from typing import Any
@@ -43,10 +42,10 @@ import httpx
 from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
+from server.providers.http import Downloads
 from server.providers.queue_video import queue_input
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_http import merged
-from server.providers.video_tasks import failed
+from server.providers.video_tasks import failed, merged
 
 AUTH_SCHEME = "Key"
 _RUNNING = ("IN_QUEUE", "IN_PROGRESS")
@@ -55,20 +54,13 @@ _JOB_PATH = re.compile(r"^[A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*/requests/[A-Za-z0
 
 def read_error(response: httpx.Response) -> provider_http.ErrorFields:
     """fal's error body: `{"detail": "…"}` or `{"detail": [{"loc", "msg", "type"}]}`."""
-    try:
-        body = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None, ""
-    detail = body.get("detail") if isinstance(body, dict) else None
-    if isinstance(detail, str):
-        return None, detail
+    detail = (provider_http.json_or_none(response) or {}).get("detail")
     if isinstance(detail, list) and detail and isinstance(detail[0], dict):
-        kind, message = detail[0].get("type"), detail[0].get("msg")
-        return (
-            kind if isinstance(kind, str) else None,
-            message if isinstance(message, str) else "",
-        )
-    return None, ""
+        return provider_http.error_fields(detail[0].get("type"), detail[0].get("msg"))
+    return provider_http.error_fields(None, detail)
+
+
+failure_of = provider_http.failure_reading(read_error)
 
 
 def fal_input(call: VideoCall) -> dict[str, Any]:
@@ -91,8 +83,9 @@ def _job_path(endpoint: Endpoint, response_url: object) -> str:
 
 
 class FalVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
         self._http = http
+        self._downloads = downloads or Downloads(http)
 
     async def _call(self, endpoint: Endpoint, method: str, url: str, **kwargs: Any) -> Any:
         return await provider_http.call(
@@ -101,7 +94,7 @@ class FalVideoAdapter:
             method,
             url,
             auth_scheme=AUTH_SCHEME,
-            read_error=read_error,
+            failure_of=failure_of,
             **kwargs,
         )
 
@@ -139,7 +132,7 @@ class FalVideoAdapter:
         urls = [e.get("url") if isinstance(e, dict) else None for e in entries]
         if not urls:
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
-        videos = [await provider_http.download(self._http, endpoint, url) for url in urls]
+        videos = [await self._downloads.fetch(endpoint, url) for url in urls]
         return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=videos)
 
     async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:

@@ -11,7 +11,7 @@ poll `GET {base}/{name}` until `"done": true`; then `error` (google.rpc.Status) 
 
 Field mapping: prompt; frame_images → `image` / `lastFrame` and image input_references →
 `referenceImages` (asset, up to 3), all inline: data: URLs as given, public https URLs
-fetched by the gateway (video_http.ImageFetcher; Veo reads no web URLs);
+fetched by the gateway (http.ImageFetcher; Veo reads no web URLs);
 aspect_ratio, resolution, duration → aspectRatio, resolution, durationSeconds. Dropped:
 `seed` and `generate_audio` (the Gemini API refuses both; Veo 3 always generates sound),
 audio/video references. `provider.options[<slug>]` are Veo parameters merged into
@@ -31,21 +31,26 @@ durations 4 / 6 / 8 s; list `generate_audio = true` (it always has sound)."""
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from server.providers import veo
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, REJECTED_CREDENTIALS, ProviderFailure
+from server.providers.http import Downloads, ImageFetcher, json_object, send
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_http import ImageFetcher, download, json_body, send
 
 
 class GeminiVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient, images: ImageFetcher | None = None) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        images: ImageFetcher | None = None,
+        downloads: Downloads | None = None,
+    ) -> None:
         self._http = http
         self._images = images or ImageFetcher(http)
+        self._downloads = downloads or Downloads(http)
 
     def _headers(self, endpoint: Endpoint) -> dict[str, str]:
         key = endpoint.credential()
@@ -63,7 +68,7 @@ class GeminiVideoAdapter:
             json=body,
             timeout=endpoint.timeout_seconds,
         )
-        return json_body(await send(self._http, request, veo.failure_of))
+        return json_object(await send(self._http, request, veo.failure_of))
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         body = await veo.request_body(call, self._images, endpoint.timeout_seconds, vertex=False)
@@ -79,12 +84,9 @@ class GeminiVideoAdapter:
         return await self._progress(endpoint, operation)
 
     async def _progress(self, endpoint: Endpoint, operation: dict[str, Any]) -> VideoProgress:
-        name = veo.operation_name(operation)
-        if not operation.get("done"):
-            return VideoProgress(state="running", provider_job_id=name)
-        error = veo.operation_error(operation)
-        if error is not None:
-            return VideoProgress(state="failed", provider_job_id=name, error=error)
+        name, progress = veo.unfinished(operation)
+        if progress is not None:
+            return progress
         response = operation.get("response")
         result = response.get("generateVideoResponse") if isinstance(response, dict) else None
         if not isinstance(result, dict):
@@ -94,19 +96,12 @@ class GeminiVideoAdapter:
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
         uris = [s.get("video", {}).get("uri") for s in samples if isinstance(s, dict)]
         if not uris:
-            return VideoProgress(
-                state="failed", provider_job_id=name, error=veo.filtered_message(result)
-            )
-        videos = [await self._download(endpoint, uri) for uri in uris]
-        return VideoProgress(state="completed", provider_job_id=name, videos=videos)
-
-    async def _download(self, endpoint: Endpoint, uri: object) -> bytes:
+            return veo.filtered(name, result)
         # The key goes only to the API's own host, never to a host the response names.
-        base = urlsplit(endpoint.base_url or "")
-        target = urlsplit(uri) if isinstance(uri, str) else None
-        if target is None or (target.scheme, target.netloc) != (base.scheme, base.netloc):
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video URL")
-        assert isinstance(uri, str)
-        return await download(
-            self._http, uri, endpoint.timeout_seconds, self._headers(endpoint), veo.failure_of
-        )
+        videos = [
+            await self._downloads.fetch(
+                endpoint, uri, headers=self._headers(endpoint), failure_of=veo.failure_of
+            )
+            for uri in uris
+        ]
+        return VideoProgress(state="completed", provider_job_id=name, videos=videos)

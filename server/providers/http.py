@@ -1,16 +1,22 @@
-"""Talking HTTP to providers over the one pooled client: the credential header, transport
-failures, and reading a provider's HTTP failure (status, error code, retry hint)."""
+"""Talking HTTP to providers over the one pooled client, in one place: the credential header;
+sending, where transport failures and a provider's HTTP failure (read by the provider's own
+rules) become ProviderFailures in the gateway's words; reading JSON answers; and fetching the
+URLs someone else named — a provider's result file (`Downloads`) and a client's image
+(`ImageFetcher`) — only after the DNS-pinned address check webhooks use
+(server/webhooks/targets.py)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import email.utils
-import ipaddress
-import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote_to_bytes, urljoin, urlsplit
 
 import httpx
 
@@ -26,12 +32,31 @@ from server.providers.failures import (
     UNREACHABLE,
     ProviderFailure,
 )
+from server.webhooks.targets import (
+    Lookup,
+    RefusedTarget,
+    ResolvedTarget,
+    UnresolvedTarget,
+    dns_lookup,
+    resolve_target,
+)
 
-MAX_PROVIDER_MESSAGE = 300
+MAX_PROVIDER_MESSAGE = 300  # how much of a provider's own message is repeated
 # What a provider's error body says: its error code and message. Each provider has its own
 # shape; the default reads OpenAI's ({"error": {"code", "message"}} or {"error": "..."}).
 ErrorFields = tuple[str | int | None, str]
 ErrorReader = Callable[[httpx.Response], ErrorFields]
+# A provider's HTTP error (status >= 400) as a failure; each provider's documented codes decide.
+FailureOf = Callable[[httpx.Response], ProviderFailure]
+
+_WORDS = {
+    RATE_LIMITED: "Provider rate limited the request",
+    OVERLOADED: "Provider is overloaded",
+    REJECTED_CREDENTIALS: "Provider refused the gateway's credentials",
+    TIMEOUT: "Provider timed out",
+    SERVER_ERROR: "Provider returned error",
+}
+_BAD_URL = "Provider returned a bad video URL"
 
 
 def retry_after_seconds(value: str | None, now: datetime | None = None) -> int | None:
@@ -60,65 +85,92 @@ def retry_hint(response: httpx.Response) -> int | None:
     return seconds
 
 
-def _error_fields(response: httpx.Response) -> ErrorFields:
+def http_failure(
+    kind: str,
+    response: httpx.Response,
+    provider_code: str | int | None,
+    message: str = "",
+    retry_after: int | None = None,
+) -> ProviderFailure:
+    """A provider's HTTP failure of `kind` (which the provider's own codes decide), in the
+    gateway's words: only a refused request repeats what the provider said, bounded. A rate
+    limit or overload carries `retry_after`, else the response's retry hint."""
+    if kind == CLIENT_ERROR:
+        said = message[:MAX_PROVIDER_MESSAGE]
+        words = (
+            f"Provider rejected the request: {said}" if said else "Provider rejected the request"
+        )
+    else:
+        words = _WORDS[kind]
+    if retry_after is None and kind in (RATE_LIMITED, OVERLOADED):
+        retry_after = retry_hint(response)
+    return ProviderFailure(
+        kind,
+        words,
+        status=response.status_code,
+        provider_code=provider_code,
+        retry_after=retry_after,
+    )
+
+
+def json_or_none(response: httpx.Response) -> dict[str, Any] | None:
+    """The response's JSON object; None when the body is not one."""
     try:
         body = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None, ""
-    error = body.get("error") if isinstance(body, dict) else None
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def json_object(response: httpx.Response) -> dict[str, Any]:
+    """A provider's answer, which must be a JSON object."""
+    body = json_or_none(response)
+    if body is None:
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+    return body
+
+
+def error_fields(code: object, message: object) -> ErrorFields:
+    """What an error body said, whatever the provider's shape: a string or number code (else
+    None) and a string message (else ""), bounded."""
+    return (
+        code if isinstance(code, str | int) else None,
+        message[:MAX_PROVIDER_MESSAGE] if isinstance(message, str) else "",
+    )
+
+
+def openai_error(response: httpx.Response) -> ErrorFields:
+    """OpenAI's error body: `{"error": {"code" or "type", "message"}}` or `{"error": "..."}`."""
+    error = (json_or_none(response) or {}).get("error")
     if isinstance(error, dict):
-        code = error.get("code") or error.get("type")
-        message = error.get("message")
-        return (
-            code if isinstance(code, str | int) else None,
-            message if isinstance(message, str) else "",
-        )
-    if isinstance(error, str):
-        return None, error
-    return None, ""
+        return error_fields(error.get("code") or error.get("type"), error.get("message"))
+    return error_fields(None, error)
 
 
 def failure_from_response(
-    response: httpx.Response, read_error: ErrorReader = _error_fields
+    response: httpx.Response, read_error: ErrorReader = openai_error
 ) -> ProviderFailure:
+    """The failure an HTTP status means for providers that say it with the status (OpenAI
+    and most others), the body read by `read_error`."""
     status = response.status_code
     code, message = read_error(response)
-    provider_code: str | int = code if code is not None else status
     message = message[:MAX_PROVIDER_MESSAGE]
     if status == 429:
-        return ProviderFailure(
-            RATE_LIMITED,
-            "Provider rate limited the request",
-            status=status,
-            provider_code=provider_code,
-            retry_after=retry_hint(response),
-        )
-    if status == 529 or (status == 503 and "overload" in message.lower()):
-        return ProviderFailure(
-            OVERLOADED,
-            "Provider is overloaded",
-            status=status,
-            provider_code=provider_code,
-            retry_after=retry_hint(response),
-        )
-    if status in (401, 403):
-        return ProviderFailure(
-            REJECTED_CREDENTIALS,
-            "Provider refused the gateway's credentials",
-            status=status,
-            provider_code=provider_code,
-        )
-    if 400 <= status < 500 and status not in (408, 409, 425):
-        detail = f": {message}" if message else ""
-        return ProviderFailure(
-            CLIENT_ERROR,
-            f"Provider rejected the request{detail}",
-            status=status,
-            provider_code=provider_code,
-        )
-    return ProviderFailure(
-        SERVER_ERROR, "Provider returned error", status=status, provider_code=provider_code
-    )
+        kind = RATE_LIMITED
+    elif status == 529 or (status == 503 and "overload" in message.lower()):
+        kind = OVERLOADED
+    elif status in (401, 403):
+        kind = REJECTED_CREDENTIALS
+    elif 400 <= status < 500 and status not in (408, 409, 425):
+        kind = CLIENT_ERROR
+    else:
+        kind = SERVER_ERROR
+    return http_failure(kind, response, code if code is not None else status, message)
+
+
+def failure_reading(read_error: ErrorReader) -> FailureOf:
+    """failure_from_response for a provider whose error body has its own shape."""
+    return partial(failure_from_response, read_error=read_error)
 
 
 def authorized(
@@ -134,10 +186,12 @@ def authorized(
 
 
 async def send(
-    http: httpx.AsyncClient, request: httpx.Request, read_error: ErrorReader = _error_fields
+    http: httpx.AsyncClient,
+    request: httpx.Request,
+    failure_of: FailureOf = failure_from_response,
 ) -> httpx.Response:
-    """Send one provider request; transport failures and HTTP errors (their bodies read by
-    `read_error`) become ProviderFailures."""
+    """Send one provider request; transport failures and HTTP errors (read by the
+    provider's own `failure_of`) become ProviderFailures."""
     try:
         response = await http.send(request)
     except httpx.TimeoutException as exc:
@@ -145,7 +199,7 @@ async def send(
     except httpx.TransportError as exc:
         raise ProviderFailure(UNREACHABLE, "Provider is unreachable") from exc
     if response.status_code >= 400:
-        raise failure_from_response(response, read_error)
+        raise failure_of(response)
     return response
 
 
@@ -155,10 +209,11 @@ async def call(
     method: str,
     url: str,
     *,
-    read_error: ErrorReader = _error_fields,
+    failure_of: FailureOf = failure_from_response,
     auth_scheme: str = "Bearer",
     **kwargs: Any,
 ) -> httpx.Response:
+    """One request to the endpoint with its credential (`Authorization: <auth_scheme> ...`)."""
     request = http.build_request(
         method,
         url,
@@ -166,38 +221,7 @@ async def call(
         timeout=endpoint.timeout_seconds,
         **kwargs,
     )
-    return await send(http, request, read_error)
-
-
-def downloadable(url: object, base_url: str | None) -> bool:
-    """Whether the gateway fetches a file URL from a provider's answer: on the endpoint's own
-    origin, or HTTPS to a public host (a CDN, signed storage), never to a loopback, private
-    or link-local address the answer names (no requests into the gateway's network)."""
-    if not isinstance(url, str):
-        return False
-    got, base = urlsplit(url), urlsplit(base_url or "")
-    if not got.hostname:
-        return False
-    if (got.scheme, got.netloc) == (base.scheme, base.netloc):
-        return True
-    if got.scheme != "https" or got.hostname == "localhost":
-        return False
-    try:
-        return ipaddress.ip_address(got.hostname).is_global
-    except ValueError:
-        return True  # a host name: the provider's CDN or storage
-
-
-async def download(http: httpx.AsyncClient, endpoint: Endpoint, url: object) -> bytes:
-    """A result file a provider pointed at (often a CDN or signed storage URL): fetched
-    without the endpoint's credential, which belongs to the provider's API host only."""
-    if not isinstance(url, str) or not downloadable(url, endpoint.base_url):
-        raise ProviderFailure(INVALID_RESPONSE, "Provider returned a bad video URL")
-    request = http.build_request("GET", url, timeout=endpoint.timeout_seconds)
-    content = (await send(http, request)).content
-    if not content:
-        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an empty video")
-    return content
+    return await send(http, request, failure_of)
 
 
 def same_origin(url: object, base_url: str) -> bool:
@@ -216,11 +240,180 @@ def same_origin(url: object, base_url: str) -> bool:
     )
 
 
-def json_object(response: httpx.Response) -> dict[str, Any]:
+def _origin(url: str) -> tuple[str, str] | None:
     try:
-        body = response.json()
-    except ValueError as exc:
-        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response") from exc
-    if not isinstance(body, dict):
-        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
-    return body
+        parts = urlsplit(url)
+        return (parts.scheme, parts.netloc) if parts.hostname else None
+    except ValueError:
+        return None
+
+
+class CheckedFetcher:
+    """Fetches URLs someone else named over the one client: each only after resolve_target
+    (https, public addresses unless `allow_private`), at the address it was checked at."""
+
+    def __init__(
+        self, http: httpx.AsyncClient, *, allow_private: bool = False, lookup: Lookup = dns_lookup
+    ) -> None:
+        self._http = http
+        self._allow_private = allow_private
+        self._lookup = lookup
+
+    async def _target(self, url: str) -> ResolvedTarget:
+        return await resolve_target(url, allow_private=self._allow_private, lookup=self._lookup)
+
+    def _pinned_get(
+        self,
+        target: ResolvedTarget,
+        timeout_seconds: float,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Request:
+        """A GET at the checked address, the URL's name in Host and SNI."""
+        return self._http.build_request(
+            "GET",
+            target.url,
+            headers={**(headers or {}), "host": target.host_header},
+            timeout=timeout_seconds,
+            extensions={"sni_hostname": target.sni_hostname},
+        )
+
+
+class Downloads(CheckedFetcher):
+    """Fetches the files a provider's answer points at (a finished video). A URL on the
+    trusted origin — the endpoint's base URL, or another the adapter was configured with
+    (Vertex's Cloud Storage) — is fetched as it is, with `headers` (a credential) when given.
+    Any other URL (a CDN, signed storage) only over https to a public address, checked after
+    DNS and pinned as webhook targets are (private ones only when the operator allows them),
+    and never with `headers`: a credential stays on its own origin. One redirect is followed,
+    under the same rules, without `headers`."""
+
+    async def fetch(
+        self,
+        endpoint: Endpoint,
+        url: object,
+        *,
+        headers: dict[str, str] | None = None,
+        failure_of: FailureOf = failure_from_response,
+        origin: str | None = None,
+    ) -> bytes:
+        trusted = _origin(origin or endpoint.base_url or "")
+        timeout = endpoint.timeout_seconds
+        if not isinstance(url, str):
+            raise ProviderFailure(INVALID_RESPONSE, _BAD_URL)
+        response = await self._get(url, trusted, headers, failure_of, timeout)
+        if response.is_redirect:
+            location = response.headers.get("location")
+            if not location:
+                raise ProviderFailure(INVALID_RESPONSE, "Provider redirected nowhere")
+            try:
+                target = urljoin(url, location)
+            except ValueError as exc:
+                raise ProviderFailure(INVALID_RESPONSE, _BAD_URL) from exc
+            response = await self._get(target, trusted, None, failure_of, timeout)
+            if response.is_redirect:
+                raise ProviderFailure(INVALID_RESPONSE, "Provider redirected too often")
+        if not response.content:
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an empty video")
+        return response.content
+
+    async def _get(
+        self,
+        url: str,
+        trusted: tuple[str, str] | None,
+        headers: dict[str, str] | None,
+        failure_of: FailureOf,
+        timeout_seconds: float,
+    ) -> httpx.Response:
+        origin = _origin(url)
+        if origin is not None and origin == trusted:
+            request = self._http.build_request(
+                "GET", url, headers=headers or {}, timeout=timeout_seconds
+            )
+        elif headers:
+            raise ProviderFailure(INVALID_RESPONSE, _BAD_URL)
+        else:
+            try:
+                target = await self._target(url)
+            except RefusedTarget as exc:
+                raise ProviderFailure(INVALID_RESPONSE, _BAD_URL) from exc
+            except UnresolvedTarget as exc:
+                raise ProviderFailure(
+                    UNREACHABLE, "Provider's video host cannot be resolved"
+                ) from exc
+            request = self._pinned_get(target, timeout_seconds)
+        return await send(self._http, request, failure_of)
+
+
+@dataclass(frozen=True)
+class InlineImage:
+    data: bytes
+    mime_type: str
+
+    @property
+    def base64(self) -> str:
+        return base64.b64encode(self.data).decode("ascii")
+
+
+def data_url_image(url: str) -> InlineImage | None:
+    """The image a `data:` URL carries; None for an http(s) URL. A malformed data: URL is
+    the client's fault."""
+    if not url.startswith("data:"):
+        return None
+    header, sep, payload = url[5:].partition(",")
+    if not sep:
+        raise ProviderFailure(CLIENT_ERROR, "An image data: URL has no data")
+    parts = header.split(";")
+    mime_type = parts[0] or "image/png"
+    try:
+        if "base64" in parts[1:]:
+            data = base64.b64decode(payload, validate=True)
+        else:
+            data = unquote_to_bytes(payload)
+    except (binascii.Error, ValueError) as exc:
+        raise ProviderFailure(CLIENT_ERROR, "An image data: URL is not valid base64") from exc
+    if not mime_type.startswith("image/") or not data:
+        raise ProviderFailure(CLIENT_ERROR, "An image data: URL does not hold an image")
+    return InlineImage(data, mime_type)
+
+
+MAX_IMAGE_BYTES = 20 * 1024 * 1024  # Veo's own limit on an inline image
+
+
+class ImageFetcher(CheckedFetcher):
+    """Fetches a client's image URL for providers that take images only inline (Veo).
+    https only, to public addresses only (checked after DNS and pinned, as webhook targets
+    are, so a name cannot point inside the gateway's network), no redirects, no
+    credentials, at most MAX_IMAGE_BYTES of an image/* type. Every refusal is the client's
+    fault: its message names the problem, never the URL."""
+
+    async def inline(self, url: str, timeout_seconds: float) -> InlineImage:
+        image = data_url_image(url)
+        if image is not None:
+            return image
+        try:
+            target = await self._target(url)
+        except RefusedTarget as exc:
+            raise ProviderFailure(
+                CLIENT_ERROR, "An image URL must be a public https:// URL or a data: URL"
+            ) from exc
+        except UnresolvedTarget as exc:
+            raise ProviderFailure(CLIENT_ERROR, "An image URL's host cannot be resolved") from exc
+        request = self._pinned_get(target, timeout_seconds, {"accept": "image/*"})
+        try:
+            response = await self._http.send(request, stream=True)
+            try:
+                mime_type = response.headers.get("content-type", "").split(";")[0].strip()
+                if response.status_code != 200 or not mime_type.startswith("image/"):
+                    raise ProviderFailure(CLIENT_ERROR, "An image URL did not return an image")
+                data = bytearray()
+                async for chunk in response.aiter_bytes():
+                    data += chunk
+                    if len(data) > MAX_IMAGE_BYTES:
+                        raise ProviderFailure(CLIENT_ERROR, "An image is larger than 20 MB")
+            finally:
+                await response.aclose()
+        except httpx.HTTPError as exc:
+            raise ProviderFailure(CLIENT_ERROR, "An image URL could not be fetched") from exc
+        if not data:
+            raise ProviderFailure(CLIENT_ERROR, "An image URL returned no data")
+        return InlineImage(bytes(data), mime_type)

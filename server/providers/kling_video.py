@@ -51,20 +51,16 @@ from server.providers.failures import (
     TIMEOUT,
     ProviderFailure,
 )
-from server.providers.http import retry_after_seconds
-from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_http import (
-    MAX_MESSAGE,
+from server.providers.http import (
+    Downloads,
     data_url_image,
-    download,
-    http_url,
-    image_urls,
-    json_body,
+    http_failure,
+    json_object,
     json_or_none,
-    merged,
-    seconds_of,
     send,
 )
+from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_tasks import failed, image_urls, merged, seconds_of
 
 TOKEN_LIFETIME = timedelta(minutes=30)
 TOKEN_LEEWAY = timedelta(seconds=5)  # nbf in the past: the provider's clock may lag
@@ -80,40 +76,21 @@ def failure_of(response: httpx.Response, body: dict[str, Any] | None = None) -> 
     """Kling's failure: its `code` decides; the HTTP status when there is none."""
     body = body if body is not None else json_or_none(response) or {}
     code = body.get("code")
-    provider_code: str | int = code if isinstance(code, int) else response.status_code
-    message = str(body.get("message") or "")[:MAX_MESSAGE]
     status = response.status_code
     if code in _CREDENTIAL_CODES or (code is None and status in (401, 403)):
-        return ProviderFailure(
-            REJECTED_CREDENTIALS,
-            "Provider refused the gateway's credentials",
-            status=status,
-            provider_code=provider_code,
-        )
-    if code in _RATE_CODES or (code is None and status == 429):
-        return ProviderFailure(
-            RATE_LIMITED,
-            "Provider rate limited the request",
-            status=status,
-            provider_code=provider_code,
-            retry_after=retry_after_seconds(response.headers.get("retry-after")),
-        )
-    if code == 5002 or status == 504:
-        return ProviderFailure(
-            TIMEOUT, "Provider timed out", status=status, provider_code=provider_code
-        )
-    client_fault = isinstance(code, int) and (1200 <= code < 1300 or code in (1300, 1301))
-    if client_fault or (code is None and 400 <= status < 500 and status not in (408, 409)):
-        detail = f": {message}" if message else ""
-        return ProviderFailure(
-            CLIENT_ERROR,
-            f"Provider rejected the request{detail}",
-            status=status,
-            provider_code=provider_code,
-        )
-    return ProviderFailure(
-        SERVER_ERROR, "Provider returned error", status=status, provider_code=provider_code
-    )
+        kind = REJECTED_CREDENTIALS
+    elif code in _RATE_CODES or (code is None and status == 429):
+        kind = RATE_LIMITED
+    elif code == 5002 or status == 504:
+        kind = TIMEOUT
+    elif (isinstance(code, int) and (1200 <= code < 1300 or code in (1300, 1301))) or (
+        code is None and 400 <= status < 500 and status not in (408, 409)
+    ):
+        kind = CLIENT_ERROR
+    else:
+        kind = SERVER_ERROR
+    provider_code = code if isinstance(code, int) else status
+    return http_failure(kind, response, provider_code, str(body.get("message") or ""))
 
 
 def _image(url: str) -> str:
@@ -153,9 +130,12 @@ def task_body(call: VideoCall) -> tuple[str, dict[str, Any]]:
 
 
 class KlingVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient, clock: Clock) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, clock: Clock, downloads: Downloads | None = None
+    ) -> None:
         self._http = http
         self._clock = clock
+        self._downloads = downloads or Downloads(http)
 
     def _token(self, endpoint: Endpoint) -> str:
         access_key, secret_key = endpoint.credential(), endpoint.secret()
@@ -180,7 +160,7 @@ class KlingVideoAdapter:
             timeout=endpoint.timeout_seconds,
         )
         response = await send(self._http, request, failure_of)
-        answer = json_body(response)
+        answer = json_object(response)
         if answer.get("code") != 0:  # some refusals come with HTTP 200
             raise failure_of(response, answer)
         data = answer.get("data")
@@ -215,10 +195,7 @@ class KlingVideoAdapter:
         if status in _RUNNING:
             return VideoProgress(state="running", provider_job_id=job_id)
         if status != "succeed":
-            message = str(data.get("task_status_msg") or status)[:MAX_MESSAGE]
-            return VideoProgress(
-                state="failed", provider_job_id=job_id, error=f"Provider failed: {message}"
-            )
+            return failed(job_id, data.get("task_status_msg") or status)
         result = data.get("task_result")
         entries = result.get("videos") if isinstance(result, dict) else None
         if not isinstance(entries, list) or not entries:
@@ -227,8 +204,7 @@ class KlingVideoAdapter:
         for entry in entries:
             if not isinstance(entry, dict):
                 raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video")
-            url = http_url(entry.get("url"))
-            videos.append(await download(self._http, url, endpoint.timeout_seconds))
+            videos.append(await self._downloads.fetch(endpoint, entry.get("url")))
             seconds = seconds or seconds_of(entry.get("duration"))
         return VideoProgress(
             state="completed", provider_job_id=job_id, videos=videos, seconds=seconds

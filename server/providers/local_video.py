@@ -10,25 +10,31 @@ import io
 import math
 import textwrap
 import uuid
-from typing import Any
-
-import av
-import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from typing import TYPE_CHECKING, Any
 
 from server.providers.endpoint import Endpoint
 from server.providers.video import VideoCall, VideoProgress
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FPS = 24
 
 
 def _palette(prompt: str, seed: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    import numpy as np
+
     digest = hashlib.sha256(f"{seed}:{prompt}".encode()).digest()
     colours = [np.array(list(digest[i : i + 3]), dtype=np.float32) for i in (0, 3, 6)]
     return colours[0], colours[1], colours[2]
 
 
 def render_mp4(params: dict[str, Any]) -> bytes:
+    # PyAV, numpy and Pillow (~38 MiB) load on the first render, not in every server process.
+    import av
+    import numpy as np
+    from PIL import Image, ImageDraw, ImageFont
+
     width, height = int(params["width"]), int(params["height"])
     frames = int(params["duration"]) * FPS
     prompt = str(params.get("prompt") or "")

@@ -46,17 +46,16 @@ from server.providers.failures import (
     TIMEOUT,
     ProviderFailure,
 )
-from server.providers.http import failure_from_response, retry_after_seconds
-from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_http import (
-    MAX_MESSAGE,
-    download,
-    http_url,
-    image_urls,
-    json_body,
-    merged,
+from server.providers.http import (
+    Downloads,
+    failure_from_response,
+    http_failure,
+    json_object,
+    json_or_none,
     send,
 )
+from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_tasks import failed, image_urls, merged
 
 _RUNNING = ("Queueing", "Preparing", "Processing")
 _RATE_CODES = {1002, 1039}
@@ -65,36 +64,17 @@ _CLIENT_CODES = {1026, 1027, 1042, 2013}
 
 
 def failure_of_code(response: httpx.Response, code: int, message: str) -> ProviderFailure:
-    message = message[:MAX_MESSAGE]
-    status = response.status_code
     if code in _RATE_CODES:
-        return ProviderFailure(
-            RATE_LIMITED,
-            "Provider rate limited the request",
-            status=status,
-            provider_code=code,
-            retry_after=retry_after_seconds(response.headers.get("retry-after")),
-        )
-    if code in _CREDENTIAL_CODES:
-        return ProviderFailure(
-            REJECTED_CREDENTIALS,
-            "Provider refused the gateway's credentials",
-            status=status,
-            provider_code=code,
-        )
-    if code in _CLIENT_CODES:
-        detail = f": {message}" if message else ""
-        return ProviderFailure(
-            CLIENT_ERROR,
-            f"Provider rejected the request{detail}",
-            status=status,
-            provider_code=code,
-        )
-    if code == 1001:
-        return ProviderFailure(TIMEOUT, "Provider timed out", status=status, provider_code=code)
-    return ProviderFailure(
-        SERVER_ERROR, "Provider returned error", status=status, provider_code=code
-    )
+        kind = RATE_LIMITED
+    elif code in _CREDENTIAL_CODES:
+        kind = REJECTED_CREDENTIALS
+    elif code in _CLIENT_CODES:
+        kind = CLIENT_ERROR
+    elif code == 1001:
+        kind = TIMEOUT
+    else:
+        kind = SERVER_ERROR
+    return http_failure(kind, response, code, message)
 
 
 def _base_resp(body: dict[str, Any]) -> tuple[int, str] | None:
@@ -106,11 +86,8 @@ def _base_resp(body: dict[str, Any]) -> tuple[int, str] | None:
 
 def failure_of(response: httpx.Response) -> ProviderFailure:
     """An HTTP error: base_resp's code when the body has one, else the HTTP status."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    coded = _base_resp(body) if isinstance(body, dict) else None
+    body = json_or_none(response)
+    coded = _base_resp(body) if body is not None else None
     if coded is None:
         return failure_from_response(response)
     return failure_of_code(response, *coded)
@@ -133,8 +110,9 @@ def task_body(call: VideoCall) -> dict[str, Any]:
 
 
 class MiniMaxVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
         self._http = http
+        self._downloads = downloads or Downloads(http)
 
     async def _call(
         self, endpoint: Endpoint, method: str, path: str, body: dict[str, Any] | None = None
@@ -150,7 +128,7 @@ class MiniMaxVideoAdapter:
             timeout=endpoint.timeout_seconds,
         )
         response = await send(self._http, request, failure_of)
-        answer = json_body(response)
+        answer = json_object(response)
         if _base_resp(answer) is None:
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
         return answer, response
@@ -178,12 +156,7 @@ class MiniMaxVideoAdapter:
         assert coded is not None
         status = answer.get("status")
         if status == "Fail" or (coded[0] in _CLIENT_CODES and status != "Success"):
-            message = coded[1] or "the task failed"
-            return VideoProgress(
-                state="failed",
-                provider_job_id=provider_job_id,
-                error=f"Provider failed: {message[:MAX_MESSAGE]}",
-            )
+            return failed(provider_job_id, coded[1] or "the task failed")
         if coded[0] != 0:
             raise failure_of_code(response, *coded)
         if status in _RUNNING:
@@ -199,6 +172,6 @@ class MiniMaxVideoAdapter:
         if coded[0] != 0:
             raise failure_of_code(response, *coded)
         file = answer.get("file")
-        url = http_url(file.get("download_url") if isinstance(file, dict) else None)
-        video = await download(self._http, url, endpoint.timeout_seconds)
+        url = file.get("download_url") if isinstance(file, dict) else None
+        video = await self._downloads.fetch(endpoint, url)
         return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=[video])

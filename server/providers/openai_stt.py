@@ -9,9 +9,8 @@ from typing import Any
 import httpx
 
 from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.http import authorized, send
-from server.providers.stt import Segment, SttCall, Transcript, Word, seconds
+from server.providers.stt import Segment, SttCall, Transcript, Word, reading_answer, seconds
 
 MIME = {
     "wav": "audio/wav",
@@ -97,25 +96,41 @@ def parse(body: Any, verbose: bool) -> Transcript:
     return transcript
 
 
+async def transcribe_form(
+    http: httpx.AsyncClient,
+    endpoint: Endpoint,
+    call: SttCall,
+    url: str,
+    headers: dict[str, str],
+    params: dict[str, str] | None = None,
+) -> Transcript:
+    """POST OpenAI's multipart form (`form`) to `url` and read OpenAI's answer (`parse`):
+    OpenAI-compatible servers and Azure OpenAI differ only in the URL and credential header."""
+    request = http.build_request(
+        "POST",
+        url,
+        params=params,
+        data=form(call),
+        files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
+        headers=headers,
+        timeout=endpoint.timeout_seconds,
+    )
+    # Encoding the multipart body in one go costs half of streaming it in small chunks.
+    request.read()
+    response = await send(http, request)
+    with reading_answer():
+        return parse(response.json(), call.verbose)
+
+
 class OpenAISttAdapter:
     def __init__(self, http: httpx.AsyncClient) -> None:
         self._http = http
 
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
-        request = self._http.build_request(
-            "POST",
+        return await transcribe_form(
+            self._http,
+            endpoint,
+            call,
             f"{endpoint.base_url}/audio/transcriptions",
-            data=form(call),
-            files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
-            headers=authorized(endpoint),
-            timeout=endpoint.timeout_seconds,
+            authorized(endpoint),
         )
-        # Encoding the multipart body in one go costs half of streaming it in small chunks.
-        request.read()
-        response = await send(self._http, request)
-        try:
-            return parse(response.json(), call.verbose)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ProviderFailure(
-                INVALID_RESPONSE, "Provider returned an invalid response", status=200
-            ) from exc

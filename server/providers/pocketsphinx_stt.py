@@ -10,15 +10,16 @@ provider with Retry-After (the routing rules then try the next endpoint, or answ
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
-import av
-from pocketsphinx import Decoder
-
-from server.audio_decoding import AUDIO_ERRORS, OPEN_OPTIONS
+from server.audio_decoding import OPEN_OPTIONS, audio_errors
 from server.compute import ComputePool, PoolBusy, WorkerLost
 from server.providers.endpoint import Endpoint
 from server.providers.failures import CLIENT_ERROR, RATE_LIMITED, SERVER_ERROR, ProviderFailure
 from server.providers.stt import Segment, SttCall, Transcript, Word
+
+if TYPE_CHECKING:
+    import av
 
 SAMPLE_RATE = 16000
 FRAMES_PER_SECOND = 100  # pocketsphinx's default frame rate
@@ -27,6 +28,8 @@ MAX_SECONDS = 600.0  # longer audio is refused (400): see recognize_in_worker
 
 
 def pcm_16k_mono(audio: bytes) -> bytes:
+    import av  # PyAV and pocketsphinx load in the worker processes only
+
     pcm = bytearray()
     resampler: av.AudioResampler | None = None
     shape: tuple[str, str, int] | None = None
@@ -65,6 +68,8 @@ def recognize(audio: bytes, verbose: bool) -> Transcript:
 
 
 def recognize_pcm(pcm: bytes, verbose: bool) -> Transcript:
+    from pocketsphinx import Decoder
+
     decoder = Decoder(samprate=SAMPLE_RATE, logfn="/dev/null")
     decoder.start_utt()
     decoder.process_raw(pcm, full_utt=True)
@@ -97,7 +102,7 @@ def recognize_in_worker(audio: bytes, verbose: bool, max_seconds: float) -> Tran
     audio is refused."""
     try:
         pcm = pcm_16k_mono(audio)
-    except AUDIO_ERRORS:
+    except audio_errors():
         return "The audio could not be decoded"
     if len(pcm) / 2 / SAMPLE_RATE > max_seconds:
         return f"The local model transcribes at most {max_seconds:g} seconds of audio"

@@ -17,6 +17,7 @@ import httpx
 from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
+from server.providers.http import Downloads
 from server.providers.video import VideoCall, VideoProgress
 
 
@@ -41,8 +42,9 @@ def queue_input(call: VideoCall) -> dict[str, Any]:
 
 
 class QueueVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
         self._http = http
+        self._downloads = downloads or Downloads(http)
 
     def _base(self, endpoint: Endpoint, call: VideoCall) -> str:
         return f"{endpoint.base_url}/{call.model}"
@@ -97,8 +99,7 @@ class QueueVideoAdapter:
         """A result file: with the key only under the endpoint's base URL (the API host);
         elsewhere (fal's CDN) without it, and only from a public https host."""
         if endpoint.base_url and provider_http.same_origin(url, endpoint.base_url):
-            response = await provider_http.call(self._http, endpoint, "GET", url)
-            if not response.content:
-                raise ProviderFailure(INVALID_RESPONSE, "Provider returned an empty video")
-            return response.content
-        return await provider_http.download(self._http, endpoint, url)
+            return await self._downloads.fetch(
+                endpoint, url, headers=provider_http.authorized(endpoint)
+            )
+        return await self._downloads.fetch(endpoint, url)

@@ -31,7 +31,6 @@ How an operator configures it: an endpoint `adapter = "replicate"`, `base_url =
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -40,9 +39,9 @@ import httpx
 from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, RATE_LIMITED, ProviderFailure
+from server.providers.http import Downloads
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_http import merged
-from server.providers.video_tasks import failed
+from server.providers.video_tasks import failed, merged
 
 _RUNNING = ("starting", "processing")
 _ID = re.compile(r"^[A-Za-z0-9]{1,64}$")
@@ -51,14 +50,18 @@ _THROTTLED = re.compile(r"available in (\d+) seconds?", re.IGNORECASE)
 
 def read_error(response: httpx.Response) -> provider_http.ErrorFields:
     """Replicate's problem details: `{"title", "detail", "status"}`."""
-    try:
-        body = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None, ""
-    if not isinstance(body, dict):
-        return None, ""
-    title, detail = body.get("title"), body.get("detail")
-    return (title if isinstance(title, str) else None, detail if isinstance(detail, str) else "")
+    body = provider_http.json_or_none(response) or {}
+    return provider_http.error_fields(body.get("title"), body.get("detail"))
+
+
+def failure_of(response: httpx.Response) -> ProviderFailure:
+    """The status decides; a 429 without Retry-After says when in its detail ("Request was
+    throttled. Expected available in 3 seconds.")."""
+    failure = provider_http.failure_from_response(response, read_error)
+    if failure.kind == RATE_LIMITED and failure.retry_after is None:
+        match = _THROTTLED.search(read_error(response)[1])
+        failure.retry_after = int(match.group(1)) if match else None
+    return failure
 
 
 def prediction_input(call: VideoCall) -> dict[str, Any]:
@@ -84,26 +87,14 @@ def _prediction_id(value: object) -> str:
 
 
 class ReplicateVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
         self._http = http
+        self._downloads = downloads or Downloads(http)
 
     async def _call(self, endpoint: Endpoint, method: str, url: str, **kwargs: Any) -> Any:
-        said: list[str] = []  # the error's detail, for a 429 without Retry-After
-
-        def reading(response: httpx.Response) -> provider_http.ErrorFields:
-            fields = read_error(response)
-            said.append(fields[1])
-            return fields
-
-        try:
-            return await provider_http.call(
-                self._http, endpoint, method, url, read_error=reading, **kwargs
-            )
-        except ProviderFailure as failure:
-            if failure.kind == RATE_LIMITED and failure.retry_after is None and said:
-                match = _THROTTLED.search(said[-1])
-                failure.retry_after = int(match.group(1)) if match else None
-            raise
+        return await provider_http.call(
+            self._http, endpoint, method, url, failure_of=failure_of, **kwargs
+        )
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         owner_name, _, version = call.model.partition(":")
@@ -129,7 +120,7 @@ class ReplicateVideoAdapter:
             urls = output if isinstance(output, list) else [output]
             if not urls:
                 raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
-            videos = [await provider_http.download(self._http, endpoint, u) for u in urls]
+            videos = [await self._downloads.fetch(endpoint, u) for u in urls]
             return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=videos)
         if status not in ("failed", "canceled"):
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid status")

@@ -40,9 +40,9 @@ import httpx
 from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
+from server.providers.http import Downloads
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_http import merged, seconds_of
-from server.providers.video_tasks import failed
+from server.providers.video_tasks import failed, merged, seconds_of
 
 RESOLUTIONS = ("480p", "720p", "1080p")
 RATIOS = ("16:9", "4:3", "1:1", "3:4", "9:16", "21:9")
@@ -90,8 +90,9 @@ def _task_url(endpoint: Endpoint, task_id: str) -> str:
 
 
 class SeedanceVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
         self._http = http
+        self._downloads = downloads or Downloads(http)
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         response = await provider_http.call(
@@ -120,7 +121,7 @@ class SeedanceVideoAdapter:
         if status == "succeeded":
             content = task.get("content")
             url = content.get("video_url") if isinstance(content, dict) else None
-            video = await provider_http.download(self._http, endpoint, url)
+            video = await self._downloads.fetch(endpoint, url)
             duration = task.get("duration")
             seconds = seconds_of(duration)
             return VideoProgress(

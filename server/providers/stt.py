@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from server.providers.endpoint import Endpoint
+from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,18 @@ class Transcript:
 
 class SttAdapter(Protocol):
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript: ...
+
+
+@contextmanager
+def reading_answer() -> Iterator[None]:
+    """Around reading a provider's (successful) answer: a shape the adapter does not expect
+    is an invalid response, not a crash."""
+    try:
+        yield
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise ProviderFailure(
+            INVALID_RESPONSE, "Provider returned an invalid response", status=200
+        ) from exc
 
 
 # A pause this long between two words starts a new segment (providers without segments).

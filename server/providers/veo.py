@@ -23,9 +23,14 @@ from server.providers.failures import (
     TIMEOUT,
     ProviderFailure,
 )
-from server.providers.http import retry_after_seconds
-from server.providers.video import VideoCall
-from server.providers.video_http import MAX_MESSAGE, ImageFetcher, image_urls, json_or_none
+from server.providers.http import (
+    MAX_PROVIDER_MESSAGE,
+    ImageFetcher,
+    http_failure,
+    json_or_none,
+)
+from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_tasks import failed, image_urls
 
 MAX_REFERENCE_IMAGES = 3  # Veo takes up to three "asset" reference images
 # Parameters the gateway decides, never a client's provider.options: one video per job (it is
@@ -105,73 +110,53 @@ def failure_of(response: httpx.Response) -> ProviderFailure:
     error = body.get("error") if isinstance(body.get("error"), dict) else {}
     assert isinstance(error, dict)
     code = error.get("status") if isinstance(error.get("status"), str) else status
-    message = str(error.get("message") or "")[:MAX_MESSAGE]
     details = error.get("details") if isinstance(error.get("details"), list) else []
     assert isinstance(details, list)
     reasons = {d.get("reason") for d in details if isinstance(d, dict)}
+    retry_after = None
     if status in (401, 403) or reasons.intersection(_KEY_REASONS):
-        return ProviderFailure(
-            REJECTED_CREDENTIALS,
-            "Provider refused the gateway's credentials",
-            status=status,
-            provider_code=code,
-        )
-    if status == 429:
-        hint = _retry_delay(details)
-        if hint is None:
-            hint = retry_after_seconds(response.headers.get("retry-after"))
-        return ProviderFailure(
-            RATE_LIMITED,
-            "Provider rate limited the request",
-            status=status,
-            provider_code=code,
-            retry_after=hint,
-        )
-    if status == 503:
-        return ProviderFailure(
-            OVERLOADED,
-            "Provider is overloaded",
-            status=status,
-            provider_code=code,
-            retry_after=retry_after_seconds(response.headers.get("retry-after")),
-        )
-    if status == 504:
-        return ProviderFailure(TIMEOUT, "Provider timed out", status=status, provider_code=code)
-    if 400 <= status < 500 and status not in (408, 409):
-        detail = f": {message}" if message else ""
-        return ProviderFailure(
-            CLIENT_ERROR,
-            f"Provider rejected the request{detail}",
-            status=status,
-            provider_code=code,
-        )
-    return ProviderFailure(
-        SERVER_ERROR, "Provider returned error", status=status, provider_code=code
-    )
+        kind = REJECTED_CREDENTIALS
+    elif status == 429:
+        kind, retry_after = RATE_LIMITED, _retry_delay(details)
+    elif status == 503:
+        kind = OVERLOADED
+    elif status == 504:
+        kind = TIMEOUT
+    elif 400 <= status < 500 and status not in (408, 409):
+        kind = CLIENT_ERROR
+    else:
+        kind = SERVER_ERROR
+    return http_failure(kind, response, code, str(error.get("message") or ""), retry_after)
 
 
-def operation_name(body: dict[str, Any]) -> str:
+def _operation_name(body: dict[str, Any]) -> str:
     name = body.get("name")
     if not isinstance(name, str) or not name or ".." in name or name.startswith("/"):
         raise ProviderFailure(INVALID_RESPONSE, "Provider returned no operation name")
     return name
 
 
-def operation_error(body: dict[str, Any]) -> str | None:
-    """The failure an ended operation reports (google.rpc.Status), if any."""
-    error = body.get("error")
+def unfinished(operation: dict[str, Any]) -> tuple[str, VideoProgress | None]:
+    """The operation's name, and its progress while it runs or once it failed with an
+    `error` (google.rpc.Status); None when it ended with a result to read."""
+    name = _operation_name(operation)
+    if not operation.get("done"):
+        return name, VideoProgress(state="running", provider_job_id=name)
+    error = operation.get("error")
     if error is None:
-        return None
+        return name, None
     message = error.get("message") if isinstance(error, dict) else None
-    return f"Provider failed: {str(message or 'the operation failed')[:MAX_MESSAGE]}"
+    return name, failed(name, message or "the operation failed")
 
 
-def filtered_message(result: dict[str, Any]) -> str:
-    """Why an operation that ended without videos has none (Veo's safety filter)."""
+def filtered(name: str, result: dict[str, Any]) -> VideoProgress:
+    """An operation that ended without videos: why (Veo's safety filter), when it says."""
     reasons = result.get("raiMediaFilteredReasons")
     if isinstance(reasons, list) and reasons:
-        text = "; ".join(str(r) for r in reasons)[:MAX_MESSAGE]
-        return f"Provider failed: content filtered: {text}"
-    if result.get("raiMediaFilteredCount"):
-        return "Provider failed: content filtered"
-    return "Provider failed: no video was returned"
+        text = "; ".join(str(r) for r in reasons)[:MAX_PROVIDER_MESSAGE]
+        error = f"Provider failed: content filtered: {text}"
+    elif result.get("raiMediaFilteredCount"):
+        error = "Provider failed: content filtered"
+    else:
+        error = "Provider failed: no video was returned"
+    return VideoProgress(state="failed", provider_job_id=name, error=error)

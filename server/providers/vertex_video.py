@@ -55,8 +55,8 @@ from server.providers.failures import (
     UNREACHABLE,
     ProviderFailure,
 )
+from server.providers.http import Downloads, ImageFetcher, json_object, send
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_http import ImageFetcher, download, json_body, send
 
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 GLOBAL_HOST = "aiplatform.googleapis.com"
@@ -138,10 +138,12 @@ class VertexVideoAdapter:
         storage_base: str = STORAGE_BASE,
         images: ImageFetcher | None = None,
         storage_uri: str | None = None,
+        downloads: Downloads | None = None,
     ) -> None:
         self._http = http
         self._storage_uri = storage_uri
         self._images = images or ImageFetcher(http)
+        self._downloads = downloads or Downloads(http)
         self._tokens = tokens or ServiceAccountTokens()
         self._storage_base = storage_base.rstrip("/")
 
@@ -177,7 +179,7 @@ class VertexVideoAdapter:
             json=body,
             timeout=endpoint.timeout_seconds,
         )
-        return json_body(await send(self._http, request, veo.failure_of))
+        return json_object(await send(self._http, request, veo.failure_of))
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         body = await veo.request_body(
@@ -203,20 +205,15 @@ class VertexVideoAdapter:
         return await self._progress(endpoint, operation)
 
     async def _progress(self, endpoint: Endpoint, operation: dict[str, Any]) -> VideoProgress:
-        name = veo.operation_name(operation)
-        if not operation.get("done"):
-            return VideoProgress(state="running", provider_job_id=name)
-        error = veo.operation_error(operation)
-        if error is not None:
-            return VideoProgress(state="failed", provider_job_id=name, error=error)
+        name, progress = veo.unfinished(operation)
+        if progress is not None:
+            return progress
         result = operation.get("response")
         videos = result.get("videos") if isinstance(result, dict) else None
         if not isinstance(result, dict) or not isinstance(videos, list | None):
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
         if not videos:
-            return VideoProgress(
-                state="failed", provider_job_id=name, error=veo.filtered_message(result)
-            )
+            return veo.filtered(name, result)
         content = [await self._video(endpoint, video) for video in videos]
         return VideoProgress(state="completed", provider_job_id=name, videos=content)
 
@@ -234,10 +231,10 @@ class VertexVideoAdapter:
             f"{self._storage_base}/storage/v1/b/{quote(bucket, safe='')}"
             f"/o/{quote(name, safe='')}?alt=media"
         )
-        return await download(
-            self._http,
+        return await self._downloads.fetch(
+            endpoint,
             url,
-            endpoint.timeout_seconds,
-            await self._headers(endpoint),
-            veo.failure_of,
+            headers=await self._headers(endpoint),
+            failure_of=veo.failure_of,
+            origin=self._storage_base,
         )

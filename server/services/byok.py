@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from google.protobuf import struct_pb2
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts.workspaces import workspace_ids_of_account, workspace_of_account
@@ -16,13 +15,13 @@ from server.clock import Clock, rfc3339
 from server.contract import byok_pb2, byok_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import ByokKey
-from server.errors import bad_request
 from server.routing.catalog import Catalog
 from server.services.rpc import (
     answer_with_status,
+    bool_or_null,
     list_or_null,
     metadata_of,
-    null,
+    nullable_bool,
     nullable_string,
     string_or_null,
     strings_or_null,
@@ -49,21 +48,10 @@ def byok_key_message(row: ByokKey) -> byok_pb2.ByokKey:
         allowed_api_key_hashes=list_or_null(row.allowed_api_key_hashes),
         allowed_user_ids=list_or_null(row.allowed_user_ids),
         declared_region=nullable_string(row.declared_region),
-        declared_zdr=null()
-        if row.declared_zdr is None
-        else struct_pb2.Value(bool_value=row.declared_zdr),
+        declared_zdr=nullable_bool(row.declared_zdr),
         workspace_id=nullable_string(row.workspace_id),
         created_at=rfc3339(row.created_at),
     )
-
-
-def _bool_or_null(value: struct_pb2.Value, param: str) -> bool | None:
-    kind = value.WhichOneof("kind")
-    if kind == "null_value":
-        return None
-    if kind != "bool_value":
-        raise bad_request(f"{param} must be a boolean or null", param=param)
-    return value.bool_value
 
 
 class ByokService(byok_pb2_grpc.ByokServicer):
@@ -100,8 +88,20 @@ class ByokService(byok_pb2_grpc.ByokServicer):
         if request.HasField("declared_region"):
             given["declared_region"] = string_or_null(request.declared_region, "declared_region")
         if request.HasField("declared_zdr"):
-            given["declared_zdr"] = _bool_or_null(request.declared_zdr, "declared_zdr")
+            given["declared_zdr"] = bool_or_null(request.declared_zdr, "declared_zdr")
         return store.check_changes(self._catalog, given)
+
+    async def _workspace_id(
+        self,
+        session: AsyncSession,
+        principal: Principal,
+        request: byok_pb2.ListByokKeysRequest | byok_pb2.CreateByokKeyRequest,
+    ) -> str:
+        """The workspace the request names (one of the account's), else the caller's own."""
+        named = request.workspace_id if request.HasField("workspace_id") else None
+        return await workspace_of_account(
+            session, principal.account.id, named, principal.workspace.id
+        )
 
     async def _account_key(
         self, session: AsyncSession, principal: Principal, key_id: str
@@ -114,12 +114,7 @@ class ByokService(byok_pb2_grpc.ByokServicer):
     ) -> byok_pb2.ListByokKeysResponse:
         async with self._sessions() as session:
             principal = await self._principal(session, context)
-            workspace_id = await workspace_of_account(
-                session,
-                principal.account.id,
-                request.workspace_id if request.HasField("workspace_id") else None,
-                principal.workspace.id,
-            )
+            workspace_id = await self._workspace_id(session, principal, request)
             rows, total = await store.list_keys(
                 session,
                 workspace_id,
@@ -137,12 +132,7 @@ class ByokService(byok_pb2_grpc.ByokServicer):
         async with self._sessions() as session:
             principal = await self._principal(session, context)
             changes = self._changes(request)
-            workspace_id = await workspace_of_account(
-                session,
-                principal.account.id,
-                request.workspace_id if request.HasField("workspace_id") else None,
-                principal.workspace.id,
-            )
+            workspace_id = await self._workspace_id(session, principal, request)
             row = await store.create_key(
                 session,
                 self._master,

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import grpc
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import struct_pb2
 
 from server.auth import Authenticator
 from server.billing.money import micros_to_json_number
-from server.clock import Clock
+from server.clock import Clock, rfc3339
 from server.contract import keys_pb2, keys_pb2_grpc
+from server.db.driver import HotReads
 from server.db.engine import SessionFactory
-from server.guardrails.policy import guardrails_of
+from server.db.models import ApiKey
+from server.guardrails.cache import GuardrailsCache
+from server.guardrails.policy import Guardrails
 from server.limits.guardrail_budgets import BudgetLayer, budget_layers, effective_budget
-from server.limits.key_status import KeyStatus, key_status
+from server.limits.key_status import (
+    KeyStatus,
+    key_status_and_stamp,
+    read_key_status_and_stamp,
+)
 from server.services.rpc import metadata_of, null, nullable_string, nullable_timestamp, nullable_usd
 
 # The deprecated rate_limit member existing clients still require; it carries no policy.
@@ -57,33 +65,35 @@ def budget_message(layer: BudgetLayer) -> keys_pb2.KeyBudget:
 
 
 def _effective(layers: list[BudgetLayer]) -> struct_pb2.Value:
+    """The effective budget as a JSON object: budget_message's members, built directly
+    (json_format's generic walk cost more than the rest of the response)."""
     layer = effective_budget(layers)
     if layer is None:
         return null()
     value = struct_pb2.Value()
     value.struct_value.update(
-        json_format.MessageToDict(
-            budget_message(layer),
-            preserving_proto_field_name=True,
-            always_print_fields_with_no_presence=True,
-        )
+        {
+            "budget_id": None,
+            "guardrail_id": layer.guardrail_id,
+            "include_byok": layer.include_byok,
+            "limit_usd": micros_to_json_number(layer.limit_micros),
+            "remaining_usd": micros_to_json_number(layer.remaining_micros),
+            "reset_interval": layer.reset_interval,
+            "resets_at": None if layer.resets_at is None else rfc3339(layer.resets_at),
+            "scope": layer.scope,
+            "spend_usd": micros_to_json_number(layer.spent_micros),
+        }
     )
     return value
 
 
-def current_key_message(
-    status: KeyStatus, layers: list[BudgetLayer] | None = None
-) -> keys_pb2.CurrentKey:
-    layers = layers or []
-    key = status.key
-    free = status.free_model_daily_requests
+def key_fields(key: ApiKey) -> keys_pb2.CurrentKey:
+    """The members of GET /key that depend on the key row alone."""
     return keys_pb2.CurrentKey(
         label=key.label,
-        **limit_and_usage_fields(status),
-        is_free_tier=status.is_free_tier,
-        free_model_daily_requests=keys_pb2.FreeModelDailyRequests(
-            used=free.used, limit=free.limit, remaining=free.remaining
-        ),
+        limit=nullable_usd(key.limit_micros),
+        limit_reset=nullable_string(key.limit_reset),
+        include_byok_in_limit=key.include_byok_in_limit,
         is_management_key=key.is_management,
         is_provisioning_key=key.is_management,
         workspace_id=nullable_string(key.workspace_id),
@@ -91,25 +101,115 @@ def current_key_message(
         creator_user_id=nullable_string(key.creator_user_id),
         expires_at=nullable_timestamp(key.expires_at),
         allowed_data_regions=["global"],
-        budgets=[budget_message(layer) for layer in layers],
-        effective_budget=_effective(layers),
         rate_limit=LEGACY_RATE_LIMIT,
     )
 
 
+def current_key_message(
+    status: KeyStatus,
+    layers: list[BudgetLayer] | None = None,
+    fields: keys_pb2.CurrentKey | None = None,
+) -> keys_pb2.CurrentKey:
+    """GET /key's data: `fields` (key_fields of the key, built once per cached key by the
+    service) completed with what changes from request to request."""
+    layers = layers or []
+    message = keys_pb2.CurrentKey()
+    message.CopyFrom(fields if fields is not None else key_fields(status.key))
+    usage, free = status.usage, status.free_model_daily_requests
+    message.limit_remaining.CopyFrom(nullable_usd(status.limit_remaining_micros))
+    message.usage = micros_to_json_number(usage.spend["all"])
+    message.usage_daily = micros_to_json_number(usage.spend["day"])
+    message.usage_weekly = micros_to_json_number(usage.spend["week"])
+    message.usage_monthly = micros_to_json_number(usage.spend["month"])
+    message.byok_usage = micros_to_json_number(usage.byok["all"])
+    message.byok_usage_daily = micros_to_json_number(usage.byok["day"])
+    message.byok_usage_weekly = micros_to_json_number(usage.byok["week"])
+    message.byok_usage_monthly = micros_to_json_number(usage.byok["month"])
+    message.is_free_tier = status.is_free_tier
+    message.free_model_daily_requests.used = free.used
+    message.free_model_daily_requests.limit = free.limit
+    message.free_model_daily_requests.remaining = free.remaining
+    message.budgets.extend(budget_message(layer) for layer in layers)
+    message.effective_budget.CopyFrom(_effective(layers))
+    return message
+
+
+# GET /key's per-key members kept per process (key_fields), past it the oldest is dropped.
+MAX_CACHED_FIELDS = 10_000
+
+
 class KeysService(keys_pb2_grpc.KeysServicer):
-    def __init__(self, auth: Authenticator, sessions: SessionFactory, clock: Clock) -> None:
+    def __init__(
+        self,
+        auth: Authenticator,
+        sessions: SessionFactory,
+        clock: Clock,
+        reads: HotReads | None = None,
+        guardrails: GuardrailsCache | None = None,
+    ) -> None:
         self._auth = auth
         self._sessions = sessions
         self._clock = clock
+        self._reads = reads
+        self._guardrails = guardrails if guardrails is not None else GuardrailsCache(auth.stamp)
+        # key hash -> (the cached key row they were built from, its key_fields)
+        self._fields: dict[str, tuple[ApiKey, keys_pb2.CurrentKey]] = {}
 
     async def GetCurrentKey(
         self, request: keys_pb2.GetCurrentKeyRequest, context: grpc.aio.ServicerContext
     ) -> keys_pb2.CurrentKeyResponse:
+        """The caller and its guardrails from the process's caches; usage, the `:free`
+        count and the principal stamp in one statement, read fresh every time. A stamp newer
+        than the caches' means the caller changed elsewhere since it was cached: it is looked
+        up again, so GET /key answers from the database's view of the key even inside the
+        caches' second."""
+        metadata = metadata_of(context)
+        now = self._clock.now()
+        principal = self._auth.cached(metadata)
+        guardrails = (
+            None
+            if principal is None
+            else self._guardrails.cached(principal.workspace.id, principal.key.hash)
+        )
+        if self._reads is not None and principal is not None and guardrails is not None:
+            # The common case: no session, one statement outside any transaction.
+            status, stamp = await read_key_status_and_stamp(
+                self._reads, principal.key, principal.account, now
+            )
+            if not self._auth.stamp.observe(stamp, now):
+                return self._response(status, guardrails, now)
         async with self._sessions() as session:
-            principal = await self._auth.authenticate(session, metadata_of(context))
+            principal = await self._auth.authenticate(session, metadata)
             now = self._clock.now()
-            status = await key_status(session, principal.key, principal.account, now)
-            guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
-        layers = budget_layers(guardrails.budgets, principal.key, status.usage, now)
-        return keys_pb2.CurrentKeyResponse(data=current_key_message(status, layers))
+            status, stamp = await key_status_and_stamp(
+                session, principal.key, principal.account, now
+            )
+            if self._auth.stamp.observe(stamp, now):
+                principal = await self._auth.authenticate(session, metadata)
+                status, _ = await key_status_and_stamp(
+                    session, principal.key, principal.account, now
+                )
+            guardrails = await self._guardrails.of(
+                session, principal.workspace.id, principal.key.hash
+            )
+        return self._response(status, guardrails, now)
+
+    def _response(
+        self, status: KeyStatus, guardrails: Guardrails, now: datetime
+    ) -> keys_pb2.CurrentKeyResponse:
+        layers = budget_layers(guardrails.budgets, status.key, status.usage, now)
+        return keys_pb2.CurrentKeyResponse(
+            data=current_key_message(status, layers, self._fields_of(status.key))
+        )
+
+    def _fields_of(self, key: ApiKey) -> keys_pb2.CurrentKey:
+        """key_fields, built again whenever the principal cache holds a new row for the key
+        (it does after any change: the rows it shares are never modified)."""
+        known = self._fields.get(key.hash)
+        if known is not None and known[0] is key:
+            return known[1]
+        fields = key_fields(key)
+        if known is None and len(self._fields) >= MAX_CACHED_FIELDS:
+            del self._fields[next(iter(self._fields))]
+        self._fields[key.hash] = (key, fields)
+        return fields

@@ -20,7 +20,7 @@ from server.billing.usage import ACCOUNT, read_usage
 from server.clock import Clock, rfc3339
 from server.contract import management_pb2, management_pb2_grpc
 from server.db.engine import SessionFactory
-from server.db.models import ApiKey
+from server.db.models import Account, ApiKey
 from server.limits.key_status import key_status
 from server.services.keys import limit_and_usage_fields
 from server.services.rpc import (
@@ -48,6 +48,28 @@ def _requested_workspace(
     return request.workspace_id if request.HasField("workspace_id") else None
 
 
+async def api_key_message(
+    session: AsyncSession, key: ApiKey, account: Account, now: datetime
+) -> management_pb2.ApiKey:
+    """A key as the management routes (and the operator's) show it; never the key itself."""
+    status = await key_status(session, key, account, now)
+    return management_pb2.ApiKey(
+        hash=key.hash,
+        name=key.name,
+        label=key.label,
+        disabled=key.disabled,
+        **limit_and_usage_fields(status),
+        created_at=rfc3339(key.created_at),
+        updated_at=nullable_timestamp(key.updated_at),
+        last_used_at=nullable_timestamp(key.last_used_at),
+        expires_at=nullable_timestamp(key.expires_at),
+        creator_user_id=nullable_string(key.creator_user_id),
+        external_user=nullable_string(key.external_user),
+        workspace_id=key.workspace_id,
+        is_management_key=key.is_management,
+    )
+
+
 class ManagementService(management_pb2_grpc.ManagementServicer):
     def __init__(self, auth: Authenticator, sessions: SessionFactory, clock: Clock) -> None:
         self._auth = auth
@@ -62,22 +84,7 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
     async def _key_message(
         self, session: AsyncSession, key: ApiKey, principal: Principal
     ) -> management_pb2.ApiKey:
-        status = await key_status(session, key, principal.account, self._clock.now())
-        return management_pb2.ApiKey(
-            hash=key.hash,
-            name=key.name,
-            label=key.label,
-            disabled=key.disabled,
-            **limit_and_usage_fields(status),
-            created_at=rfc3339(key.created_at),
-            updated_at=nullable_timestamp(key.updated_at),
-            last_used_at=nullable_timestamp(key.last_used_at),
-            expires_at=nullable_timestamp(key.expires_at),
-            creator_user_id=nullable_string(key.creator_user_id),
-            external_user=nullable_string(key.external_user),
-            workspace_id=key.workspace_id,
-            is_management_key=key.is_management,
-        )
+        return await api_key_message(session, key, principal.account, self._clock.now())
 
     async def _workspace_ids(
         self, session: AsyncSession, principal: Principal, wanted: str | None

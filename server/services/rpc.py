@@ -281,8 +281,7 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
                 span.set_attribute("gateway.request_id", REQUEST_ID.get() or "")
                 if call.status >= 500:
                     span.set_status(Status(StatusCode.ERROR))
-                self._metrics.requests.labels(route, str(call.status)).inc()
-                self._metrics.request_seconds.labels(route).observe(elapsed)
+                self._metrics.request_done(route, call.status, elapsed)
                 log.info(
                     "%s %s %.1f ms",
                     route,
@@ -333,6 +332,16 @@ def string_or_null(value: struct_pb2.Value, param: str) -> str | None:
     if kind != "string_value":
         raise bad_request(f"{param} must be a string or null", param=param)
     return value.string_value
+
+
+def bool_or_null(value: struct_pb2.Value, param: str) -> bool | None:
+    """A JSON member that may be a boolean or null (proto Value)."""
+    kind = value.WhichOneof("kind")
+    if kind == "null_value":
+        return None
+    if kind != "bool_value":
+        raise bad_request(f"{param} must be a boolean or null", param=param)
+    return value.bool_value
 
 
 def number_or_null(value: struct_pb2.Value, param: str) -> Decimal | None:
@@ -393,6 +402,10 @@ def null() -> struct_pb2.Value:
 
 def nullable_string(value: str | None) -> struct_pb2.Value:
     return null() if value is None else struct_pb2.Value(string_value=value)
+
+
+def nullable_bool(value: bool | None) -> struct_pb2.Value:
+    return null() if value is None else struct_pb2.Value(bool_value=value)
 
 
 def nullable_usd(micros: int | None) -> struct_pb2.Value:

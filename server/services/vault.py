@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import empty_pb2, struct_pb2
+from google.protobuf import empty_pb2
 
 from server.auth import Authenticator
 from server.clock import Clock, rfc3339
@@ -13,7 +14,13 @@ from server.contract import vault_pb2, vault_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import VaultSecret
 from server.errors import bad_request
-from server.services.rpc import answer_with_status, header_value, metadata_of, nullable_string
+from server.services.rpc import (
+    answer_with_status,
+    header_value,
+    list_or_null,
+    metadata_of,
+    nullable_string,
+)
 from server.vault import store
 from server.vault.access import vault_scope
 from server.vault.crypto import MasterKey
@@ -21,16 +28,10 @@ from server.vault.crypto import MasterKey
 AUTHORITY_HEADER = "x-gateway-authority"  # set by Envoy from :authority, never by clients
 
 
-def _hosts_value(secret: VaultSecret) -> struct_pb2.Value:
-    value = struct_pb2.Value()
-    value.list_value.extend(list(secret.hosts))
-    return value
-
-
 def _secret(secret: VaultSecret) -> vault_pb2.Secret:
     return vault_pb2.Secret(
         name=secret.name,
-        hosts=_hosts_value(secret),
+        hosts=list_or_null(secret.hosts),
         fingerprint=nullable_string(secret.fingerprint),
         created_at=rfc3339(secret.created_at),
         updated_at=rfc3339(secret.updated_at),
@@ -45,6 +46,20 @@ def _page(request: vault_pb2.ListSecretsRequest) -> tuple[int, int]:
     if not 1 <= limit <= store.PAGE_MAX:
         raise bad_request(f"limit must be 1 to {store.PAGE_MAX}", param="limit")
     return offset, limit
+
+
+# One handler serves both routes of a pair: (service, request, context, intern_id or None).
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext, str | None], Awaitable[Any]]
+
+
+def _route(handler: Handler, *, intern: bool) -> Callable[..., Awaitable[Any]]:
+    """The RPC of one route of a pair: the workspace's secrets, or one intern's (routes under
+    /interns/{intern_id}). A workspace route ignores an intern_id set in its body."""
+
+    async def rpc(service: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await handler(service, request, context, request.intern_id if intern else None)
+
+    return rpc
 
 
 class VaultService(vault_pb2_grpc.VaultServicer):
@@ -129,29 +144,14 @@ class VaultService(vault_pb2_grpc.VaultServicer):
         await answer_with_status(context, 204)
         return empty_pb2.Empty()
 
-    async def PutSecret(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._put(request, context, None)
-
-    async def PutInternSecret(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._put(request, context, request.intern_id)
-
-    async def ListSecrets(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._list(request, context, None)
-
-    async def ListInternSecrets(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._list(request, context, request.intern_id)
-
-    async def GetSecret(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._get(request, context, None)
-
-    async def GetInternSecret(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._get(request, context, request.intern_id)
-
-    async def DeleteSecret(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._delete(request, context, None)
-
-    async def DeleteInternSecret(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._delete(request, context, request.intern_id)
+    PutSecret = _route(_put, intern=False)
+    PutInternSecret = _route(_put, intern=True)
+    ListSecrets = _route(_list, intern=False)
+    ListInternSecrets = _route(_list, intern=True)
+    GetSecret = _route(_get, intern=False)
+    GetInternSecret = _route(_get, intern=True)
+    DeleteSecret = _route(_delete, intern=False)
+    DeleteInternSecret = _route(_delete, intern=True)
 
     async def CopySecretsToIntern(
         self, request: vault_pb2.CopySecretsRequest, context: grpc.aio.ServicerContext

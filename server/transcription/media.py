@@ -9,6 +9,10 @@ timestamps are the client's bytes, and a file remuxed with its timestamps divide
 would otherwise be transcribed in full and billed a thousandth. Timestamps that contradict
 the content are refused; audio that does not decode is refused, before anything is held.
 
+A PCM WAV (the common upload) needs none of this: its samples are its bytes, so it is
+measured in the server process from the sample bytes present (`probe_wav`, server/
+transcription/wav.py), and never reaches a worker.
+
 """
 
 from __future__ import annotations
@@ -19,10 +23,9 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-import av
-
-from server.audio_decoding import AUDIO_ERRORS, OPEN_OPTIONS
+from server.audio_decoding import OPEN_OPTIONS, audio_errors
 from server.errors import GatewayError, bad_request
+from server.transcription.wav import read_wav
 
 # Client-facing format names -> the FFmpeg demuxers that read them.
 FORMATS: dict[str, frozenset[str]] = {
@@ -47,6 +50,9 @@ TIMESTAMP_TOLERANCE = Fraction(1, 2)
 class ProbedAudio:
     format: str  # the client-facing name
     seconds: Decimal  # exact to the microsecond
+    # What the provider must be sent instead of the input (a WAV rebuilt to hold exactly the
+    # frames measured); None: the input as it is.
+    audio: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,8 @@ class _Measured:
 
 def _measure(data: bytes, param: str) -> _Measured:
     """Demux and decode the first audio stream to its end."""
+    import av  # in the worker process only (server/audio_decoding.py)
+
     with av.open(io.BytesIO(data), mode="r", options=OPEN_OPTIONS) as container:
         streams = container.streams.audio
         if not streams:
@@ -120,7 +128,7 @@ def probe(data: bytes, claimed_format: str | None, param: str) -> ProbedAudio:
         raise bad_request("The audio is empty", param=param)
     try:
         measured = _measure(data, param)
-    except AUDIO_ERRORS as exc:
+    except audio_errors() as exc:
         raise bad_request("The audio could not be decoded", param=param) from exc
     fmt = _format_of(measured.demuxer, claimed_format)
     if fmt is None:
@@ -143,6 +151,20 @@ def probe(data: bytes, claimed_format: str | None, param: str) -> ProbedAudio:
     return ProbedAudio(format=fmt, seconds=_seconds(end))
 
 
+def probe_wav(data: bytes, param: str) -> ProbedAudio | None:
+    """A PCM WAV measured in the calling process from the sample bytes present (server/
+    transcription/wav.py: no decoding, bounded work), or None when the decoder must decide
+    (`probe` in a worker). A WAV without a whole frame is a 400 naming `param`."""
+    wav = read_wav(data)
+    if wav is None:
+        return None
+    if wav.frames <= 0:
+        raise bad_request("The audio has no duration", param=param)
+    return ProbedAudio(
+        format="wav", seconds=wav.seconds, audio=None if wav.audio is data else wav.audio
+    )
+
+
 def probe_in_worker(data: bytes, claimed_format: str | None, param: str) -> ProbedAudio | Refusal:
     """`probe` as a worker process runs it: a refusal is returned, not raised."""
     try:
@@ -150,6 +172,3 @@ def probe_in_worker(data: bytes, claimed_format: str | None, param: str) -> Prob
     except GatewayError as exc:
         return Refusal(exc.status, exc.message, dict(exc.metadata or {}) or None)
 
-
-def warm_up() -> None:
-    """Run in a fresh worker process: importing this module (and PyAV) is the point."""

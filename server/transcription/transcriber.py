@@ -42,7 +42,7 @@ from server.providers.stt import SttAdapter, SttCall, Transcript
 from server.routing.catalog import Catalog, Model
 from server.routing.cooldowns import Cooldowns
 from server.routing.fallback import no_provider, route
-from server.transcription.media import ProbedAudio, Refusal, probe_in_worker
+from server.transcription.media import ProbedAudio, Refusal, probe_in_worker, probe_wav
 from server.transcription.request import TranscriptionInput
 
 log = logging.getLogger("gateway.transcription")
@@ -160,16 +160,18 @@ class Transcriber:
         or Envoy's route timeout): the providers get what is left of it."""
         model = self._model(request)
         deadline = None if time_remaining is None else time.monotonic() + time_remaining
-        # Decoding takes a while: end the reads so far (authentication) first, so that no
-        # transaction or pooled connection (SQLite has one) is held through it.
-        await session.commit()
-        try:
-            async with asyncio.timeout(_budget(deadline)):
-                audio = await self._probe(request)
-        except TimeoutError as exc:
-            raise GatewayError(
-                504, "Operation aborted due to timeout: the request's deadline passed"
-            ) from exc
+        audio = self._measure_wav(request)
+        if audio is None:
+            # Decoding takes a while: end the reads so far (authentication) first, so that
+            # no transaction or pooled connection (SQLite has one) is held through it.
+            await session.commit()
+            try:
+                async with asyncio.timeout(_budget(deadline)):
+                    audio = await self._probe(request)
+            except TimeoutError as exc:
+                raise GatewayError(
+                    504, "Operation aborted due to timeout: the request's deadline passed"
+                ) from exc
         guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
         endpoints: Sequence[Endpoint] = guardrails.endpoints(model)
         if request.claimed_format is None or request.claimed_format != audio.format:
@@ -344,6 +346,16 @@ class Transcriber:
         )
         return charged
 
+    @staticmethod
+    def _measure_wav(request: TranscriptionInput) -> ProbedAudio | None:
+        """A PCM WAV measured in this process (media.probe_wav: a bounded walk over its
+        chunk headers, no decoding, microseconds): what the provider is sent holds exactly
+        the frames measured. None: the audio is for the decoder (`_probe`)."""
+        wav = probe_wav(request.audio, request.audio_param)
+        if wav is not None and wav.audio is not None:
+            request.audio = wav.audio  # rebuilt to hold exactly what was measured
+        return wav
+
     async def _probe(self, request: TranscriptionInput) -> ProbedAudio:
         """The audio decoded to its end and measured, in a worker process (media.probe);
         a refusal names the audio field. Nothing is held yet."""
@@ -383,6 +395,11 @@ class Transcriber:
         started: float,
         started_at: datetime,
     ) -> None:
+        # A rollback expires every instance in the session, the caller's key, workspace and
+        # account included, and reading an expired attribute here would load it outside
+        # SQLAlchemy's greenlet (MissingGreenlet): the failure would go unrecorded. Detached
+        # first, they keep what was read (the record below needs their ids, nothing more).
+        session.expunge_all()
         try:
             await session.rollback()
         except Exception:

@@ -1,12 +1,15 @@
 """Where a webhook may go: HTTPS only, and — after DNS resolution, so a name cannot point
 inside — never to private, loopback, link-local or otherwise non-public addresses unless
-the operator allows it (GATEWAY_WEBHOOK_ALLOW_PRIVATE=1)."""
+the operator allows it (GATEWAY_WEBHOOK_ALLOW_PRIVATE=1). `resolve_target` is the same check
+for every URL the gateway fetches that someone else named: a webhook target, a client's image
+URL, a provider's result file (server/providers/http.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -67,6 +70,16 @@ class ResolvedTarget:
     sni_hostname: str
 
 
+# A DNS lookup: a host and port to the addresses it resolves to (tests give their own).
+Lookup = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def dns_lookup(host: str, port: int) -> list[str]:
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]  # AF_INET/AF_INET6: always a str
+
+
 def is_public(address: str) -> bool:
     ip = ipaddress.ip_address(address)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
@@ -74,7 +87,9 @@ def is_public(address: str) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
-async def resolve_target(url: str, *, allow_private: bool) -> ResolvedTarget:
+async def resolve_target(
+    url: str, *, allow_private: bool, lookup: Lookup = dns_lookup
+) -> ResolvedTarget:
     try:
         parts = urlsplit(url)
         port = parts.port or 443
@@ -83,15 +98,13 @@ async def resolve_target(url: str, *, allow_private: bool) -> ResolvedTarget:
     if parts.scheme.lower() != "https" or not parts.hostname:
         raise RefusedTarget("webhook URLs must be https://")
     host = parts.hostname
-    loop = asyncio.get_running_loop()
     try:
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = await lookup(host, port)
     except UnicodeError as exc:  # no DNS name at all (e.g. an empty or overlong label)
         raise RefusedTarget("not a valid host name") from exc
     except socket.gaierror as exc:
         # A failed lookup may be temporary (or the name registered later): retry it.
         raise UnresolvedTarget(f"cannot resolve {host}") from exc
-    addresses = [str(info[4][0]) for info in infos]  # AF_INET/AF_INET6: always a str
     if not addresses:
         raise UnresolvedTarget(f"cannot resolve {host}")
     if not allow_private:

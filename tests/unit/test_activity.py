@@ -4,9 +4,10 @@ the generation list, the video job list and a job's webhook deliveries
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
+import sqlalchemy as sa
 from openrouter import components
 
 from server.accounts.interns import intern_document, list_interns
@@ -53,8 +54,9 @@ async def _generation(
 
 
 async def test_activity_is_spend_per_day_model_and_provider_of_the_last_30_days(
-    domain: Domain,
+    any_domain: Domain,
 ) -> None:
+    domain = any_domain  # the sums are SQL: on each backend
     first = await domain.funded_key("act-first")
     second = await domain.admin.key(first.workspace, "act-second")
     outsider = await domain.funded_key("act-outsider")
@@ -212,3 +214,44 @@ async def test_interns_are_listed_only_inside_the_intern_programme(domain: Domai
         hidden = await list_interns(session, outside)
     assert [intern_document(i)["name"] for i in listed] == ["ada", "zoe"]
     assert hidden == []
+
+
+async def test_activity_days_are_utc_days_summed_exactly_by_the_database(
+    any_domain: Domain,
+) -> None:
+    """Two generations 20 minutes apart across UTC midnight fall on two days, whatever the
+    database session's time zone; large sums stay exact to the micro-dollar."""
+    domain = any_domain
+    today = domain.clock.now().astimezone(UTC).date()
+    midnight = datetime(today.year, today.month, today.day, tzinfo=UTC)
+    domain.clock.set(midnight + timedelta(minutes=30))
+    issued = await domain.funded_key("act-midnight")
+    big = 123_456_789_012_345  # 123456789.012345 USD: 15 significant digits
+    # 00:30 today (big), 23:50 yesterday (twice, 1 each), 00:10 today (2)
+    await _generation(domain, issued, 1, cost=big, days_ago=0)
+    for number, minutes in ((2, -10), (3, -10), (4, 10)):
+        record = Generation(
+            id=f"gen_mid_{number}",
+            account_id=issued.workspace.account_id,
+            workspace_id=issued.workspace.id,
+            key_hash=issued.hash,
+            kind="stt",
+            model="unit/ok",
+            provider="alpha",
+            status="completed",
+            cost_micros=1 if minutes < 0 else 2,
+            created_at=midnight + timedelta(minutes=minutes),
+        )
+        async with domain.sessions() as session:
+            await store_generation(session, record)
+            await session.commit()
+    async with domain.sessions() as session:
+        if domain.dialect == "postgres":
+            connection = await session.connection()
+            await connection.execute(sa.text("SET TIME ZONE 'America/New_York'"))
+        rows = await activity(session, issued.workspace.id, domain.clock.now())
+    by_day = {r["date"]: r for r in rows}
+    yesterday = (today - timedelta(days=1)).isoformat()
+    assert by_day[yesterday]["requests"] == 2 and by_day[yesterday]["usage"] == 0.000002
+    assert by_day[today.isoformat()]["requests"] == 2
+    assert by_day[today.isoformat()]["usage"] == float("123456789.012347")

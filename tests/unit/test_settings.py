@@ -34,6 +34,7 @@ def test_variables_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         "GATEWAY_CATALOG": "/etc/catalog.toml",
         "GATEWAY_REGIONAL_HOSTS": "EU.example.com., ,b.example",
         "GATEWAY_WEBHOOK_ALLOW_PRIVATE": "1",
+        "GATEWAY_PROVIDER_DOWNLOADS_ALLOW_PRIVATE": "1",
         "GATEWAY_JOB_LEASE_SECONDS": "5.5",
         "GATEWAY_LOCAL_STT_QUEUE": "0",
         "GATEWAY_METRICS_PORT": "",  # empty: the default
@@ -47,6 +48,7 @@ def test_variables_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert settings.catalog_file == "/etc/catalog.toml"
     assert settings.regional_hosts == frozenset({"eu.example.com", "b.example"})
     assert settings.webhook_allow_private and settings.job_lease_seconds == 5.5
+    assert settings.provider_downloads_allow_private
     assert settings.local_stt_queue == 0 and settings.metrics_port == 0
     assert settings.edge.cors_origins == ("https://a.example", "http://b.example:8080")
     assert settings.edge.max_connections == 7 and not settings.edge.any_origin

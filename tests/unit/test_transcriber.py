@@ -84,3 +84,31 @@ async def test_an_unfunded_account_is_refused_before_any_provider_call(domain: D
     assert refused.value.status == 402
     assert (refused.value.metadata or {}).get("limit_source") == "openrouter_credits"
     assert domain.providers.requests == []
+
+
+async def test_a_failure_after_a_rollback_is_still_recorded(
+    domain: Domain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller authenticated in the request's own session (as the service does), and the
+    settlement fails mid-transaction: the rollback expires the caller's rows, yet the hold is
+    released and the failure recorded (it went unrecorded: MissingGreenlet)."""
+    from server.auth import Authenticator
+    from server.transcription import transcriber as module
+
+    real_settle = module.settle_hold
+
+    async def settle_then_fail(*args: object, **kwargs: object) -> None:
+        await real_settle(*args, **kwargs)  # type: ignore[arg-type]
+        raise RuntimeError("the charge could not be committed")
+
+    monkeypatch.setattr(module, "settle_hold", settle_then_fail)
+    issued = await domain.funded_key("stt-settle-fails")
+    account = issued.workspace.account_id
+    async with domain.sessions() as session:
+        principal = await Authenticator(domain.clock).authenticate(session, issued.metadata)
+        with pytest.raises(RuntimeError):
+            await domain.transcriber().transcribe(session, principal, _input("unit/ok"))
+    assert await domain.charges(account) == []
+    assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
+    (generation,) = await domain.rows(Generation, Generation.account_id == account)
+    assert (generation.status, generation.cost_micros) == ("failed", 0)

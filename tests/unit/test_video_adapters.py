@@ -5,6 +5,7 @@ the request each sends, polling to the fake's MP4, failure mapping, cancel."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,6 @@ from typing import Any
 import httpx
 import pytest
 
-from server.providers import http as provider_http
 from server.providers.dashscope_video import FIRST_AND_LAST_FRAME_PATH, DashScopeVideoAdapter
 from server.providers.endpoint import Endpoint
 from server.providers.failures import (
@@ -22,16 +22,26 @@ from server.providers.failures import (
     REJECTED_CREDENTIALS,
     SERVER_ERROR,
     TIMEOUT,
+    UNREACHABLE,
     ProviderFailure,
 )
 from server.providers.fal_video import FalVideoAdapter
+from server.providers.http import Downloads
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
+from server.webhooks.targets import dns_lookup
 from tests.fakes import dashscope, fal, replicate, seedance
 from tests.fakes.video_providers import VIDEO
 
 FAL_CDN = "https://v3.fal.test"
+# The test's DNS: fal's CDN is a public address, another name resolves inside the gateway's
+# network; other names (localhost, literal addresses) as the system resolves them.
+DNS = {"v3.fal.test": ["93.184.216.34"], "cdn.inside.test": ["10.0.0.7"]}
+
+
+async def lookup(host: str, port: int) -> list[str]:
+    return DNS[host] if host in DNS else await dns_lookup(host, port)
 
 
 @dataclass
@@ -59,7 +69,8 @@ class Fakes:
         def handle(request: httpx.Request) -> httpx.Response:
             if broken:
                 raise httpx.ReadTimeout("timed out", request=request)
-            return routes[request.url.host](request)
+            # By name: a download to a checked address keeps the name in Host.
+            return routes[request.headers["host"]](request)
 
         return httpx.MockTransport(handle)
 
@@ -70,9 +81,12 @@ class Provider:
     base_url: str
     key_env: str
     key: str
-    make: Callable[[httpx.AsyncClient], Any]
+    adapter_class: Callable[[httpx.AsyncClient, Downloads], Any]
     model: Callable[[str], str]  # a fake's script name -> the provider model name
     seconds: float | None  # the output length the provider reports
+
+    def make(self, http: httpx.AsyncClient) -> Any:
+        return self.adapter_class(http, Downloads(http, lookup=lookup))
 
     def endpoint(self, script: str) -> Endpoint:
         return Endpoint(
@@ -416,7 +430,7 @@ async def test_fal_follows_the_returned_urls_under_the_app_id(fakes: Fakes) -> N
     assert sent["image_url"] == "https://img.test/a.png"
     assert sent["reference_urls"] == ["https://img.test/ref.png"]  # the video reference dropped
     assert sent["negative_prompt"] == "blur"
-    paths = [(r.method, r.url.host, r.url.path) for r in fakes.fal.requests]
+    paths = [(r.method, r.headers["host"], r.url.path) for r in fakes.fal.requests]
     assert paths[0] == ("POST", "queue.fal.test", "/fal-ai/test-video/v2/master/ok")
     assert all(
         p.startswith("/fal-ai/test-video/requests/")
@@ -475,28 +489,90 @@ async def test_replicate_sends_input_and_downloads_every_output(fakes: Fakes) ->
 @pytest.mark.parametrize(
     ("url", "allowed"),
     [
-        ("https://v3.fal.media/files/out.mp4", True),
-        ("https://ark.test/files/out.mp4", True),
-        ("http://cdn.example.com/out.mp4", False),  # plain HTTP off the endpoint's origin
+        ("https://v3.fal.test/files/out.mp4", True),  # a public CDN
+        ("https://ark.test/files/out.mp4", True),  # the endpoint's own origin
+        ("http://v3.fal.test/files/out.mp4", False),  # plain HTTP off the endpoint's origin
+        ("https://cdn.inside.test/out.mp4", False),  # a name that resolves inside
         ("https://169.254.169.254/latest/meta-data", False),
         ("https://10.0.0.7/out.mp4", False),
         ("https://[::1]/out.mp4", False),
         ("https://localhost/out.mp4", False),
         ("file:///etc/passwd", False),
+        (None, False),
     ],
 )
-def test_only_public_or_same_origin_video_urls_are_downloaded(url: str, allowed: bool) -> None:
-    assert provider_http.downloadable(url, "https://ark.test/api/v3") is allowed
-
-
-async def test_a_video_url_into_the_gateways_network_is_not_fetched(fakes: Fakes) -> None:
-    provider = PROVIDERS["seedance"]
-    endpoint = provider.endpoint("ok")
+async def test_only_public_or_same_origin_video_urls_are_downloaded(
+    fakes: Fakes, url: str | None, allowed: bool
+) -> None:
+    endpoint = PROVIDERS["seedance"].endpoint("ok")
     async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        downloads = Downloads(http, lookup=lookup)
+        if allowed:
+            assert await downloads.fetch(endpoint, url) == VIDEO
+            return
         with pytest.raises(ProviderFailure) as failed:
-            await provider_http.download(http, endpoint, "https://169.254.169.254/latest")
+            await downloads.fetch(endpoint, url)
     assert failed.value.kind == INVALID_RESPONSE
-    assert fakes.seedance.requests == []
+    assert fakes.seedance.requests == [] and fakes.fal.requests == []
+
+
+async def test_a_cdn_download_goes_to_the_checked_address_without_the_key(fakes: Fakes) -> None:
+    endpoint = PROVIDERS["seedance"].endpoint("ok")
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        downloads = Downloads(http, lookup=lookup)
+        assert await downloads.fetch(endpoint, f"{FAL_CDN}/files/out.mp4") == VIDEO
+        (request,) = fakes.fal.requests
+        assert (request.url.host, request.headers["host"]) == ("93.184.216.34", "v3.fal.test")
+        assert request.extensions["sni_hostname"] == "v3.fal.test"
+        assert "authorization" not in request.headers
+        # A credential stays on its own origin: a CDN URL with one is refused.
+        with pytest.raises(ProviderFailure) as failed:
+            await downloads.fetch(
+                endpoint, f"{FAL_CDN}/files/out.mp4", headers={"Authorization": "Bearer k"}
+            )
+    assert failed.value.kind == INVALID_RESPONSE and len(fakes.fal.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("location", "kind"),
+    [("https://10.0.0.7/out.mp4", INVALID_RESPONSE), ("/files/out.mp4", None)],
+)
+async def test_a_redirect_is_checked_as_the_url_itself(location: str, kind: str | None) -> None:
+    seen: list[httpx.Request] = []
+
+    def storage(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/v1/files/out.mp4":
+            return httpx.Response(302, headers={"location": location})
+        return httpx.Response(200, content=VIDEO)
+
+    endpoint = Endpoint("p", "x", "https://api.test/v1", model="m")
+    async with httpx.AsyncClient(transport=httpx.MockTransport(storage)) as http:
+        fetch = Downloads(http, lookup=lookup).fetch(
+            endpoint, "https://api.test/v1/files/out.mp4", headers={"Authorization": "Bearer k"}
+        )
+        if kind is None:
+            assert await fetch == VIDEO
+            assert seen[-1].url.path == "/files/out.mp4"
+            assert "authorization" not in seen[-1].headers  # the key went to the API URL only
+        else:
+            with pytest.raises(ProviderFailure) as failed:
+                await fetch
+            assert failed.value.kind == kind and len(seen) == 1
+
+
+async def test_a_video_host_that_does_not_resolve_is_unreachable() -> None:
+    async def nowhere(host: str, port: int) -> list[str]:
+        raise socket.gaierror("no such name")
+
+    async with httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda r: httpx.Response(500))
+    ) as http:
+        with pytest.raises(ProviderFailure) as failed:
+            await Downloads(http, lookup=nowhere).fetch(
+                PROVIDERS["seedance"].endpoint("ok"), "https://cdn.gone.test/out.mp4"
+            )
+    assert failed.value.kind == UNREACHABLE
 
 
 @pytest.mark.parametrize("name", NAMES)

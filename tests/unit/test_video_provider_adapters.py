@@ -29,11 +29,11 @@ from server.providers.failures import (
     ProviderFailure,
 )
 from server.providers.gemini_video import GeminiVideoAdapter
+from server.providers.http import MAX_IMAGE_BYTES, Downloads, ImageFetcher
 from server.providers.kling_video import KlingVideoAdapter
 from server.providers.minimax_video import MiniMaxVideoAdapter
 from server.providers.vertex_video import ServiceAccountTokens, VertexVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
-from server.providers.video_http import MAX_IMAGE_BYTES, ImageFetcher
 from tests.fakes import gemini_video, kling_video, minimax_video
 from tests.fakes.gemini_video import FakeGemini
 from tests.fakes.kling_video import FakeKling
@@ -578,3 +578,52 @@ async def test_vertex_without_a_project_in_its_base_url_uses_the_service_account
     )
     progress = await _run(VertexVideoAdapter(http), endpoint, _call("veo-3.1-generate-001"))
     assert (progress.state, progress.videos) == ("completed", [VIDEO])
+
+
+# --- result URLs off the provider's host ------------------------------------------------------
+
+INSIDE = "https://storage.inside.test/out.mp4"  # a name that resolves inside the gateway
+
+
+async def _inside_lookup(host: str, port: int) -> list[str]:
+    assert host == "storage.inside.test"
+    return ["10.0.0.7"]
+
+
+def _answers_with_inside_url(request: httpx.Request) -> httpx.Response:
+    """Kling's and MiniMax's documented answers for a finished task, naming INSIDE."""
+    assert request.url.host == "provider.test", "the result URL must not be fetched"
+    path = request.url.path
+    if path.startswith("/v1/videos/text2video/"):  # Kling: query task
+        result = {"videos": [{"id": "v1", "url": INSIDE, "duration": "5"}]}
+        data = {"task_id": "t1", "task_status": "succeed", "task_result": result}
+        return httpx.Response(200, json={"code": 0, "message": "SUCCEED", "data": data})
+    ok = {"status_code": 0, "status_msg": "success"}
+    if path == "/v1/query/video_generation":  # MiniMax: query, then retrieve the file
+        return httpx.Response(
+            200, json={"task_id": "t1", "status": "Success", "file_id": 7, "base_resp": ok}
+        )
+    assert path == "/v1/files/retrieve"
+    return httpx.Response(
+        200, json={"file": {"file_id": 7, "download_url": INSIDE}, "base_resp": ok}
+    )
+
+
+@pytest.mark.parametrize("name", ["kling", "minimax"])
+async def test_a_result_url_that_resolves_inside_is_not_downloaded(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_KEY", "k")
+    monkeypatch.setenv("TEST_SECRET", "s" * 32)
+    endpoint = Endpoint("p", name, "https://provider.test", "TEST_KEY", "TEST_SECRET", model="m")
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_answers_with_inside_url)) as client:
+        downloads = Downloads(client, lookup=_inside_lookup)
+        adapter: VideoAdapter = (
+            KlingVideoAdapter(client, SystemClock(), downloads)
+            if name == "kling"
+            else MiniMaxVideoAdapter(client, downloads)
+        )
+        job_id = "text2video/t1" if name == "kling" else "t1"
+        with pytest.raises(ProviderFailure) as failed:
+            await adapter.poll(endpoint, job_id, _call("m", duration=5))
+    assert failed.value.kind == INVALID_RESPONSE

@@ -54,6 +54,18 @@ function storedKey() {
   return sessionStorage.getItem(KEY_SLOT);
 }
 
+// The operator key (`gateway up` writes it to <data dir>/operator-key) opens the operator's
+// pages; any other key is an API key, described by GET /key.
+const OPERATOR_PREFIX = "sk-gw-op-";
+
+async function whoAmI() {
+  if ((storedKey() || "").startsWith(OPERATOR_PREFIX)) {
+    await api("/workspaces?limit=1");  // a 401 unless it is the operator key
+    return { operator: true, label: "operator key" };
+  }
+  return (await api("/key")).data;
+}
+
 async function api(path, { method = "GET", body, raw = false } = {}) {
   const headers = {};
   const key = storedKey();
@@ -251,9 +263,9 @@ function SignIn({ onSignedIn }) {
     setBusy(true);
     sessionStorage.setItem(KEY_SLOT, key);
     try {
-      const me = await api("/key");
+      const me = await whoAmI();
       event.target.reset();
-      onSignedIn(me.data);
+      onSignedIn(me);
     } catch (e) {
       sessionStorage.removeItem(KEY_SLOT);
       setError(e);
@@ -264,7 +276,8 @@ function SignIn({ onSignedIn }) {
   return html`<main id="main" class="signin">
     <div class="panel">
       <h1>Sign in to the gateway console</h1>
-      <p class="muted">Use an API key. It stays in this browser tab only and is forgotten when you close it.</p>
+      <p class="muted">Use an API key, or the operator key (the file <code>operator-key</code> in the gateway's data directory).
+        It stays in this browser tab only and is forgotten when you close it.</p>
       <form onSubmit=${submit}>
         <${Field} id="key" label="API key"><input id="key" name="key" type="password" autocomplete="off" required /><//>
         <p><button type="submit" disabled=${busy}>Sign in</button></p>
@@ -413,7 +426,7 @@ function CreditsPage({ me }) {
       <div class="card"><div class="label">Purchased, all time</div><div class="value">${usd(c.total_credits)}</div></div>
       <div class="card"><div class="label">Spent, all time</div><div class="value">${usd(c.total_usage)}</div></div>
     </div>
-    <p class="muted">Credits are added by the operator (<code>gateway credits add --amount USD</code>).
+    <p class="muted">Credits are added by the operator (the console's Workspaces page, signed in with the operator key, or <code>gateway credits add --amount USD</code>).
       Spend per day is on the <a href="#/">Usage</a> page.</p>` : null}
     <h2>Purchases</h2>
     <${ErrorBox} error=${purchasesError} />
@@ -506,6 +519,15 @@ function VideosPage() {
 
 const UNFINISHED = new Set(["pending", "in_progress"]);
 
+// A job's progress as far as the API knows it: its stage (no provider reports a percentage).
+function Stages({ status }) {
+  const at = status === "pending" ? 0 : status === "in_progress" ? 1 : 2;
+  const last = status === "completed" || at < 2 ? "Finished" : `Ended (${String(status).replace("_", " ")})`;
+  return html`<ol class="stages" aria-label="Progress">${["Submitted", "Generating", last].map((label, i) => html`<li
+      class=${i < at ? "done" : i === at ? "current" : ""} aria-current=${i === at ? "step" : undefined}>${label}</li>`)}</ol>
+    ${UNFINISHED.has(status) ? html`<progress aria-label="The video is being generated"></progress>` : null}`;
+}
+
 function VideoPage({ id }) {
   const [job, setJob] = useState(null);
   const [error, setError] = useState(null);
@@ -549,6 +571,7 @@ function VideoPage({ id }) {
     <${ErrorBox} error=${error} />
     ${job ? html`<div class="panel"><dl class="detail">
       <dt>Job</dt><dd class="mono">${job.id}</dd>
+      <dt>Progress</dt><dd><${Stages} status=${job.status} /></dd>
       <dt>Status</dt><dd><${Status} value=${job.status} />${UNFINISHED.has(job.status) ? html` <span class="muted">(checking every few seconds)</span>` : null}</dd>
       <dt>Generation</dt><dd>${job.generation_id ? html`<a href=${`#/activity/${encodeURIComponent(job.generation_id)}`}>${job.generation_id}</a>` : "—"}</dd>
       <dt>Cost</dt><dd>${job.usage ? usd(job.usage.cost) : "—"}${job.usage?.is_byok ? " (BYOK)" : ""}</dd>
@@ -709,6 +732,106 @@ function ByokPage({ me }) {
   </section>`;
 }
 
+// ---- the operator's pages (the operator key only) ------------------------------------------
+
+function WorkspacesPage() {
+  const [offset, setOffset] = useState(0);
+  const [error, setError] = useState(null);
+  const [done, setDone] = useState(null);
+  const [open, setOpen] = useState(null);  // { id, form: "credits" | "key" }
+  const [created, setCreated] = useState(null);  // { workspace, key }
+  const [list, loadError, reload] = useLoad(() => api(`/workspaces${query({ offset, limit: PAGE })}`), [offset]);
+  const act = async (work) => {
+    setError(null);
+    setDone(null);
+    try { await work(); reload(); } catch (e) { setError(e); }
+  };
+  const create = (event) => {
+    event.preventDefault();
+    const f = event.target.elements;
+    const body = { name: f.name.value.trim(), intern_programme: f.intern_programme.checked };
+    act(async () => {
+      const answer = await api("/workspaces", { method: "POST", body });
+      setDone(`Workspace ${answer.data.name} created. Add credits and create its first management key below.`);
+      event.target.reset();
+    });
+  };
+  const addCredits = (w) => (event) => {
+    event.preventDefault();
+    // Sent as the decimal the operator typed: the gateway takes it exactly or refuses it.
+    const amount = event.target.elements.amount.value.trim();
+    act(async () => {
+      const answer = await api(`/workspaces/${encodeURIComponent(w.id)}/credits`, { method: "POST", body: { amount } });
+      setOpen(null);
+      setDone(`Added ${usd(answer.purchase.amount)} to ${w.name}.`);
+    });
+  };
+  const createKey = (w) => (event) => {
+    event.preventDefault();
+    const name = event.target.elements.name.value.trim();
+    act(async () => {
+      const answer = await api(`/workspaces/${encodeURIComponent(w.id)}/keys`, { method: "POST", body: { name } });
+      setOpen(null);
+      setCreated({ workspace: w.name, key: answer.key });
+    });
+  };
+  const toggleInterns = (w) => act(async () => {
+    await api(`/workspaces/${encodeURIComponent(w.id)}`, { method: "PATCH", body: { intern_programme: !w.intern_programme } });
+    setDone(`Intern programme ${w.intern_programme ? "off" : "on"} for ${w.name}.`);
+  });
+  const rows = list?.data || [];
+  return html`<section>
+    <p class="muted">You are signed in with the operator key: you create workspaces, add credits to their accounts and
+      issue each workspace's management key. Sign in with that management key to manage the workspace's keys, vault and usage.</p>
+    <div class="panel">
+      <h2>Create a workspace</h2>
+      <form class="inline" onSubmit=${create}>
+        <${Field} id="new-workspace-name" label="Name"><input id="new-workspace-name" name="name" required maxlength="64"
+          aria-describedby="workspace-name-help" /><//>
+        <div class="check"><input id="new-workspace-interns" name="intern_programme" type="checkbox" />
+          <label for="new-workspace-interns">Intern programme</label></div>
+        <button type="submit">Create workspace</button>
+      </form>
+      <p id="workspace-name-help" class="muted">A name is 1–64 letters, digits, “.”, “_” or “-”, starting with a letter or digit.</p>
+    </div>
+    ${done ? html`<p class="notice" role="status">${done}</p>` : null}
+    ${created ? html`<div class="secret-once" role="status">
+      <p><strong>The management key of ${created.workspace}.</strong> Copy it now: it is shown only once.
+        Sign out and sign in with it to manage the workspace.</p>
+      <div class="row"><${Field} id="created-key" label="New management key">
+        <input id="created-key" class="mono" readonly value=${created.key} data-testid="created-key" /><//>
+        <button type="button" onClick=${() => copy(created.key)}>Copy</button>
+        <button type="button" class="secondary" onClick=${() => setCreated(null)}>Done</button></div>
+    </div>` : null}
+    <${ErrorBox} error=${error || loadError} />
+    <${Table} label="Workspaces">
+      <thead><tr><th>Name</th><th>ID</th><th>Intern programme</th><th class="num">Purchased</th><th class="num">Spent</th>
+        <th>Created (UTC)</th><th>Actions</th></tr></thead>
+      <tbody>${rows.map((w) => html`<tr key=${w.id}>
+        <td>${w.name}</td><td class="mono">${w.id}</td><td>${w.intern_programme ? "on" : "off"}</td>
+        <td class="num">${usd(w.total_credits)}</td><td class="num">${usd(w.total_usage)}</td><td>${when(w.created_at)}</td>
+        <td>${open?.id === w.id && open.form === "credits" ? html`<form class="inline" onSubmit=${addCredits(w)}>
+            <${Field} id=${`amount-${w.id}`} label="Amount (USD)">
+              <input id=${`amount-${w.id}`} name="amount" type="text" inputmode="decimal" required /><//>
+            <button type="submit">Add to balance</button>
+            <button type="button" class="secondary" onClick=${() => setOpen(null)}>Cancel</button></form>`
+          : open?.id === w.id && open.form === "key" ? html`<form class="inline" onSubmit=${createKey(w)}>
+            <${Field} id=${`key-name-${w.id}`} label="Key name">
+              <input id=${`key-name-${w.id}`} name="name" required maxlength="255" /><//>
+            <button type="submit">Issue management key</button>
+            <button type="button" class="secondary" onClick=${() => setOpen(null)}>Cancel</button></form>`
+          : html`<div class="actions">
+            <button type="button" class="secondary" onClick=${() => setOpen({ id: w.id, form: "credits" })}>Add credits</button>
+            <button type="button" class="secondary" onClick=${() => setOpen({ id: w.id, form: "key" })}>Create management key</button>
+            <button type="button" class="secondary" onClick=${() => toggleInterns(w)}>
+              ${w.intern_programme ? "Turn intern programme off" : "Turn intern programme on"}</button></div>`}</td>
+      </tr>`)}</tbody>
+    <//>
+    ${list && !rows.length ? html`<p class="muted">No workspaces yet.</p>` : null}
+    <${Pager} label="Workspaces" offset=${offset} count=${rows.length} total=${list?.total_count} onMove=${setOffset} />
+  </section>`;
+}
+
 // ---- the shell ------------------------------------------------------------------------------
 
 const PAGES = [
@@ -720,6 +843,10 @@ const PAGES = [
   { path: "vault", title: "Vault", page: VaultPage, management: true },
   { path: "guardrails", title: "Guardrails", page: GuardrailsPage, management: true },
   { path: "byok", title: "Provider keys", page: ByokPage, management: true },
+];
+
+const OPERATOR_PAGES = [
+  { path: "", title: "Workspaces", page: WorkspacesPage },
 ];
 
 function currentRoute() {
@@ -739,19 +866,23 @@ function App() {
   }, []);
   useEffect(() => {
     if (!storedKey()) return;
-    api("/key").then((r) => setMe(r.data), () => sessionStorage.removeItem(KEY_SLOT)).finally(() => setChecking(false));
+    whoAmI().then(setMe, () => sessionStorage.removeItem(KEY_SLOT)).finally(() => setChecking(false));
   }, []);
   useEffect(() => { if (heading.current) heading.current.focus(); }, [route.section, route.id, me]);
   if (checking) return html`<p class="loading">Loading the console…</p>`;
   if (!me) return html`<${SignIn} onSignedIn=${setMe} />`;
   const signOut = () => { sessionStorage.removeItem(KEY_SLOT); setMe(null); location.hash = "#/"; };
-  const visible = PAGES.filter((p) => !p.management || me.is_management_key);
-  const entry = PAGES.find((p) => p.path === route.section);
+  const pages = me.operator ? OPERATOR_PAGES : PAGES;
+  const visible = pages.filter((p) => !p.management || me.is_management_key);
+  const entry = pages.find((p) => p.path === route.section);
   let body;
   let title;
   if (!entry) {
     title = "Not found";
-    body = html`<p class="notice">There is no such page. <a href="#/">Back to usage</a>.</p>`;
+    body = html`<p class="notice">There is no such page. <a href="#/">Back to ${pages[0].title.toLowerCase()}</a>.</p>`;
+  } else if (me.operator) {
+    title = entry.title;
+    body = html`<${entry.page} me=${me} />`;
   } else if (route.section === "activity" && route.id) {
     title = "Generation";
     body = html`<${GenerationPage} id=${route.id} />`;
@@ -765,7 +896,7 @@ function App() {
   return html`<a class="skip" href="#main" onClick=${(e) => { e.preventDefault(); heading.current?.focus(); }}>Skip to content</a>
     <header class="top">
       <span class="brand">Gateway console</span>
-      <span class="who">${me.label} · ${me.is_management_key ? "management key" : "standard key"}</span>
+      <span class="who">${me.operator ? "operator key" : `${me.label} · ${me.is_management_key ? "management key" : "standard key"}`}</span>
       <button type="button" class="secondary" onClick=${signOut}>Sign out</button>
       <nav class="main" aria-label="Console pages"><ul>${visible.map((p) => html`<li>
         <a href=${`#/${p.path}`} aria-current=${p.path === route.section ? "page" : undefined}>${p.title}</a></li>`)}</ul></nav>
