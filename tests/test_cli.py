@@ -145,27 +145,8 @@ def test_vault_master_key_rotation(tmp_path: Path) -> None:
         gateway.stop()
 
 
-def test_keys_create_with_an_expiry_lists_it(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    created = run(data, "keys", "create", "--name", "temp", "--expires-at", "2099-01-02T03:04:05Z")
-    assert created.returncode == 0, created.stderr
-    listed = run(data, "keys", "list")
-    assert "temp  expires 2099-01-02T03:04:05.000Z" in listed.stdout
-    vague = run(data, "keys", "create", "--name", "x", "--expires-at", "2099-01-02")
-    past = run(data, "keys", "create", "--name", "y", "--expires-at", "2001-01-01T00:00:00Z")
-    assert vague.returncode != 0 and "--expires-at must be an ISO 8601" in vague.stderr
-    assert past.returncode != 0 and "expires_at must be in the future" in past.stderr
-
-
-def test_guardrails_create_with_a_budget(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    budget = ("--limit-usd", "2.5", "--reset-interval", "weekly")
-    created = run(data, "guardrails", "create", "--name", "weekly", *budget)
-    assert created.returncode == 0, created.stderr
-    listed = run(data, "guardrails", "list")
-    assert "limit_usd=2.5 reset_interval=weekly" in listed.stdout
-    half = run(data, "guardrails", "create", "--name", "half", "--limit-usd", "1")
-    assert half.returncode != 0 and "must be given together" in half.stderr
+# Keys with an expiry and guardrails with a budget are created and listed in-process:
+# tests/unit/test_cli_commands.py.
 
 
 def test_the_operator_key_is_issued_once_into_a_private_file(tmp_path: Path) -> None:

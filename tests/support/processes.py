@@ -6,6 +6,7 @@ import collections
 import contextlib
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 READY_LINE = "Gateway ready"
+# `gateway up` processes this test process started: the suite's biggest cost, so the session
+# reports it (tests/conftest.py, pytest_terminal_summary).
+STARTED: list[str] = []
 
 
 def free_port() -> int:
@@ -59,7 +63,7 @@ def worker_ports() -> range:
     port however close together they start gateways."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     index = int(worker[2:]) + 1 if worker[2:].isdigit() else 0
-    size = (max(_ephemeral_floor(), PORTS_FROM + 2 * PORT_BLOCKS * 100) - PORTS_FROM)
+    size = max(_ephemeral_floor(), PORTS_FROM + 2 * PORT_BLOCKS * 100) - PORTS_FROM
     size //= PORT_BLOCKS
     first = PORTS_FROM + (index % PORT_BLOCKS) * size
     return range(first, first + size)
@@ -112,16 +116,24 @@ class GatewayProcess:
     output: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        """Free ports for those not given: distinct from one another (a port is free again
-        once its probe closes, so two draws can return the same one)."""
+        self._drawn: tuple[str, ...] = ()  # the ports drawn here (not given by the test)
+        self._draw_ports()
+
+    def _wanted(self) -> dict[str, int]:
         workers = _workers_of(self.extra_args)
-        wanted = {"http_port": 1, "grpc_port": workers, "metrics_port": workers}
+        return {"http_port": 1, "grpc_port": workers, "metrics_port": workers}
+
+    def _draw_ports(self) -> None:
+        """Free ports for those not given (0): distinct from one another (a port is free
+        again once its probe closes, so two draws can return the same one)."""
+        wanted = self._wanted()
         taken = {
             port
             for name, count in wanted.items()
             if (first := getattr(self, name))
             for port in range(first, first + count)
         }
+        drawn = []
         for name, count in wanted.items():
             if getattr(self, name) or getattr(self, name) is None:
                 continue
@@ -130,6 +142,22 @@ class GatewayProcess:
                 first = free_port_range(count)
             taken.update(range(first, first + count))
             setattr(self, name, first)
+            drawn.append(name)
+        self._drawn = (*self._drawn, *drawn)
+
+    def _drawn_port_taken(self) -> bool:
+        """The start failed on a port this object drew, which another program bound between
+        the probe and the gateway's bind (other test runs share the machine): worth
+        another draw, unlike a port the test chose."""
+        refused = re.search(r"cannot listen on [^ ]*:(\d+) ", self.log())
+        if refused is None:
+            return False
+        port = int(refused.group(1))
+        wanted = self._wanted()
+        return any(
+            port in range(getattr(self, name), getattr(self, name) + wanted[name])
+            for name in self._drawn
+        )
 
     @property
     def base_url(self) -> str:
@@ -143,7 +171,24 @@ class GatewayProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
-    def start(self, ready_within: float = 60.0) -> GatewayProcess:
+    def start(self, ready_within: float = 60.0, draws: int = 3) -> GatewayProcess:
+        """`gateway up`, returning once it is ready; a port this object drew that was taken
+        meanwhile is drawn again (`draws` times in all)."""
+        for draw in range(draws):
+            try:
+                return self._start(ready_within)
+            except RuntimeError:
+                if draw == draws - 1 or not self._drawn_port_taken():
+                    raise
+                for name in self._drawn:
+                    setattr(self, name, 0)
+                self._drawn = ()
+                self.output.clear()
+                self._draw_ports()
+        raise AssertionError("unreachable")
+
+    def _start(self, ready_within: float) -> GatewayProcess:
+        STARTED.append(os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0])
         env = {**os.environ, "GATEWAY_DATABASE_URL": self.database_url, **self.extra_env}
         self.process = subprocess.Popen(
             [
@@ -173,11 +218,13 @@ class GatewayProcess:
                 if READY_LINE in line:
                     ready.set()
 
-        threading.Thread(target=pump, daemon=True).start()
+        pumping = threading.Thread(target=pump, daemon=True)
+        pumping.start()
         deadline = time.monotonic() + ready_within
         while not ready.wait(0.1):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
+                pumping.join(5)  # its last lines say why
                 raise RuntimeError("gateway did not start:\n" + "".join(self.output))
         return self
 
