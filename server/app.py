@@ -17,6 +17,7 @@ from opentelemetry.trace import Tracer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from server.auth import Authenticator
+from server.byok.cache import ByokKeysCache
 from server.byok.fees import ByokFees
 from server.byok.routing import ByokRouting
 from server.clock import Clock, SystemClock
@@ -42,6 +43,7 @@ from server.db.migrate import upgrade
 from server.db.stamp import PrincipalStampView
 from server.db.stamp import watch as watch_principal_changes
 from server.db.writer import Writer
+from server.guardrails.cache import GuardrailsCache
 from server.limits.admission import EnforcedLimits, Limits
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
@@ -118,6 +120,7 @@ class Core:
     tracer_provider: TracerProvider | None  # None: traces are not exported
     pools: tuple[ComputePool, ...] = ()  # every pool of worker processes, to close
     hot_reads: HotReads | None = None  # GET /key's one read (server/db/driver.py)
+    guardrails: GuardrailsCache | None = None  # callers' guardrails, under the auth's stamp
 
     async def close(self) -> None:
         for pool in self.pools:
@@ -189,8 +192,11 @@ def build_core(
     content = ContentStore(settings.content_dir)
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
     byok = ByokRouting(
-        vault_master, ByokFees(settings.byok_fee_percent, settings.byok_free_requests_per_month)
+        vault_master,
+        ByokFees(settings.byok_fee_percent, settings.byok_free_requests_per_month),
+        ByokKeysCache(principals),  # sealed; opened by each request that uses them
     )
+    guardrails = GuardrailsCache(principals)
     cooldowns = Cooldowns(clock)  # shared by transcription and video submission routing
     metrics = Metrics()
     tracer_provider = tracer_provider_from_environment()
@@ -221,6 +227,7 @@ def build_core(
             byok=byok,
             cooldowns=cooldowns,
             writer=writer,
+            guardrails=guardrails,
         ),
         content=content,
         video_worker=VideoWorker(
@@ -251,6 +258,7 @@ def build_core(
         tracer=tracer,
         tracer_provider=tracer_provider,
         pools=(decoder, local_stt),
+        guardrails=guardrails,
     )
 
 
@@ -286,7 +294,8 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         ],
     )
     keys_pb2_grpc.add_KeysServicer_to_server(
-        KeysService(core.auth, core.sessions, core.clock, core.hot_reads), server
+        KeysService(core.auth, core.sessions, core.clock, core.hot_reads, core.guardrails),
+        server,
     )
     management_pb2_grpc.add_ManagementServicer_to_server(
         ManagementService(core.auth, core.sessions, core.clock), server
@@ -307,6 +316,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             core.byok,
             adapters=core.video_worker.adapters,
             provider_cancel=core.video_worker.cancel_at_provider,
+            guardrails=core.guardrails,
         ),
         server,
     )
@@ -328,7 +338,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     )
     console_pb2_grpc.add_ConsoleServicer_to_server(ConsoleService(ConsoleAssets()), server)
     models_pb2_grpc.add_ModelsServicer_to_server(
-        ModelsService(core.auth, core.sessions, core.catalog), server
+        ModelsService(core.auth, core.sessions, core.catalog, core.guardrails), server
     )
     vault_pb2_grpc.add_VaultServicer_to_server(
         VaultService(

@@ -15,8 +15,10 @@ from typing import TypedDict, Unpack
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.byok import keys as store
+from server.byok.cache import ByokKeysCache, SealedKeys, load
 from server.byok.fees import ByokFees, count_byok_request
 from server.db.models import ByokKey
+from server.errors import GatewayError
 from server.providers.endpoint import Endpoint
 from server.routing.catalog import LOCAL_ADAPTERS
 from server.vault import crypto
@@ -148,11 +150,47 @@ class KeyedRequest(TypedDict):
 
 
 class ByokRouting:
-    """Loads a workspace's keys and opens them for one request; prices the platform fee."""
+    """Loads a workspace's keys and opens them for one request; prices the platform fee.
+    With `keys`, the sealed keys come from the process's cache (server/byok/cache.py)."""
 
-    def __init__(self, master: crypto.MasterKey, fees: ByokFees) -> None:
+    def __init__(
+        self, master: crypto.MasterKey, fees: ByokFees, keys: ByokKeysCache | None = None
+    ) -> None:
         self._master = master
         self.fees = fees
+        self._keys = keys
+
+    def cached(self, workspace_id: str) -> SealedKeys | None:
+        """The workspace's sealed keys without any database work, when the cache has them
+        and the stamp needs no read; None: a session is needed (`sealed`)."""
+        return None if self._keys is None else self._keys.cached(workspace_id)
+
+    async def sealed(self, session: AsyncSession, workspace_id: str) -> SealedKeys:
+        return (
+            await self._keys.of(session, workspace_id)
+            if self._keys is not None
+            else await load(session, workspace_id)
+        )
+
+    def open(self, sealed: SealedKeys) -> list[UsableKey]:
+        """The keys opened for one request (decrypted now, kept by no cache)."""
+        if not sealed.rows:
+            return []
+        if sealed.wrapped_key is None or sealed.master_key_id != self._master.key_id:
+            raise GatewayError(500, "Internal server error")  # data key gone, or wrong master
+        opening = self._master.unwrap(sealed.wrapped_key)
+        return [UsableKey(row, store.open_key(self._master, row, opening)) for row in sealed.rows]
+
+    def planned(self, sealed: SealedKeys, **request: Unpack[KeyedRequest]) -> list[Endpoint]:
+        """The endpoints to try, in order, with these keys (see attempts)."""
+        attempts = plan_attempts(
+            request["endpoints"],
+            self.open(sealed),
+            model_id=request["model_id"],
+            key_hash=request["key_hash"],
+            user=request["user"],
+        )
+        return [attempt.endpoint for attempt in attempts]
 
     async def fee_for(
         self, session: AsyncSession, account_id: str, cost_micros: int, now: datetime
@@ -165,11 +203,8 @@ class ByokRouting:
     async def usable_keys(
         self, session: AsyncSession, workspace_id: str, now: datetime
     ) -> list[UsableKey]:
-        rows = await store.workspace_keys(session, workspace_id)
-        if not rows:
-            return []
-        opening = await data_key(session, self._master, store.vault_id(workspace_id), now)
-        return [UsableKey(row, store.open_key(self._master, row, opening)) for row in rows]
+        del now  # the data key exists since the keys were sealed: nothing is created here
+        return self.open(await self.sealed(session, workspace_id))
 
     async def key_endpoint(
         self, session: AsyncSession, endpoint: Endpoint, key_id: str, now: datetime
@@ -198,4 +233,4 @@ class ByokRouting:
         self, session: AsyncSession, **request: Unpack[KeyedRequest]
     ) -> list[Endpoint]:
         """The endpoints to try, in order (see attempts)."""
-        return [attempt.endpoint for attempt in await self.attempts(session, **request)]
+        return self.planned(await self.sealed(session, request["workspace_id"]), **request)

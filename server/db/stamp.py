@@ -1,16 +1,18 @@
 """The principal stamp: when a process may keep using what it cached about its callers.
 
 A process caches each caller's key, workspace, account and guardrails (server/auth.py,
-server/guardrails/cache.py) so that a request needs no database read to know who calls. The
-cache is only as good as its invalidation, in two places:
+server/guardrails/cache.py) and the workspace's sealed BYOK keys (server/byok/cache.py), so
+that a request needs no database read to know who calls and what it may use. The cache is
+only as good as its invalidation, in two places:
 
 - Other processes (other server processes, the CLI, SQL typed by an operator): triggers
-  (migration 0010) bump `principal_stamp.version` in the same transaction as any change to
-  a key, workspace, account or guardrail. A process reads the version at most once per
-  `interval` (one second) and drops everything when it moved. A request that finds the last
-  read older than the interval waits for a fresh one (concurrent requests share it), so a
-  request never uses what was cached before a change committed more than `interval` ago:
-  a key disabled or deleted anywhere is refused everywhere within that second.
+  (migrations 0011 and 0012) bump `principal_stamp.version` in the same transaction as any
+  change to a key, workspace, account, guardrail or BYOK key. A process reads the version
+  at most once per `interval` (one second) and drops everything when it moved. A request
+  that finds the last read older than the interval waits for a fresh one (concurrent
+  requests share it), so a request never uses what was cached before a change committed
+  more than `interval` ago: a key disabled or deleted anywhere is refused everywhere
+  within that second.
 - This process: `watch(engine, stamp)` sees every statement that goes through SQLAlchemy on
   the engine (the ORM, the management API, the CLI's own process); one that changes those
   tables marks its connection, and its commit drops the caches at once (and again when the
@@ -46,7 +48,7 @@ STAMP_VERSION = sa.func.coalesce(
 )
 _READ_STAMP = sa.select(STAMP_VERSION.label("version"))
 
-# What migration 0010's triggers watch, by table: the statements that change it and, for
+# What migrations 0011 and 0012's triggers watch, by table: the statements that change it and, for
 # UPDATE, the columns whose change alone alters nothing a cache holds.
 WATCHED: dict[str, frozenset[str]] = {
     "api_keys": frozenset({"UPDATE", "DELETE"}),
@@ -54,6 +56,10 @@ WATCHED: dict[str, frozenset[str]] = {
     "accounts": frozenset({"UPDATE", "DELETE"}),
     "guardrails": frozenset({"INSERT", "UPDATE", "DELETE"}),
     "guardrail_key_assignments": frozenset({"INSERT", "UPDATE", "DELETE"}),
+    # Migration 0012: a workspace's BYOK keys (server/byok/cache.py) and the data keys
+    # that wrap them (a new one is only made before its first key is sealed).
+    "byok_keys": frozenset({"INSERT", "UPDATE", "DELETE"}),
+    "vault_keys": frozenset({"UPDATE", "DELETE"}),
 }
 UNWATCHED_COLUMNS: dict[str, frozenset[str]] = {
     "api_keys": frozenset({"last_used_at"}),

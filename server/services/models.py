@@ -9,7 +9,7 @@ import grpc
 from server.auth import Authenticator
 from server.contract import models_pb2, models_pb2_grpc
 from server.db.engine import SessionFactory
-from server.guardrails.policy import guardrails_of
+from server.guardrails.cache import GuardrailsCache
 from server.routing.catalog import Catalog, Model
 from server.routing.listing import ListedModel, ModelQuery, list_models
 from server.services.rpc import metadata_of, null, nullable_string
@@ -51,7 +51,15 @@ def every_model(_: Model) -> bool:
 
 
 class ModelsService(models_pb2_grpc.ModelsServicer):
-    def __init__(self, auth: Authenticator, sessions: SessionFactory, catalog: Catalog) -> None:
+    def __init__(
+        self,
+        auth: Authenticator,
+        sessions: SessionFactory,
+        catalog: Catalog,
+        guardrails: GuardrailsCache | None = None,
+    ) -> None:
+        # The caller's guardrails, cached under the principal stamp like the caller itself.
+        self._guardrails = guardrails if guardrails is not None else GuardrailsCache(auth.stamp)
         self._auth = auth
         self._sessions = sessions
         self._catalog = catalog
@@ -73,11 +81,19 @@ class ModelsService(models_pb2_grpc.ModelsServicer):
         allows: Callable[[Model], bool] = every_model
         # OpenRouter lists models without a key; with one, the workspace's guardrails apply.
         if any(name.lower() == "authorization" for name, _ in metadata):
-            async with self._sessions() as session:
-                principal = await self._auth.authenticate(session, metadata)
-                allows = (
-                    await guardrails_of(session, principal.workspace.id, principal.key.hash)
-                ).allows
+            principal = self._auth.cached(metadata)
+            guardrails = (
+                None
+                if principal is None
+                else self._guardrails.cached(principal.workspace.id, principal.key.hash)
+            )
+            if guardrails is None:  # a read is due (the stamp's, or a miss)
+                async with self._sessions() as session:
+                    principal = await self._auth.authenticate(session, metadata)
+                    guardrails = await self._guardrails.of(
+                        session, principal.workspace.id, principal.key.hash
+                    )
+            allows = guardrails.allows
         page = list_models(self._catalog, query, allows)
         return models_pb2.ModelsListResponse(
             data=[model_message(listed) for listed in page.models],

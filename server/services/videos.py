@@ -11,14 +11,16 @@ import grpc
 from google.api import httpbody_pb2
 from google.protobuf import json_format, struct_pb2
 
-from server.auth import Authenticator
+from server.auth import Authenticator, Principal
+from server.byok.cache import NO_KEYS, SealedKeys
 from server.byok.routing import ByokRouting, billing_plan
 from server.clock import Clock
 from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import VideoJob
 from server.db.writer import Writer
-from server.guardrails.policy import guardrails_of
+from server.guardrails.cache import GuardrailsCache
+from server.guardrails.policy import Guardrails
 from server.limits.admission import Limits
 from server.providers.video import VideoAdapter, can_continue
 from server.routing.catalog import Catalog, Model
@@ -101,7 +103,11 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         *,
         adapters: Mapping[str, VideoAdapter] | None = None,
         provider_cancel: Callable[[VideoJob], Awaitable[None]] | None = None,
+        guardrails: GuardrailsCache | None = None,
     ) -> None:
+        # The caller's guardrails and its workspace's sealed BYOK keys, cached under the
+        # principal stamp like the caller itself (server/db/stamp.py).
+        self._guardrails = guardrails if guardrails is not None else GuardrailsCache(auth.stamp)
         self._provider_cancel = provider_cancel
         self._byok = byok  # None: the operator's endpoints only
         self._adapters = adapters or {}
@@ -114,44 +120,74 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         self._writer = writer
         self._wake = wake_worker
 
+    def _cached(self, principal: Principal | None) -> tuple[Guardrails, SealedKeys] | None:
+        """The caller's guardrails and BYOK keys with no database work, or None: read them."""
+        if principal is None:
+            return None
+        workspace_id = principal.workspace.id
+        guardrails = self._guardrails.cached(workspace_id, principal.key.hash)
+        sealed = NO_KEYS if self._byok is None else self._byok.cached(workspace_id)
+        if guardrails is None or sealed is None:
+            return None
+        return guardrails, sealed
+
+    async def _caller(
+        self, context: grpc.aio.ServicerContext
+    ) -> tuple[Principal, Guardrails, SealedKeys]:
+        """Who calls, its guardrails and its workspace's sealed BYOK keys: from the process's
+        caches, with a session only when one of them needs a read (the stamp's, once a
+        second, or a miss)."""
+        metadata = metadata_of(context)
+        principal = self._auth.cached(metadata)
+        cached = self._cached(principal)
+        if principal is not None and cached is not None:
+            return principal, *cached
+        async with self._sessions() as session:
+            principal = await self._auth.authenticate(session, metadata)
+            workspace_id = principal.workspace.id
+            guardrails = await self._guardrails.of(session, workspace_id, principal.key.hash)
+            sealed = (
+                NO_KEYS if self._byok is None else await self._byok.sealed(session, workspace_id)
+            )
+        return principal, guardrails, sealed
+
     async def CreateVideo(
         self, request: videos_pb2.CreateVideoRequest, context: grpc.aio.ServicerContext
     ) -> videos_pb2.VideoJob:
-        async with self._sessions() as session:
-            principal = await self._auth.authenticate(session, metadata_of(context))
-            video = parse_video_request(
-                request, self._catalog, header_value(context, "x-session-id")
-            )
-            guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
-            endpoints = guardrails.endpoints(video.model)
-            guardrails.check_video_duration(video.duration)
-            guardrails.check_cost(jobs.estimate_micros(video))
-            continuation = await jobs.continuation_of(
-                session,
-                principal,
-                video,
-                lambda endpoint: can_continue(self._adapters.get(endpoint.adapter)),
-            )
-            billing = None
-            if self._byok is not None:
-                planned = await self._byok.endpoints(
+        principal, guardrails, sealed = await self._caller(context)
+        video = parse_video_request(request, self._catalog, header_value(context, "x-session-id"))
+        endpoints = guardrails.endpoints(video.model)
+        guardrails.check_video_duration(video.duration)
+        guardrails.check_cost(jobs.estimate_micros(video))
+        continuation = None
+        if video.previous_job_id is not None:
+            async with self._sessions() as session:
+                continuation = await jobs.continuation_of(
                     session,
-                    workspace_id=principal.workspace.id,
-                    key_hash=principal.key.hash,
-                    model_id=video.model.id,
-                    endpoints=endpoints,
-                    user=video.user,
-                    now=self._clock.now(),
+                    principal,
+                    video,
+                    lambda endpoint: can_continue(self._adapters.get(endpoint.adapter)),
                 )
-                billing = billing_plan(planned, jobs.estimate_micros(video), self._byok.fees)
-                usable = any(e.available for e in planned)
-            else:
-                usable = any(e.available for e in endpoints)
-            if not usable:  # refused now, not by a job that fails later; nothing written
-                raise no_provider(video.model.id, endpoints)
-        # The session's reads are done (on SQLite its connection is the process's only one):
-        # the hold and the job row go to the group-commit writer, and the 202 leaves once
-        # their batch has committed.
+        billing = None
+        if self._byok is not None:
+            planned = self._byok.planned(
+                sealed,
+                workspace_id=principal.workspace.id,
+                key_hash=principal.key.hash,
+                model_id=video.model.id,
+                endpoints=endpoints,
+                user=video.user,
+                now=self._clock.now(),
+            )
+            billing = billing_plan(planned, jobs.estimate_micros(video), self._byok.fees)
+            usable = any(e.available for e in planned)
+        else:
+            usable = any(e.available for e in endpoints)
+        if not usable:  # refused now, not by a job that fails later; nothing written
+            raise no_provider(video.model.id, endpoints)
+        # No session is held (usually none was opened: the caches answered; on SQLite a
+        # session's connection is the process's only one): the hold and the job row go to
+        # the group-commit writer, and the 202 leaves once their batch has committed.
         job = await self._writer.run(
             functools.partial(
                 jobs.store_job,
@@ -207,9 +243,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
     async def ListVideoModels(
         self, request: videos_pb2.ListVideoModelsRequest, context: grpc.aio.ServicerContext
     ) -> videos_pb2.VideoModelsResponse:
-        async with self._sessions() as session:
-            principal = await self._auth.authenticate(session, metadata_of(context))
-            guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
+        _principal, guardrails, _sealed = await self._caller(context)
         models = sorted(
             (m for m in self._catalog.of_kind("video") if guardrails.allows(m)),
             key=lambda m: m.id,

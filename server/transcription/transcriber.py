@@ -33,7 +33,8 @@ from server.compute import ComputePool, PoolBusy, WorkerLost
 from server.db.models import Generation
 from server.db.writer import Writer
 from server.errors import GatewayError, bad_request
-from server.guardrails.policy import guardrails_of
+from server.guardrails.cache import GuardrailsCache
+from server.guardrails.policy import Guardrails, guardrails_of
 from server.limits.admission import Limits
 from server.observability.generations import store_generation
 from server.observability.logs import REQUEST_ID
@@ -115,7 +116,10 @@ class Transcriber:
         byok: ByokRouting | None = None,
         cooldowns: Cooldowns | None = None,
         writer: Writer | None = None,
+        guardrails: GuardrailsCache | None = None,
     ) -> None:
+        # The caller's guardrails, cached under the principal stamp (None: read each time).
+        self._guardrails = guardrails
         # Settlements commit in the group-commit writer's batches (None: each in its own
         # transaction on the request's session).
         self._writer = writer
@@ -139,6 +143,12 @@ class Transcriber:
                 param="response_format",
             )
         return model
+
+    async def _guardrails_of(self, session: AsyncSession, principal: Principal) -> Guardrails:
+        workspace_id, key_hash = principal.workspace.id, principal.key.hash
+        if self._guardrails is None:
+            return await guardrails_of(session, workspace_id, key_hash)
+        return await self._guardrails.of(session, workspace_id, key_hash)
 
     def _call(self, request: TranscriptionInput, model: Model, endpoint: Endpoint) -> SttCall:
         return SttCall(
@@ -178,7 +188,7 @@ class Transcriber:
                 raise GatewayError(
                     504, "Operation aborted due to timeout: the request's deadline passed"
                 ) from exc
-        guardrails = await guardrails_of(session, principal.workspace.id, principal.key.hash)
+        guardrails = await self._guardrails_of(session, principal)
         endpoints: Sequence[Endpoint] = guardrails.endpoints(model)
         if request.claimed_format is None or request.claimed_format != audio.format:
             request.claimed_format = audio.format

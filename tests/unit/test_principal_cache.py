@@ -279,6 +279,13 @@ async def test_key_status_is_never_cached_and_reads_the_stamp(
         ("UPDATE workspaces SET webhook_secret=? WHERE workspaces.id = ?", True),
         ("UPDATE video_jobs SET status=? WHERE video_jobs.id = ?", False),
         ("SELECT api_keys.hash FROM api_keys", False),
+        # A workspace's BYOK keys and their data keys (migration 0012).
+        ("INSERT INTO byok_keys (id, workspace_id) VALUES (?, ?)", True),
+        ("UPDATE byok_keys SET disabled=? WHERE byok_keys.id = ?", True),
+        ("DELETE FROM byok_keys WHERE byok_keys.id = ?", True),
+        ("INSERT INTO vault_keys (vault_id, wrapped_key) VALUES (?, ?) ON CONFLICT", False),
+        ("UPDATE vault_keys SET wrapped_key=?, master_key_id=? WHERE vault_id = ?", True),
+        ("UPDATE byok_monthly_requests SET requests=? WHERE account_id = ?", False),
     ],
 )
 def test_which_statements_change_principals(statement: str, changes: bool) -> None:
