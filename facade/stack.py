@@ -7,7 +7,8 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -29,17 +30,22 @@ from server.ports import (
 )
 from server.vault.crypto import load_master_key
 
-# The command line of server process `index` of `gateway up --workers N`.
+# The command line of server process `index` of `gateway up --workers N` (run_workers adds
+# `--port-file PATH`: the entry point writes the gRPC port it bound there once it serves).
 WorkerCommand = Callable[[Settings, int], list[str]]
+# Told, once the stack serves, the REST base URL and the gRPC target of each server process,
+# with the ports actually bound.
+Announce = Callable[[str, list[str]], None]
 
 
-def envoy_options(settings: Settings, workers: int = 1) -> EnvoyOptions:
+def envoy_options(settings: Settings, grpc_ports: Sequence[int] | None = None) -> EnvoyOptions:
+    """Envoy in front of the server processes at `grpc_ports` (the ports they bound; by
+    default the one of the settings)."""
+    ports = (settings.grpc_port,) if grpc_ports is None else tuple(grpc_ports)
     return EnvoyOptions(
         descriptor_path=str(DESCRIPTOR_SET),
         services=SERVICES,
-        upstreams=tuple(
-            Upstream(settings.grpc_host, settings.grpc_port + i) for i in range(workers)
-        ),
+        upstreams=tuple(Upstream(settings.grpc_host, port) for port in ports),
         listen_host=settings.http_host,
         listen_port=settings.http_port,
         admin_port=settings.envoy_admin_port,
@@ -48,15 +54,21 @@ def envoy_options(settings: Settings, workers: int = 1) -> EnvoyOptions:
     )
 
 
+def worker_grpc_port(settings: Settings, index: int) -> int:
+    """The gRPC port asked of server process `index`: --grpc-port onwards, or 0 (each binds
+    a free port of its own and reports it) when --grpc-port is 0."""
+    return settings.grpc_port + index if settings.grpc_port else 0
+
+
 def check_ports(settings: Settings, workers: int = 1) -> None:
     """Refuse to start when a port of the stack is taken (ListenError naming the address
     and the flag): Envoy's listener and admin port, and each server process's gRPC and
     metrics ports. Checked before anything starts; each bind still reports its own failure."""
-    options = envoy_options(settings, workers)
+    options = envoy_options(settings)
     ensure_free(options.listen_host, options.listen_port, HTTP_PORT)
     ensure_free(options.admin_host, options.admin_port, ENVOY_ADMIN_PORT)
     for index in range(workers):
-        ensure_free(settings.grpc_host, settings.grpc_port + index, GRPC_PORT)
+        ensure_free(settings.grpc_host, worker_grpc_port(settings, index), GRPC_PORT)
         if settings.metrics_port:
             ensure_free(settings.metrics_host, settings.metrics_port + index, METRICS_PORT)
 
@@ -86,21 +98,43 @@ async def _serving(target: str, within: float) -> None:
             await asyncio.sleep(0.1)
 
 
-async def _worker_ready(target: str, child: asyncio.subprocess.Process) -> None:
-    """Wait until the worker serves; fail at once if it exits first (a port in use, say)
-    rather than after the readiness timeout."""
-    serving = asyncio.create_task(_serving(target, 60))
+def _read_port(port_file: Path) -> int:
+    return int(port_file.read_text().strip())
+
+
+async def _reported_port(port_file: Path, within: float) -> int:
+    """The port a server process wrote to `port_file` (`gateway serve --port-file`) once it
+    serves."""
+    deadline = time.monotonic() + within
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            return _read_port(port_file)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no server process reported its port in {port_file}")
+        await asyncio.sleep(0.05)
+
+
+async def _worker_ready(host: str, port_file: Path, child: asyncio.subprocess.Process) -> int:
+    """Wait until the worker serves and return its gRPC port; fail at once if it exits
+    first (a port in use, say) rather than after the readiness timeout."""
+
+    async def serving() -> int:
+        port = await _reported_port(port_file, 60)
+        await _serving(f"{host}:{port}", 60)
+        return port
+
+    serves = asyncio.create_task(serving())
     exited = asyncio.create_task(child.wait())
     try:
-        await asyncio.wait({serving, exited}, return_when=asyncio.FIRST_COMPLETED)
-        if serving.done():
-            serving.result()  # re-raises the timeout
-            return
+        await asyncio.wait({serves, exited}, return_when=asyncio.FIRST_COMPLETED)
+        if serves.done():
+            return serves.result()  # or re-raises the timeout
     finally:
-        for task in (serving, exited):
+        for task in (serves, exited):
             task.cancel()
     raise RuntimeError(
-        f"the server process for {target} exited with {child.returncode} before it was ready"
+        f"the server process writing {port_file.name} exited with {child.returncode} "
+        "before it was ready"
     )
 
 
@@ -108,12 +142,12 @@ def serve_command(
     settings: Settings, index: int, entry_point: tuple[str, ...] = ("-m", "server", "serve")
 ) -> list[str]:
     """`gateway serve` (or another entry point taking its options) on gRPC port
-    grpc_port + index, with the stack's settings."""
+    grpc_port + index (0 when grpc_port is 0), with the stack's settings."""
     arguments = [
         sys.executable,
         *entry_point,
         "--grpc-port",
-        str(settings.grpc_port + index),
+        str(worker_grpc_port(settings, index)),
         "--data-dir",
         str(settings.data_dir),
         "--database-url",
@@ -129,33 +163,43 @@ def serve_command(
 async def run_workers(
     settings: Settings,
     stop: asyncio.Event,
-    announce: Callable[[str], None],
+    announce: Announce,
     workers: int,
     worker_command: WorkerCommand = serve_command,
 ) -> None:
-    """N server processes (`gateway serve`, gRPC ports grpc_port .. grpc_port+N-1) behind one
-    Envoy that balances over them. Migrations run once, here, before any worker starts."""
+    """N server processes (`gateway serve`, gRPC ports grpc_port .. grpc_port+N-1, or each a
+    free one for 0) behind one Envoy that balances over them. Each process writes the port
+    it bound to a file of the data dir (--port-file), read before Envoy's config is
+    written. Migrations run once, here, before any worker starts."""
     check_ports(settings, workers)
     await upgrade(settings.database_url)
     load_master_key(settings.data_dir)  # created once here, not raced by the workers
+    ports_dir = settings.data_dir / "ports"
+    ports_dir.mkdir(parents=True, exist_ok=True)
+    port_files = [ports_dir / f"grpc-{index}" for index in range(workers)]
+    for port_file in port_files:
+        port_file.unlink(missing_ok=True)  # a previous run's
     children: list[asyncio.subprocess.Process] = []
-    envoy = EnvoyProcess(envoy_options(settings, workers), settings.data_dir / "envoy")
+    envoy: EnvoyProcess | None = None
     try:
         for index in range(workers):
+            command = [*worker_command(settings, index), "--port-file", str(port_files[index])]
             children.append(
                 await asyncio.create_subprocess_exec(
-                    *dying_with_this_process(*worker_command(settings, index)),
-                    stdin=asyncio.subprocess.DEVNULL,
+                    *dying_with_this_process(*command), stdin=asyncio.subprocess.DEVNULL
                 )
             )
-        await asyncio.gather(
+        grpc_ports = await asyncio.gather(
             *(
-                _worker_ready(f"{settings.grpc_host}:{settings.grpc_port + i}", child)
-                for i, child in enumerate(children)
+                _worker_ready(settings.grpc_host, port_file, child)
+                for port_file, child in zip(port_files, children, strict=True)
             )
         )
+        envoy = EnvoyProcess(envoy_options(settings, grpc_ports), settings.data_dir / "envoy")
         await start_envoy(envoy)
-        announce(f"http://{settings.http_host}:{settings.http_port}/api/v1")
+        announce(
+            _base_url(settings, envoy), [f"{settings.grpc_host}:{port}" for port in grpc_ports]
+        )
         stopper = asyncio.create_task(stop.wait())
         exits = [asyncio.create_task(child.wait()) for child in children]
         await asyncio.wait({stopper, *exits}, return_when=asyncio.FIRST_COMPLETED)
@@ -172,13 +216,19 @@ async def run_workers(
             except TimeoutError:
                 child.kill()
                 await child.wait()
-        await envoy.stop()
+        if envoy is not None:
+            await envoy.stop()
+
+
+def _base_url(settings: Settings, envoy: EnvoyProcess) -> str:
+    """The REST base URL on the port Envoy's listener is bound to."""
+    return f"http://{settings.http_host}:{envoy.listen_port}/api/v1"
 
 
 async def run_stack(
     settings: Settings,
     stop: asyncio.Event,
-    announce: Callable[[str], None],
+    announce: Announce,
     workers: int = 1,
     *,
     limits: Limits | None = None,
@@ -192,8 +242,11 @@ async def run_stack(
     check_ports(settings)
     started = asyncio.Event()
     server_stop = asyncio.Event()
-    server_task = asyncio.create_task(serve(settings, started, server_stop, limits))
-    envoy = EnvoyProcess(envoy_options(settings), settings.data_dir / "envoy")
+    grpc_ports: list[int] = []
+    server_task = asyncio.create_task(
+        serve(settings, started, server_stop, limits, listening=grpc_ports.append)
+    )
+    envoy: EnvoyProcess | None = None
     try:
         waiter = asyncio.create_task(started.wait())
         done, _ = await asyncio.wait({server_task, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -201,8 +254,9 @@ async def run_stack(
             waiter.cancel()
             server_task.result()  # raises the start-up failure
             return
+        envoy = EnvoyProcess(envoy_options(settings, grpc_ports), settings.data_dir / "envoy")
         await start_envoy(envoy)
-        announce(f"http://{settings.http_host}:{settings.http_port}/api/v1")
+        announce(_base_url(settings, envoy), [f"{settings.grpc_host}:{grpc_ports[0]}"])
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait({server_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
@@ -214,4 +268,5 @@ async def run_stack(
             with contextlib.suppress(asyncio.CancelledError):
                 await server_task
         finally:
-            await envoy.stop()
+            if envoy is not None:
+                await envoy.stop()

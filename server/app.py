@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -365,10 +366,13 @@ async def serve(
     started: asyncio.Event | None = None,
     stop: asyncio.Event | None = None,
     limits: Limits | None = None,
+    listening: Callable[[int], None] | None = None,
 ) -> None:
     """Migrate, serve until `stop` is set, then drain: report NOT_SERVING, stop claiming
     jobs and webhooks and stop the housekeeping (the current step finishes), let in-flight
-    calls finish within the shutdown grace, and close."""
+    calls finish within the shutdown grace, and close. `listening` is told the gRPC port
+    actually bound (the one grpc's bind picked for --grpc-port 0) once the server serves,
+    before `started` is set."""
     # Taken ports are refused before anything else, naming the address and the flag.
     ensure_free(settings.grpc_host, settings.grpc_port, GRPC_PORT)
     ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
@@ -405,7 +409,7 @@ async def serve(
             await health_servicer.set(service, status)
 
     await set_serving(True)
-    log.info("gRPC server listening on %s", settings.grpc_target)
+    log.info("gRPC server listening on %s:%s", settings.grpc_host, bound)
     workers_stop = asyncio.Event()
     monitor = DatabaseMonitor(
         core.sessions,
@@ -420,6 +424,8 @@ async def serve(
         asyncio.create_task(core.maintenance.run(workers_stop)),
         asyncio.create_task(monitor.run(workers_stop)),
     ]
+    if listening is not None:
+        listening(bound)
     if started is not None:
         started.set()
     try:

@@ -75,6 +75,11 @@ def _port_or_off(text: str) -> int:
     return 0 if text.strip() == "0" else _port(text)
 
 
+def _port_or_any(text: str) -> int:
+    """A port, or 0: a free one picked when binding (the actual one is printed)."""
+    return _port_or_off(text)
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -166,8 +171,8 @@ async def cmd_up(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     await _operator_key(settings)
 
-    def announce(base_url: str) -> None:
-        print(f"Gateway ready: REST {base_url}  gRPC {settings.grpc_target}", flush=True)
+    def announce(base_url: str, grpc_targets: list[str]) -> None:
+        print(f"Gateway ready: REST {base_url}  gRPC {', '.join(grpc_targets)}", flush=True)
         print(f"Console: {base_url.removesuffix('/api/v1')}/console/", flush=True)
         print("Press Ctrl-C to stop.", flush=True)
 
@@ -181,8 +186,21 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     from server.app import serve
 
     settings = _server_settings(args, grpc_port=args.grpc_port, grpc_host=args.grpc_host)
-    await serve(settings, stop=stop_on_signals())
+    port_file = args.port_file
+    await serve(
+        settings,
+        stop=stop_on_signals(),
+        listening=None if port_file is None else lambda port: write_port_file(port_file, port),
+    )
     return 0
+
+
+def write_port_file(path: str, port: int) -> None:
+    """Write `port` to `path` whole (a reader never sees a partial file)."""
+    partial = f"{path}.partial"
+    with open(partial, "w") as file:
+        file.write(f"{port}\n")
+    os.replace(partial, path)
 
 
 async def cmd_health(args: argparse.Namespace) -> int:
@@ -634,8 +652,19 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = commands.add_parser("up", parents=[common], help="run the gRPC server and Envoy")
-    up.add_argument("--http-port", type=_port, default=8080, help="REST port (default 8080)")
-    up.add_argument("--grpc-port", type=_port, default=50051, help="gRPC port (default 50051)")
+    up.add_argument(
+        "--http-port",
+        type=_port_or_any,
+        default=8080,
+        help="REST port (default 8080; 0: a free port, printed in the ready line)",
+    )
+    up.add_argument(
+        "--grpc-port",
+        type=_port_or_any,
+        default=50051,
+        help="gRPC port (default 50051; 0: a free port for each server process, printed "
+        "in the ready line)",
+    )
     up.add_argument("--host", default="127.0.0.1", help="REST listen address")
     up.add_argument(
         "--catalog",
@@ -647,7 +676,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=_positive_int,
         default=1,
-        help="server processes behind Envoy (gRPC ports --grpc-port onwards)",
+        help="server processes behind Envoy (gRPC ports --grpc-port onwards; each a free "
+        "one with --grpc-port 0)",
     )
     up.add_argument(
         "--metrics-port",
@@ -660,8 +690,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd = commands.add_parser(
         "serve", parents=[common], help="run only the gRPC server (no Envoy)"
     )
-    serve_cmd.add_argument("--grpc-port", type=_port, default=50051)
+    serve_cmd.add_argument(
+        "--grpc-port", type=_port_or_any, default=50051, help="default 50051; 0: a free port"
+    )
     serve_cmd.add_argument("--grpc-host", default="127.0.0.1")
+    serve_cmd.add_argument(
+        "--port-file",
+        metavar="FILE",
+        help="write the gRPC port bound to FILE once serving (how `up --workers N` learns "
+        "the ports of its server processes)",
+    )
     serve_cmd.add_argument("--catalog", metavar="FILE")
     serve_cmd.add_argument(
         "--metrics-port",

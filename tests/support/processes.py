@@ -98,15 +98,30 @@ def _workers_of(arguments: tuple[str, ...]) -> int:
     return 1
 
 
+# "Gateway ready: REST http://127.0.0.1:PORT/api/v1  gRPC 127.0.0.1:PORT[, 127.0.0.1:PORT]"
+_READY_PORTS = re.compile(r"REST https?://[^ ]*:(?P<http>\d+)/api/v1\s+gRPC (?P<grpc>[^\n]+)")
+
+
+def ready_ports(line: str) -> tuple[int, list[int]]:
+    """The REST port and the gRPC port of each server process, from the ready line."""
+    found = _READY_PORTS.search(line)
+    if found is None:
+        raise RuntimeError(f"no ports in the ready line: {line!r}")
+    grpc_ports = [int(target.rpartition(":")[2]) for target in found["grpc"].split(",")]
+    return int(found["http"]), grpc_ports
+
+
 @dataclass
 class GatewayProcess:
-    """One `gateway up` (gRPC server + Envoy) with its own ports and data dir."""
+    """One `gateway up` (gRPC server + Envoy) with its own ports and data dir. The REST and
+    gRPC ports default to 0: the gateway binds free ones and prints them in its ready line,
+    read back into http_port and grpc_ports."""
 
     data_dir: Path
     database_url: str
-    http_port: int = 0  # 0: a free port (see __post_init__)
-    grpc_port: int = 0  # 0: free ports for each server process (see __post_init__)
-    metrics_port: int | None = 0  # None: no --metrics-port (the default: off)
+    http_port: int = 0  # 0: a free one, bound by Envoy (read back from the ready line)
+    grpc_port: int = 0  # 0: a free one for each server process (idem)
+    metrics_port: int | None = 0  # 0: free ports drawn here; None: no --metrics-port (off)
     extra_env: dict[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     # What runs `up` (Python arguments): another entry point taking the same options and
@@ -114,50 +129,20 @@ class GatewayProcess:
     command: tuple[str, ...] = ("-m", "server", "up")
     process: subprocess.Popen[str] | None = None
     output: list[str] = field(default_factory=list)
+    grpc_ports: list[int] = field(default_factory=list)  # each server process's, once ready
 
     def __post_init__(self) -> None:
-        self._drawn: tuple[str, ...] = ()  # the ports drawn here (not given by the test)
-        self._draw_ports()
+        self._asked = (self.http_port, self.grpc_port)
+        # /metrics has no "pick a free port" (0 is off): those ports are still probed here.
+        self._metrics_drawn = self.metrics_port == 0
+        if self._metrics_drawn:
+            self.metrics_port = free_port_range(_workers_of(self.extra_args))
 
-    def _wanted(self) -> dict[str, int]:
-        workers = _workers_of(self.extra_args)
-        return {"http_port": 1, "grpc_port": workers, "metrics_port": workers}
-
-    def _draw_ports(self) -> None:
-        """Free ports for those not given (0): distinct from one another (a port is free
-        again once its probe closes, so two draws can return the same one)."""
-        wanted = self._wanted()
-        taken = {
-            port
-            for name, count in wanted.items()
-            if (first := getattr(self, name))
-            for port in range(first, first + count)
-        }
-        drawn = []
-        for name, count in wanted.items():
-            if getattr(self, name) or getattr(self, name) is None:
-                continue
-            first = free_port_range(count)
-            while taken.intersection(range(first, first + count)):
-                first = free_port_range(count)
-            taken.update(range(first, first + count))
-            setattr(self, name, first)
-            drawn.append(name)
-        self._drawn = (*self._drawn, *drawn)
-
-    def _drawn_port_taken(self) -> bool:
-        """The start failed on a port this object drew, which another program bound between
-        the probe and the gateway's bind (other test runs share the machine): worth
-        another draw, unlike a port the test chose."""
-        refused = re.search(r"cannot listen on [^ ]*:(\d+) ", self.log())
-        if refused is None:
-            return False
-        port = int(refused.group(1))
-        wanted = self._wanted()
-        return any(
-            port in range(getattr(self, name), getattr(self, name) + wanted[name])
-            for name in self._drawn
-        )
+    def _metrics_port_taken(self) -> bool:
+        """The start failed on a metrics port drawn here, which another program bound
+        between the probe and the gateway's bind: worth another draw."""
+        refused = re.search(r"cannot listen on [^ ]*:(\d+) \(--metrics-port", self.log())
+        return refused is not None and self._metrics_drawn
 
     @property
     def base_url(self) -> str:
@@ -172,19 +157,16 @@ class GatewayProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def start(self, ready_within: float = 60.0, draws: int = 3) -> GatewayProcess:
-        """`gateway up`, returning once it is ready; a port this object drew that was taken
-        meanwhile is drawn again (`draws` times in all)."""
+        """`gateway up`, returning once it is ready with the ports it bound; a metrics port
+        drawn here that was taken meanwhile is drawn again (`draws` times in all)."""
         for draw in range(draws):
             try:
                 return self._start(ready_within)
             except RuntimeError:
-                if draw == draws - 1 or not self._drawn_port_taken():
+                if draw == draws - 1 or not self._metrics_port_taken():
                     raise
-                for name in self._drawn:
-                    setattr(self, name, 0)
-                self._drawn = ()
                 self.output.clear()
-                self._draw_ports()
+                self.metrics_port = free_port_range(_workers_of(self.extra_args))
         raise AssertionError("unreachable")
 
     def _start(self, ready_within: float) -> GatewayProcess:
@@ -197,9 +179,9 @@ class GatewayProcess:
                 "--data-dir",
                 str(self.data_dir),
                 "--http-port",
-                str(self.http_port),
+                str(self._asked[0]),
                 "--grpc-port",
-                str(self.grpc_port),
+                str(self._asked[1]),
                 *(() if self.metrics_port is None else ("--metrics-port", str(self.metrics_port))),
                 *self.extra_args,
             ],
@@ -226,6 +208,9 @@ class GatewayProcess:
                 self.stop()
                 pumping.join(5)  # its last lines say why
                 raise RuntimeError("gateway did not start:\n" + "".join(self.output))
+        line = next(line for line in self.output if READY_LINE in line)
+        self.http_port, self.grpc_ports = ready_ports(line)
+        self.grpc_port = self.grpc_ports[0]
         return self
 
     def stop(self, grace: float = 20.0) -> int | None:
