@@ -27,30 +27,17 @@ echo "smoke: installing $(basename "$wheel") into a fresh virtual environment"
 "$work/venv/bin/python" -m pip install --quiet --upgrade pip
 "$work/venv/bin/python" -m pip install --quiet "$wheel"
 
-# Two free ports (HTTP, gRPC; the rest of the stack's ports are ephemeral or off).
-read -r http_port grpc_port < <("$python" - <<'PY'
-import socket
-
-socks = [socket.socket() for _ in range(2)]
-for sock in socks:
-    sock.bind(("127.0.0.1", 0))
-print(*(sock.getsockname()[1] for sock in socks))
-for sock in socks:
-    sock.close()
-PY
-)
-
 # Nothing from the checkout: run in an empty folder with the installed `gateway` only.
 mkdir "$work/run"
 cd "$work/run"
 unset GATEWAY_DATABASE_URL GATEWAY_DATA_DIR GATEWAY_METRICS_PORT GATEWAY_CATALOG PYTHONPATH
 gateway="$work/venv/bin/gateway"
 data="$work/data"
-"$gateway" up --data-dir "$data" --http-port "$http_port" --grpc-port "$grpc_port" \
-  >"$work/gateway.log" 2>&1 &
+# Port 0: the gateway binds free ports and prints them in its ready line.
+"$gateway" up --data-dir "$data" --http-port 0 --grpc-port 0 >"$work/gateway.log" 2>&1 &
 gateway_pid=$!
 
-echo "smoke: waiting for the gateway (REST on :$http_port)"
+echo "smoke: waiting for the gateway"
 for _ in $(seq 1 240); do
   if grep -q "Gateway ready" "$work/gateway.log"; then break; fi
   if ! kill -0 "$gateway_pid" 2>/dev/null; then
@@ -61,6 +48,10 @@ done
 grep -q "Gateway ready" "$work/gateway.log" || {
   cat "$work/gateway.log"; echo "smoke: gateway not ready in 120 s"; exit 1
 }
+# "Gateway ready: REST http://127.0.0.1:PORT/api/v1  gRPC 127.0.0.1:PORT"
+base_url="$(sed -n 's|^Gateway ready: REST \(http://[^ ]*/api/v1\) .*|\1|p' "$work/gateway.log" | head -1)"
+[ -n "$base_url" ] || { cat "$work/gateway.log"; echo "smoke: no REST URL in the ready line"; exit 1; }
+echo "smoke: gateway ready, REST $base_url"
 
 # The operator key: issued by the first start, only its file's path printed, mode 0600.
 operator_key_file="$data/operator-key"
@@ -73,7 +64,7 @@ key="$("$gateway" keys create --name smoke --data-dir "$data" | tail -1)"
 "$gateway" credits add --amount 10 --data-dir "$data" >/dev/null
 
 # The REST calls, with the standard library only.
-"$work/venv/bin/python" - "http://127.0.0.1:$http_port/api/v1" "$key" \
+"$work/venv/bin/python" - "$base_url" "$key" \
   "$checkout/tests/fixtures/door.wav" "$operator_key" <<'PY'
 import json
 import sys

@@ -19,7 +19,7 @@ from server.contract import DESCRIPTOR_SET, SERVICES, keys_pb2, keys_pb2_grpc
 from server.db.engine import create_engine, session_factory
 from server.errors import UNAVAILABLE_RETRY_SECONDS
 from tests.support.admin import Admin
-from tests.support.processes import GatewayProcess, free_port, refusing_port
+from tests.support.processes import GatewayProcess, refusing_port
 
 
 async def _envoy(tmp_path: Path, upstream_port: int, timeout_s: int = 300) -> EnvoyProcess:
@@ -28,7 +28,7 @@ async def _envoy(tmp_path: Path, upstream_port: int, timeout_s: int = 300) -> En
             descriptor_path=str(DESCRIPTOR_SET),
             services=SERVICES,
             upstreams=(Upstream("127.0.0.1", upstream_port),),
-            listen_port=free_port(),
+            listen_port=0,  # Envoy binds a free port (envoy.listen_port)
             edge=EdgePolicy(upstream_timeout_seconds=timeout_s),
         ),
         tmp_path / "envoy",
@@ -39,7 +39,7 @@ async def _envoy(tmp_path: Path, upstream_port: int, timeout_s: int = 300) -> En
 
 
 def _url(envoy: EnvoyProcess, path: str) -> str:
-    return f"http://127.0.0.1:{envoy.options.listen_port}{path}"
+    return f"http://127.0.0.1:{envoy.listen_port}{path}"
 
 
 async def test_unreachable_server_is_503_without_reset_reason(tmp_path: Path) -> None:

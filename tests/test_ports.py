@@ -18,7 +18,7 @@ from facade.launcher import EnvoyProcess
 from facade.stack import envoy_options, start_envoy
 from server.config import Settings
 from server.ports import ListenError
-from tests.support.processes import GatewayProcess, free_port, free_port_range
+from tests.support.processes import GatewayProcess, free_port_range, refusing_port
 
 ENVIRONMENT = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
 
@@ -98,7 +98,7 @@ def test_a_second_gateway_on_a_served_http_port_refuses_to_start(tmp_path: Path)
         )
         key = created.stdout.strip().splitlines()[-1]
         port = first.http_port
-        stderr = up(tmp_path / "b", "--http-port", str(port), "--grpc-port", str(free_port()))
+        stderr = up(tmp_path / "b", "--http-port", str(port), "--grpc-port", "0")
         assert stderr.strip() == (
             f"gateway: error: cannot listen on 127.0.0.1:{port} (--http-port): "
             "address already in use"
@@ -115,7 +115,7 @@ def test_a_second_gateway_on_a_served_http_port_refuses_to_start(tmp_path: Path)
 
 def test_a_taken_grpc_port_names_the_flag(tmp_path: Path) -> None:
     with listening() as port:
-        stderr = up(tmp_path, "--grpc-port", str(port), "--http-port", str(free_port()))
+        stderr = up(tmp_path, "--grpc-port", str(port), "--http-port", "0")
     assert stderr.strip() == (
         f"gateway: error: cannot listen on 127.0.0.1:{port} (--grpc-port): address already in use"
     )
@@ -125,7 +125,7 @@ def test_a_taken_grpc_port_names_the_flag(tmp_path: Path) -> None:
 def test_a_taken_metrics_port_names_the_flag_and_variable(tmp_path: Path, how: str) -> None:
     base = free_port_range(2)
     taken = base + 1 if how == "second worker" else base
-    args = ["--http-port", str(free_port()), "--grpc-port", str(free_port_range(2))]
+    args = ["--http-port", "0", "--grpc-port", "0"]
     env: dict[str, str] = {}
     if how == "environment":
         env["GATEWAY_METRICS_PORT"] = str(base)
@@ -146,9 +146,9 @@ def test_a_taken_envoy_admin_port_names_its_variable(tmp_path: Path) -> None:
         stderr = up(
             tmp_path,
             "--http-port",
-            str(free_port()),
+            "0",
             "--grpc-port",
-            str(free_port()),
+            "0",
             env={"GATEWAY_ENVOY_ADMIN_PORT": str(port)},
         )
     assert stderr.strip() == (
@@ -166,8 +166,8 @@ async def test_envoy_itself_refuses_a_port_in_use(tmp_path: Path, which: str) ->
         settings = Settings(
             data_dir=tmp_path,
             database_url=sqlite(tmp_path),
-            grpc_port=free_port(),
-            http_port=port if which == "listener" else free_port(),
+            grpc_port=refusing_port(),  # Envoy only needs an upstream address
+            http_port=port if which == "listener" else 0,
             envoy_admin_port=port if which == "admin" else 0,
         )
         envoy = EnvoyProcess(envoy_options(settings), tmp_path / "envoy")
@@ -180,3 +180,37 @@ async def test_envoy_itself_refuses_a_port_in_use(tmp_path: Path, which: str) ->
     assert str(raised.value) == (
         f"cannot listen on 127.0.0.1:{port} ({setting}): address already in use"
     )
+
+
+def test_port_0_binds_free_ports_and_the_ready_line_names_them(tmp_path: Path) -> None:
+    """`--http-port 0 --grpc-port 0 --workers 2`: Envoy and each server process bind a free
+    port of their own; the ready line and the console line print the ports bound, and they
+    serve (REST through Envoy, gRPC health on each server process)."""
+    gateway = GatewayProcess(
+        data_dir=tmp_path,
+        database_url=sqlite(tmp_path),
+        metrics_port=None,
+        extra_args=("--workers", "2"),
+    )
+    assert (gateway.http_port, gateway.grpc_port) == (0, 0)
+    try:
+        gateway.start()
+        ports = [gateway.http_port, *gateway.grpc_ports]
+        assert 0 not in ports and len(set(ports)) == 3, gateway.log()
+        assert f"Console: http://127.0.0.1:{gateway.http_port}/console/" in gateway.log()
+        response = httpx.get(
+            f"{gateway.base_url}/key", headers={"Authorization": "Bearer sk-gw-v1-nope"}
+        )
+        assert response.status_code == 401
+        for port in gateway.grpc_ports:
+            target = f"127.0.0.1:{port}"
+            health = subprocess.run(
+                [sys.executable, "-m", "server.cli", "health", "--grpc-target", target],
+                capture_output=True,
+                timeout=60,
+                env=ENVIRONMENT,
+            )
+            assert health.returncode == 0, health.stderr
+    finally:
+        gateway.stop()
+    assert gateway.process is not None and gateway.process.returncode == 0, gateway.log()
