@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -197,7 +198,11 @@ def test_port_0_binds_free_ports_and_the_ready_line_names_them(tmp_path: Path) -
         gateway.start()
         ports = [gateway.http_port, *gateway.grpc_ports]
         assert 0 not in ports and len(set(ports)) == 3, gateway.log()
-        assert f"Console: http://127.0.0.1:{gateway.http_port}/console/" in gateway.log()
+        console = f"Console: http://127.0.0.1:{gateway.http_port}/console/"
+        deadline = time.monotonic() + 10  # the line after the ready line: still being read
+        while console not in gateway.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert console in gateway.log()
         response = httpx.get(
             f"{gateway.base_url}/key", headers={"Authorization": "Bearer sk-gw-v1-nope"}
         )
