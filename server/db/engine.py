@@ -43,7 +43,7 @@ def _skip_idle_transaction_ends(engine: AsyncEngine) -> None:
             commit(dbapi_connection)
 
     dialect.do_rollback = do_rollback  # type: ignore[method-assign]  # this engine's dialect only
-    dialect.do_commit = do_commit  # type: ignore[method-assign]
+    dialect.do_commit = do_commit  # type: ignore[method-assign]  # as above
 
 
 def _sqlite_in_transaction(dbapi_connection: Any) -> bool:
