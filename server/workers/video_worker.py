@@ -43,12 +43,20 @@ from server.routing.fallback import no_provider
 from server.videos import jobs
 from server.videos.cancel import cancel_at_provider
 from server.videos.content import ContentStore
-from server.workers.leases import claim_one
+from server.workers.leases import Claimer
 from server.workers.loop import run_until_stopped
 
 log = logging.getLogger("gateway.jobs")
 
 _JOBS = VideoJob.__table__
+
+# Claiming a due job (pending, or in progress at a provider) with a lease.
+_CLAIMER = Claimer(
+    VideoJob,
+    ready=sa.or_(_JOBS.c.status == jobs.PENDING, _JOBS.c.status == jobs.IN_PROGRESS),
+    due_column="next_run_at",
+    extra_columns=("status", "updated_at"),
+)
 
 # What `finish` sets on the job.
 _FINISH_COLUMNS = (
@@ -135,16 +143,14 @@ class VideoWorker:
     async def claim(self) -> VideoJob | None:
         now = self._clock.now()
         async with self._sessions() as session:
-            return await claim_one(
+            job: VideoJob | None = await _CLAIMER.claim(
                 session,
-                VideoJob,
-                ready=_JOBS.c.status.in_((jobs.PENDING, jobs.IN_PROGRESS)),
-                due_column="next_run_at",
                 owner=self.owner,
                 now=now,
                 lease=self._lease,
                 extra_values={"status": jobs.IN_PROGRESS, "updated_at": now},
             )
+            return job
 
     # --- one step of one job ------------------------------------------------------------------
 
