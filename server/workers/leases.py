@@ -99,7 +99,29 @@ class Claimer:
                     },
                 }
             )
-            .returning(table.c.id)
+            .returning(*table.c)
+        )
+        self._columns = tuple(c.name for c in table.c)
+        self._processors: dict[str, list[Any]] = {}
+
+    def _instance(self, row: Any, dialect: sa.Dialect) -> Any:
+        """The model instance of one claimed row; a raw driver row's values converted by the
+        columns' types, as SQLAlchemy converts its own results (a SQLAlchemy row already is)."""
+        if isinstance(row, sa.Row):
+            return self._model(**row._asdict())
+        processors = self._processors.get(dialect.name)
+        if processors is None:
+            table = self._model.__table__
+            processors = [
+                table.c[name].type.dialect_impl(dialect).result_processor(dialect, None)
+                for name in self._columns
+            ]
+            self._processors[dialect.name] = processors
+        return self._model(
+            **{
+                name: value if processor is None else processor(value)
+                for name, processor, value in zip(self._columns, processors, row, strict=True)
+            }
         )
 
     async def claim(
@@ -130,7 +152,8 @@ class Claimer:
                 **{f"new_{name}": values[name] for name in self._extra},
             },
         )
+        dialect = (await session.connection()).dialect
         await session.commit()
         if len(claimed) != 1:
             return None
-        return await session.get(self._model, row_id, populate_existing=True)
+        return self._instance(claimed[0], dialect)
