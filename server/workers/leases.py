@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from server.db.driver import fetch_rows
 from server.db.models import TableModel
 
 RowT = TypeVar("RowT", bound=TableModel)
@@ -51,3 +52,108 @@ async def claim_one(
     if claimed.rowcount != 1:
         return None
     return await session.get(model, row_id, populate_existing=True)
+
+
+class Claimer:
+    """`claim_one` for one queue, with its statements built once and run through the driver
+    (server/db/driver.py: compiled once per dialect, one hand-off to aiosqlite's thread per
+    statement, no per-call compile or cache-key work). `ready` must compile to plain
+    parameters (no expanding IN: write `or_(a == x, a == y)`); `extra_columns` are set with
+    the lease, from `extra_values` of each claim."""
+
+    def __init__(
+        self,
+        model: type[RowT],
+        *,
+        ready: sa.ColumnElement[bool],
+        due_column: str,
+        extra_columns: tuple[str, ...] = (),
+    ) -> None:
+        table = model.__table__
+        self._model = model
+        self._extra = extra_columns
+        now = sa.bindparam("now", type_=table.c[due_column].type)
+        free = sa.or_(table.c.lease_expires_at.is_(None), table.c.lease_expires_at < now)
+        due = (
+            sa.select(table.c.id)
+            .where(ready, table.c[due_column] <= now, free)
+            .order_by(table.c[due_column])
+            .limit(1)
+        )
+        self._due: dict[str, sa.Executable] = {
+            "sqlite": due,
+            "postgresql": due.with_for_update(skip_locked=True),
+        }
+        self._claim = (
+            sa.update(table)
+            .where(table.c.id == sa.bindparam("row_id", type_=table.c.id.type), ready, free)
+            .values(
+                {
+                    "lease_owner": sa.bindparam("owner", type_=table.c.lease_owner.type),
+                    "lease_expires_at": sa.bindparam(
+                        "expires", type_=table.c.lease_expires_at.type
+                    ),
+                    **{
+                        name: sa.bindparam(f"new_{name}", type_=table.c[name].type)
+                        for name in extra_columns
+                    },
+                }
+            )
+            .returning(*table.c)
+        )
+        self._columns = tuple(c.name for c in table.c)
+        self._processors: dict[str, list[Any]] = {}
+
+    def _instance(self, row: Any, dialect: sa.Dialect) -> Any:
+        """The model instance of one claimed row; a raw driver row's values converted by the
+        columns' types, as SQLAlchemy converts its own results (a SQLAlchemy row already is)."""
+        if isinstance(row, sa.Row):
+            return self._model(**row._asdict())
+        processors = self._processors.get(dialect.name)
+        if processors is None:
+            table = self._model.__table__
+            processors = [
+                table.c[name].type.dialect_impl(dialect).result_processor(dialect, None)
+                for name in self._columns
+            ]
+            self._processors[dialect.name] = processors
+        return self._model(
+            **{
+                name: value if processor is None else processor(value)
+                for name, processor, value in zip(self._columns, processors, row, strict=True)
+            }
+        )
+
+    async def claim(
+        self,
+        session: AsyncSession,
+        *,
+        owner: str,
+        now: datetime,
+        lease: timedelta,
+        extra_values: dict[str, Any] | None = None,
+    ) -> Any:
+        """The oldest due, unleased, ready row leased to `owner` (an instance of the model),
+        or None when there is none or another process won it (as `claim_one`)."""
+        rows = await fetch_rows(session, self._due, {"now": now})
+        if not rows:
+            await session.rollback()
+            return None
+        row_id = rows[0][0]
+        values = extra_values or {}
+        claimed = await fetch_rows(
+            session,
+            self._claim,
+            {
+                "row_id": row_id,
+                "now": now,
+                "owner": owner,
+                "expires": now + lease,
+                **{f"new_{name}": values[name] for name in self._extra},
+            },
+        )
+        dialect = (await session.connection()).dialect
+        await session.commit()
+        if len(claimed) != 1:
+            return None
+        return self._instance(claimed[0], dialect)

@@ -22,6 +22,7 @@ from server.billing.holds import Hold, drop_hold, settle_hold
 from server.billing.money import usd_to_micros
 from server.byok.routing import ByokRouting, PlannedAttempt
 from server.clock import Clock
+from server.db.driver import fetch_rows
 from server.db.engine import SessionFactory
 from server.db.models import Generation, VideoJob
 from server.observability.generations import store_generation
@@ -42,12 +43,49 @@ from server.routing.fallback import no_provider
 from server.videos import jobs
 from server.videos.cancel import cancel_at_provider
 from server.videos.content import ContentStore
-from server.workers.leases import claim_one
+from server.workers.leases import Claimer
 from server.workers.loop import run_until_stopped
 
 log = logging.getLogger("gateway.jobs")
 
 _JOBS = VideoJob.__table__
+
+# Claiming a due job (pending, or in progress at a provider) with a lease.
+_CLAIMER = Claimer(
+    VideoJob,
+    ready=sa.or_(_JOBS.c.status == jobs.PENDING, _JOBS.c.status == jobs.IN_PROGRESS),
+    due_column="next_run_at",
+    extra_columns=("status", "updated_at"),
+)
+
+# What `finish` sets on the job.
+_FINISH_COLUMNS = (
+    "status",
+    "error",
+    "cost_micros",
+    "generation_id",
+    "content_count",
+    "lease_owner",
+    "lease_expires_at",
+    "updated_at",
+    "completed_at",
+    "expires_at",
+)
+# The terminal update, guarded by the lease and by the job still being in progress: a
+# constant compiled once (server/db/driver.py), one hand-off to the driver per job instead of
+# SQLAlchemy's per-statement compile and cache-key work. RETURNING says whether it applied.
+_FINISH_JOB = (
+    sa.update(_JOBS)
+    .where(
+        _JOBS.c.id == sa.bindparam("job_id", type_=_JOBS.c.id.type),
+        _JOBS.c.lease_owner == sa.bindparam("owner", type_=_JOBS.c.lease_owner.type),
+        _JOBS.c.status == sa.bindparam("in_progress", type_=_JOBS.c.status.type),
+    )
+    .values(
+        {name: sa.bindparam(f"new_{name}", type_=_JOBS.c[name].type) for name in _FINISH_COLUMNS}
+    )
+    .returning(_JOBS.c.id)
+)
 
 
 def poll_delay(attempts: int) -> timedelta:
@@ -105,16 +143,14 @@ class VideoWorker:
     async def claim(self) -> VideoJob | None:
         now = self._clock.now()
         async with self._sessions() as session:
-            return await claim_one(
+            job: VideoJob | None = await _CLAIMER.claim(
                 session,
-                VideoJob,
-                ready=_JOBS.c.status.in_((jobs.PENDING, jobs.IN_PROGRESS)),
-                due_column="next_run_at",
                 owner=self.owner,
                 now=now,
                 lease=self._lease,
                 extra_values={"status": jobs.IN_PROGRESS, "updated_at": now},
             )
+            return job
 
     # --- one step of one job ------------------------------------------------------------------
 
@@ -391,16 +427,17 @@ class VideoWorker:
                 assert self._byok is not None
                 charged = await self._byok.fee_for(session, job.account_id, cost, now)
                 values["cost_micros"] = charged
-            done = await session.exec(
-                sa.update(_JOBS)
-                .where(
-                    _JOBS.c.id == job.id,
-                    _JOBS.c.lease_owner == self.owner,
-                    _JOBS.c.status == jobs.IN_PROGRESS,
-                )
-                .values(**values)
+            done = await fetch_rows(
+                session,
+                _FINISH_JOB,
+                {
+                    "job_id": job.id,
+                    "owner": self.owner,
+                    "in_progress": jobs.IN_PROGRESS,
+                    **{f"new_{name}": value for name, value in values.items()},
+                },
             )
-            if done.rowcount != 1:
+            if len(done) != 1:
                 # The lease was lost (another worker owns the job) or the job was cancelled.
                 await session.rollback()
                 return False
