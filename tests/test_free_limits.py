@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -67,7 +68,13 @@ async def test_exactly_20_of_200_parallel_requests_in_a_minute(stack: Stack) -> 
     accepted = [r for r in responses if r.status_code == 200]
     refused = [r for r in responses if r.status_code == 429]
     others = [(r.status_code, r.text[:300]) for r in responses if r.status_code not in (200, 429)]
-    assert (len(accepted), len(refused), others) == (20, 180, [])
+    # Every refusal should be the free-model minute's: name the others' reasons.
+    reasons = Counter(r.json()["error"]["message"] for r in refused)
+    # ... and what the gateway warned of meanwhile (a failed group commit, say).
+    levels = ('"level": "warning"', '"level": "error"')
+    log = stack.gateway.log().splitlines()
+    warned = [line[:400] for line in log if any(level in line for level in levels)][-10:]
+    assert (len(accepted), len(refused), others) == (20, 180, []), (reasons, warned)
     error = refused[0].json()["error"]
     assert error == {
         "code": 429,

@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from tests.fakes.listener import BurstHTTPServer
+
 Handler = Callable[[httpx.Request], httpx.Response]
 
 
@@ -54,7 +56,7 @@ class LoopbackServer:
 
             do_GET = do_POST = do_PUT = do_DELETE = _serve
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Served)
+        self._server = BurstHTTPServer(("127.0.0.1", 0), Served)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self

@@ -22,6 +22,7 @@ from typing import Any
 from python_multipart.multipart import parse_options_header
 
 from server.transcription.request import multipart_parts
+from tests.fakes.listener import BurstHTTPServer
 
 API_KEY = "fake-provider-secret"
 
@@ -147,7 +148,7 @@ class FakeSttProvider:
                 else:
                     self._error(404, f"model {model} not found", "model_not_found")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = BurstHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self

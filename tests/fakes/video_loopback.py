@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fakes.listener import BurstHTTPServer
 from tests.fakes.video_providers import VIDEO
 
 # Prompt words that script a video fake (otherwise a job completes on its second look):
@@ -121,7 +122,7 @@ class LoopbackServer:
 
             do_GET = do_POST = do_DELETE = _serve
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = BurstHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         return self
