@@ -8,7 +8,7 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -36,6 +36,7 @@ from server.errors import GatewayError, bad_request
 from server.guardrails.cache import GuardrailsCache
 from server.guardrails.policy import Guardrails, guardrails_of
 from server.limits.admission import Limits
+from server.limits.guardrail_budgets import GuardrailBudget
 from server.observability.generations import store_generation
 from server.observability.logs import REQUEST_ID
 from server.observability.metrics import Metrics
@@ -210,39 +211,24 @@ class Transcriber:
             raise no_provider(model.id, guardrails.endpoints(model))
         fees = self._byok.fees if self._byok is not None else None
         billing = billing_plan(endpoints, cost, fees)
-        hold = await self._limits.admit(
-            session,
-            principal,
+        admit = functools.partial(
+            self._admit,
+            principal=principal,
             model_id=model.id,
             estimate_micros=billing.credit_hold,
-            now=self._clock.now(),
+            byok_micros=cost if billing.byok_hold else None,
             is_byok=billing.only_byok and cost == 0,
             budgets=guardrails.budgets,
         )
-        # The provider cost of a BYOK attempt counts only where the key says (its limit,
-        # with include_byok_in_limit): held apart from the credits.
-        byok_hold = (
-            await place_hold(
-                session,
-                account_id=principal.account.id,
-                key_hash=principal.key.hash,
-                amount_micros=cost,
-                now=self._clock.now(),
-                is_byok=True,
-            )
-            if billing.byok_hold
-            else None
-        )
         generation_id = f"gen_{secrets.token_hex(12)}"
-        budget = _budget(deadline)
 
-        async def fail(exc: BaseException) -> None:
+        async def fail(holds: tuple[Hold, Hold | None], exc: BaseException) -> None:
             # Not cut short by the request's own cancellation (a gRPC deadline, a client
             # cancel or disconnect): the hold is given back on every path.
             await finish_uncancelled(
                 self._fail(
                     session,
-                    (hold, byok_hold),
+                    holds,
                     principal,
                     request,
                     model,
@@ -253,11 +239,22 @@ class Transcriber:
                 )
             )
 
-        try:
-            # The hold (and the free-request count) before the provider call; this also
-            # ends the caller's reads, so admission adds no commit of its own. Inside the
-            # try: a cancellation while it commits must still release the hold.
+        if self._writer is None:
+            # The hold joins the caller's transaction; it commits in the try below.
+            holds = await admit(session)
+        else:
+            # End the caller's reads (on SQLite its session holds the process's only
+            # connection), then hold through the group-commit writer: concurrent requests'
+            # holds share one commit, and the provider is called only once it is durable.
             await session.commit()
+            holds = await self._admit_through(self._writer, admit, fail)
+        budget = _budget(deadline)
+        try:
+            if self._writer is None:
+                # The hold (and the free-request count) before the provider call; this also
+                # ends the caller's reads, so admission adds no commit of its own. Inside
+                # the try: a cancellation while it commits must still release the hold.
+                await session.commit()
             async with asyncio.timeout(budget):
                 routed = await route(
                     model.id,
@@ -274,17 +271,17 @@ class Transcriber:
             expired = GatewayError(
                 504, "Operation aborted due to timeout: the request's deadline passed"
             )
-            await fail(expired)
+            await fail(holds, expired)
             raise expired from exc
         except BaseException as exc:
-            await fail(exc)
+            await fail(holds, exc)
             raise
         try:
             # The charge and the generation record commit together; once the provider has
             # answered, that finishes even if the caller leaves meanwhile.
             settle = functools.partial(
                 self._settle,
-                holds=(hold, byok_hold),
+                holds=holds,
                 principal=principal,
                 request=request,
                 model=model,
@@ -304,10 +301,10 @@ class Transcriber:
         except asyncio.CancelledError as cancelled:
             # The caller went away after the answer: settled — unless the settlement failed.
             if cancelled.__cause__ is not None:
-                await fail(cancelled.__cause__)
+                await fail(holds, cancelled.__cause__)
             raise
         except BaseException as exc:
-            await fail(exc)  # nothing half-written: no charge, and the hold given back
+            await fail(holds, exc)  # nothing half-written: no charge, and the hold given back
             raise
         return TranscriptionResult(
             request=request,
@@ -318,6 +315,67 @@ class Transcriber:
             generation_id=generation_id,
             is_byok=routed.endpoint.is_byok,
         )
+
+    async def _admit(
+        self,
+        session: AsyncSession,
+        *,
+        principal: Principal,
+        model_id: str,
+        estimate_micros: int,
+        byok_micros: int | None,
+        is_byok: bool,
+        budgets: Sequence[GuardrailBudget],
+    ) -> tuple[Hold, Hold | None]:
+        """Admit the request: its credit hold (and free-request count), and the hold of a BYOK
+        attempt's provider cost (`byok_micros`; None: none), which counts only where the key
+        says (its limit, with include_byok_in_limit). In the caller's transaction: a unit of
+        the writer's batch, or the request's own. A refusal raises and writes nothing."""
+        hold = await self._limits.admit(
+            session,
+            principal,
+            model_id=model_id,
+            estimate_micros=estimate_micros,
+            now=self._clock.now(),
+            is_byok=is_byok,
+            budgets=budgets,
+        )
+        byok_hold = (
+            None
+            if byok_micros is None
+            else await place_hold(
+                session,
+                account_id=principal.account.id,
+                key_hash=principal.key.hash,
+                amount_micros=byok_micros,
+                now=self._clock.now(),
+                is_byok=True,
+            )
+        )
+        return hold, byok_hold
+
+    @staticmethod
+    async def _admit_through(
+        writer: Writer,
+        admit: Callable[[AsyncSession], Awaitable[tuple[Hold, Hold | None]]],
+        fail: Callable[[tuple[Hold, Hold | None], BaseException], Awaitable[None]],
+    ) -> tuple[Hold, Hold | None]:
+        """Run `admit` as a unit of the writer's batch; return its holds once committed. A
+        caller cancelled meanwhile (a deadline, a client that went away) leaves nothing held:
+        its unit may already be part of a batch that commits, so the end of that batch is
+        awaited (bounded, not cut short by further cancellations) and what it held is given
+        back (`fail`: released, and the failure recorded)."""
+        admission = asyncio.ensure_future(writer.run(admit))
+        try:
+            return await asyncio.shield(admission)
+        except asyncio.CancelledError as cancelled:
+            try:
+                await finish_uncancelled(admission)
+            except BaseException:  # refused, failed, or still cancelled: see below
+                pass
+            if admission.done() and not admission.cancelled() and admission.exception() is None:
+                await fail(admission.result(), cancelled)
+            raise
 
     async def _settle(
         self,
