@@ -22,7 +22,7 @@ from server.db.models import WebhookDelivery
 from server.webhooks.secrets import workspace_secret
 from server.webhooks.signing import signature_headers
 from server.webhooks.targets import RefusedTarget, UnresolvedTarget, resolve_target
-from server.workers.leases import claim_one
+from server.workers.leases import Claimer
 from server.workers.loop import run_until_stopped
 
 log = logging.getLogger("gateway.webhooks")
@@ -37,6 +37,10 @@ RETRY_SCHEDULE = (
     timedelta(hours=10),
 )
 _DELIVERIES = WebhookDelivery.__table__
+# Claiming a pending delivery whose next attempt is due, with a lease.
+_CLAIMER = Claimer(
+    WebhookDelivery, ready=_DELIVERIES.c.status == "pending", due_column="next_attempt_at"
+)
 
 
 def _job_status(payload: str) -> str:
@@ -82,15 +86,10 @@ class WebhookDispatcher:
 
     async def claim(self) -> WebhookDelivery | None:
         async with self._sessions() as session:
-            return await claim_one(
-                session,
-                WebhookDelivery,
-                ready=_DELIVERIES.c.status == "pending",
-                due_column="next_attempt_at",
-                owner=self.owner,
-                now=self._clock.now(),
-                lease=self._lease,
+            delivery: WebhookDelivery | None = await _CLAIMER.claim(
+                session, owner=self.owner, now=self._clock.now(), lease=self._lease
             )
+            return delivery
 
     async def attempt(self, delivery: WebhookDelivery) -> None:
         status: int | None = None
