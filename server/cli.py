@@ -12,7 +12,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from sqlalchemy.engine import make_url
@@ -27,7 +27,7 @@ from server.billing.money import AmountError, exact_micros, micros_to_usd
 from server.billing.periods import LIMIT_RESETS
 from server.clock import SystemClock, rfc3339
 from server.config import Settings, SettingsError, edge_policy_from_environment, load_settings
-from server.db.engine import create_engine, session_factory
+from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
 from server.errors import GatewayError
 from server.observability.logs import configure_logging_from_environment
@@ -115,20 +115,31 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+T = TypeVar("T")
+
+
+async def _with_sessions(settings: Settings, work: Callable[[SessionFactory], Awaitable[T]]) -> T:
+    """Migrate, run `work` with a session factory of its own, dispose of the engine."""
+    await upgrade(settings.database_url)
+    engine = create_engine(settings.database_url)
+    try:
+        return await work(session_factory(engine))
+    finally:
+        await engine.dispose()
+
+
 async def _with_session(
     args: argparse.Namespace, work: Callable[[AsyncSession, datetime], Awaitable[Any]]
 ) -> Any:
     """Migrate, run `work` in one transaction, commit."""
-    settings = _settings(args)
-    await upgrade(settings.database_url)
-    engine = create_engine(settings.database_url)
-    try:
-        async with session_factory(engine)() as session:
+
+    async def in_one_transaction(sessions: SessionFactory) -> Any:
+        async with sessions() as session:
             result = await work(session, SystemClock().now())
             await session.commit()
             return result
-    finally:
-        await engine.dispose()
+
+    return await _with_sessions(_settings(args), in_one_transaction)
 
 
 async def _workspace(session: AsyncSession, name: str | None, now: datetime) -> Any:
@@ -231,14 +242,10 @@ async def cmd_envoy_config(args: argparse.Namespace) -> int:
 async def _operator_key(settings: Settings) -> None:
     """Migrate, and issue the operator key when the database has none. Only the file's
     path is printed, never the key."""
-    await upgrade(settings.database_url)
-    engine = create_engine(settings.database_url)
-    try:
-        found = await ensure_operator_key(
-            session_factory(engine), settings.data_dir, SystemClock().now()
-        )
-    finally:
-        await engine.dispose()
+    found = await _with_sessions(
+        settings,
+        lambda sessions: ensure_operator_key(sessions, settings.data_dir, SystemClock().now()),
+    )
     if found.created:
         print(f"Operator key: written to {found.path} (mode 0600)", flush=True)
     elif found.present:
@@ -260,14 +267,10 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 async def cmd_operator_key_rotate(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    await upgrade(settings.database_url)
-    engine = create_engine(settings.database_url)
-    try:
-        path = await rotate_operator_key(
-            session_factory(engine), settings.data_dir, SystemClock().now()
-        )
-    finally:
-        await engine.dispose()
+    path = await _with_sessions(
+        settings,
+        lambda sessions: rotate_operator_key(sessions, settings.data_dir, SystemClock().now()),
+    )
     print(
         f"Operator key replaced: the new one is in {path} (mode 0600); the old one no longer works."
     )
@@ -310,16 +313,12 @@ async def cmd_workspaces_update(args: argparse.Namespace) -> int:
 async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
     from server.webhooks.secrets import workspace_secret
 
-    settings = _settings(args)
-    await upgrade(settings.database_url)
-    engine = create_engine(settings.database_url)
-    try:
-        sessions = session_factory(engine)
+    async def secret(sessions: SessionFactory) -> str:
         async with sessions() as session:
             workspace = await workspaces.workspace_by_name(session, args.name)
-        print(await workspace_secret(sessions, workspace.id))
-    finally:
-        await engine.dispose()
+        return await workspace_secret(sessions, workspace.id)
+
+    print(await _with_sessions(_settings(args), secret))
     return 0
 
 
