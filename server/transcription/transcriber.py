@@ -114,15 +114,15 @@ class Transcriber:
         metrics: Metrics,
         tracer: Tracer,
         decoder: ComputePool,
+        *,
+        writer: Writer,
         byok: ByokRouting | None = None,
         cooldowns: Cooldowns | None = None,
-        writer: Writer | None = None,
         guardrails: GuardrailsCache | None = None,
     ) -> None:
         # The caller's guardrails, cached under the principal stamp (None: read each time).
         self._guardrails = guardrails
-        # Settlements commit in the group-commit writer's batches (None: each in its own
-        # transaction on the request's session).
+        # Admissions and settlements commit in the group-commit writer's batches.
         self._writer = writer
         self._cooldowns = cooldowns  # providers that asked to wait (None: none remembered)
         self._byok = byok  # None: no workspace keys (the operator's endpoints only)
@@ -239,22 +239,13 @@ class Transcriber:
                 )
             )
 
-        if self._writer is None:
-            # The hold joins the caller's transaction; it commits in the try below.
-            holds = await admit(session)
-        else:
-            # End the caller's reads (on SQLite its session holds the process's only
-            # connection), then hold through the group-commit writer: concurrent requests'
-            # holds share one commit, and the provider is called only once it is durable.
-            await session.commit()
-            holds = await self._admit_through(self._writer, admit, fail)
+        # End the caller's reads (on SQLite its session holds the process's only connection),
+        # then hold through the group-commit writer: concurrent requests' holds share one
+        # commit, and the provider is called only once it is durable.
+        await session.commit()
+        holds = await self._admit_through(self._writer, admit, fail)
         budget = _budget(deadline)
         try:
-            if self._writer is None:
-                # The hold (and the free-request count) before the provider call; this also
-                # ends the caller's reads, so admission adds no commit of its own. Inside
-                # the try: a cancellation while it commits must still release the hold.
-                await session.commit()
             async with asyncio.timeout(budget):
                 routed = await route(
                     model.id,
@@ -293,11 +284,9 @@ class Transcriber:
                 started=started,
                 started_at=started_at,
             )
-            charged, record = await finish_uncancelled(
-                settle(session) if self._writer is None else self._writer.run(settle)
-            )
-            if self._writer is not None:  # committed now: the span of what was recorded
-                emit_generation_span(self._tracer, record, started_at, REQUEST_ID.get())
+            charged, record = await finish_uncancelled(self._writer.run(settle))
+            # Committed now: the span of what was recorded.
+            emit_generation_span(self._tracer, record, started_at, REQUEST_ID.get())
         except asyncio.CancelledError as cancelled:
             # The caller went away after the answer: settled — unless the settlement failed.
             if cancelled.__cause__ is not None:
@@ -330,7 +319,7 @@ class Transcriber:
         """Admit the request: its credit hold (and free-request count), and the hold of a BYOK
         attempt's provider cost (`byok_micros`; None: none), which counts only where the key
         says (its limit, with include_byok_in_limit). In the caller's transaction: a unit of
-        the writer's batch, or the request's own. A refusal raises and writes nothing."""
+        the writer's batch. A refusal raises and writes nothing."""
         hold = await self._limits.admit(
             session,
             principal,
@@ -395,7 +384,7 @@ class Transcriber:
     ) -> tuple[int, Generation]:
         """Charge the request (and record it); return what the credits paid, and the record.
         Served with the workspace's key: the provider cost goes to the BYOK counters, the
-        platform fee to the credits. Commits unless it is a unit of the writer's batch."""
+        platform fee to the credits. A unit of the writer's batch: it commits with the batch."""
         hold, byok_hold = holds
         now = self._clock.now()
         charged = cost
@@ -413,7 +402,7 @@ class Transcriber:
             request,
             model,
             generation_id,
-            commit=self._writer is None,
+            commit=False,  # a unit of the writer's batch
             provider=provider,
             status="completed",
             cost=charged,

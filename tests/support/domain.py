@@ -21,6 +21,7 @@ from server.clock import ManualClock
 from server.compute import ComputePool
 from server.db.engine import SessionFactory
 from server.db.models import LedgerEntry, UsageCounter
+from server.db.writer import Writer
 from server.limits.admission import EnforcedLimits
 from server.observability.metrics import Metrics
 from server.providers.openai_stt import OpenAISttAdapter
@@ -189,6 +190,7 @@ class Domain:
     """What app.build_core wires, built here from its parts."""
 
     sessions: SessionFactory
+    writer: Writer  # the process's group-commit writer over `sessions`
     clock: ManualClock
     catalog: Catalog
     providers: ScriptedProviders
@@ -205,7 +207,14 @@ class Domain:
         adapters = {"openai": OpenAISttAdapter(self.http)}
         decoder: ComputePool = InlinePool()  # type: ignore[assignment]
         return Transcriber(
-            self.catalog, adapters, self.clock, self.limits, self.metrics, NoOpTracer(), decoder
+            self.catalog,
+            adapters,
+            self.clock,
+            self.limits,
+            self.metrics,
+            NoOpTracer(),
+            decoder,
+            writer=self.writer,
         )
 
     def video_adapters(self) -> dict[str, OpenAIVideoAdapter]:

@@ -20,6 +20,7 @@ from server.clock import ManualClock
 from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
 from server.db.models import Account  # noqa: F401 (registers every table on the metadata)
+from server.db.writer import Writer
 from server.observability.metrics import Metrics
 from tests.conftest import Databases
 from tests.support.admin import Admin
@@ -53,6 +54,7 @@ async def _domain(url: str, dialect: str, clock: ManualClock, folder: Path) -> D
     http = httpx.AsyncClient(transport=httpx.MockTransport(providers.handle))
     return Domain(
         sessions=sessions,
+        writer=Writer(sessions),
         clock=clock,
         catalog=unit_catalog(folder),
         providers=providers,
@@ -64,6 +66,7 @@ async def _domain(url: str, dialect: str, clock: ManualClock, folder: Path) -> D
 
 
 async def _close(domain: Domain) -> None:
+    await domain.writer.close()
     await domain.http.aclose()
     bind = domain.sessions.kw["bind"]
     await bind.dispose()

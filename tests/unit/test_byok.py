@@ -72,6 +72,7 @@ def _transcriber(domain: Domain, providers: Providers, fees: ByokFees) -> Transc
         NoOpTracer(),
         decoder,
         byok=ByokRouting(MASTER, fees),
+        writer=domain.writer,
     )
 
 

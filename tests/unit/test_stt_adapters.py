@@ -463,6 +463,7 @@ api_key_env = "{KEY_ENV}"
         domain.metrics,
         NoOpTracer(),
         decoder,
+        writer=domain.writer,
     )
     issued = await domain.funded_key("stt-vendor")
     request = TranscriptionInput(
@@ -589,6 +590,7 @@ model = "scribe_v1"
         domain.metrics,
         NoOpTracer(),
         decoder,
+        writer=domain.writer,
     )
     issued = await domain.funded_key("stt-vendor-fallback")
     request = TranscriptionInput(
