@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import httpx
+import hypothesis
+from hypothesis import strategies as st
 from openrouter import OpenRouter
 
 from tests.conftest import Stack
+from tests.support.fuzz import (
+    Findings,
+    SuccessShape,
+    answer_problems,
+    fuzz_settings,
+    raw_request,
+    server_errors_since,
+)
+from tests.test_fuzz_fields import body_with, raw_values
 
 
 async def test_sdk_key_lifecycle(stack: Stack, unique: str) -> None:
@@ -210,3 +224,80 @@ async def test_only_the_operator_key_may_call_the_operator_routes(
         credits = (await client.get("/credits", headers=manager.headers)).json()["data"]
     assert as_key.status_code == 401
     assert credits["total_credits"] == 0  # nothing was added
+
+
+def _fuzz_operator_routes(
+    port: int, operator_key: str, workspace_id: str, log: list[str]
+) -> tuple[Findings, Decimal]:
+    """Raw hostile JSON members (NUL, lone surrogates, NaN, numbers beyond 64 bits or double
+    range, deep nesting, any code point) in the operator routes' bodies; returns what was
+    found and the sum of the credit amounts the gateway accepted."""
+    findings = Findings()
+    accepted = Decimal(0)
+    auth = (b"Authorization", f"Bearer {operator_key}".encode())
+    # Every operator route answers a JSON object with its `data`.
+    document = {"type": "object", "required": ["data"]}
+    created, updated = SuccessShape(201, document, {}), SuccessShape(200, document, {})
+    routes = st.sampled_from(
+        [
+            ("POST", "/workspaces", {"name": "fuzzed"}, "name"),
+            ("POST", "/workspaces", {"name": "fuzzed"}, "intern_programme"),
+            ("PATCH", f"/workspaces/{workspace_id}", {}, "intern_programme"),
+            ("POST", f"/workspaces/{workspace_id}/keys", {"name": "k"}, "name"),
+            ("POST", f"/workspaces/{workspace_id}/credits", {"amount": 1}, "amount"),
+        ]
+    )
+
+    @fuzz_settings(40)
+    @hypothesis.given(route=routes, raw=raw_values)
+    @hypothesis.example(route=("POST", "/workspaces", {}, "name"), raw='"a\\u0000b"')
+    @hypothesis.example(route=("POST", "/workspaces", {}, "name"), raw='"\\u0434\\u0432"')
+    @hypothesis.example(
+        route=("POST", f"/workspaces/{workspace_id}/credits", {}, "amount"), raw="1e400"
+    )
+    @hypothesis.example(
+        route=("POST", f"/workspaces/{workspace_id}/credits", {}, "amount"),
+        raw="18446744073709551616",
+    )
+    def fuzz(route: tuple[str, str, dict[str, object], str], raw: str) -> None:
+        nonlocal accepted
+        method, path, base, member = route
+        mark = len(log)
+        answer = raw_request(
+            port,
+            method,
+            f"/api/v1{path}",
+            [auth, (b"Content-Type", b"application/json")],
+            body_with(base, member, raw),
+        )
+        shape = created if method == "POST" else updated
+        problems = answer_problems(answer, shape)
+        logged = server_errors_since(log, mark) if problems else ""
+        findings.record(answer, problems, f"{method} {path} {member}; {logged}")
+        if answer.status == 201 and path.endswith("/credits"):
+            accepted += Decimal(str(json.loads(answer.body)["purchase"]["amount"]))
+
+    fuzz()
+    return findings, accepted
+
+
+async def test_operator_routes_fuzz(stack: Stack, unique: str) -> None:
+    operator = _operator(stack)
+    async with httpx.AsyncClient(base_url=stack.base_url) as client:
+        created = await client.post("/workspaces", json={"name": f"fz-{unique}"}, headers=operator)
+        workspace_id = created.json()["data"]["id"]
+        findings, accepted = await asyncio.to_thread(
+            _fuzz_operator_routes,
+            stack.gateway.http_port,
+            operator["Authorization"].removeprefix("Bearer "),
+            workspace_id,
+            stack.gateway.output,
+        )
+        listed = (await client.get("/workspaces?limit=100", headers=operator)).json()["data"]
+    # Money follows what the gateway accepted, to the micro-dollar.
+    (workspace,) = [w for w in listed if w["id"] == workspace_id]
+    findings.expect(
+        Decimal(str(workspace["total_credits"])) == accepted,
+        f"total_credits {workspace['total_credits']} != accepted {accepted}",
+    )
+    findings.check("operator routes")
