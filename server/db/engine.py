@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 import sqlalchemy as sa
@@ -12,15 +13,56 @@ SessionFactory = async_sessionmaker[AsyncSession]
 CONNECT_TIMEOUT_SECONDS = 5
 
 
+# Every SQLite connection's: WAL lets readers (and other processes) work while one writer
+# commits; NORMAL syncs the WAL at checkpoints only (a commit survives a process crash; a
+# power cut may lose the last commits, never consistency).
+SQLITE_PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=NORMAL",
+    "PRAGMA foreign_keys=ON",
+)
+# How long a connection waits for another's write lock before it fails ("database is
+# locked"); the pool's connection waits in aiosqlite's thread, never on the event loop.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    # WAL lets readers (and other processes) work while one writer commits;
-    # busy_timeout makes a second writer wait instead of failing at once.
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.execute("PRAGMA foreign_keys=ON")
+    for pragma in SQLITE_PRAGMAS:
+        cursor.execute(pragma)
+    # A second writer waits instead of failing at once.
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.close()
+
+
+def sqlite_file(engine: AsyncEngine) -> str | None:
+    """The path of the engine's SQLite file; None for PostgreSQL or an in-memory database
+    (which only the pool's one connection can see)."""
+    url = engine.url
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database
+    if not database or database == ":memory:" or url.query.get("mode") == "memory":
+        return None
+    return database
+
+
+def connect_sqlite(path: str, *, cached_statements: int = 128) -> sqlite3.Connection:
+    """A plain sqlite3 connection to the engine's file, used on the event loop's thread: the
+    pool's pragmas, autocommit (isolation_level None: the caller writes BEGIN and COMMIT)
+    and a busy timeout of 0 (it never sleeps in SQLite's busy handler; the caller decides
+    where to wait). `check_same_thread` is off so that a wait can be handed to a thread
+    while the loop does not touch the connection."""
+    connection = sqlite3.connect(
+        path,
+        timeout=0,
+        isolation_level=None,
+        check_same_thread=False,
+        cached_statements=cached_statements,
+    )
+    for pragma in SQLITE_PRAGMAS:
+        connection.execute(pragma)
+    return connection
 
 
 def _skip_idle_transaction_ends(engine: AsyncEngine) -> None:
