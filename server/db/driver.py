@@ -286,7 +286,7 @@ class InlineSqlite:
         self._path = path
         self._dialect = dialect
         self._busy_timeout_ms = busy_timeout_ms
-        self._checkpoint_after = checkpoint_after_changes
+        self.checkpoint_after_changes = checkpoint_after_changes
         self._connection: sqlite3.Connection | None = None
         self._changes_at_checkpoint = 0
         # A thread using the connection (a lock wait, a checkpoint): while it runs, the loop
@@ -368,7 +368,7 @@ class InlineSqlite:
     async def checkpoint_if_due(self) -> None:
         """Between batches: a PASSIVE checkpoint in a thread once enough was written."""
         connection = self.connection
-        if connection.total_changes - self._changes_at_checkpoint < self._checkpoint_after:
+        if connection.total_changes - self._changes_at_checkpoint < self.checkpoint_after_changes:
             return
         await self._thread_done()
         self._changes_at_checkpoint = connection.total_changes
