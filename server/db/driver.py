@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from server.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_sqlite
+from server.db.engine import SQLITE_BUSY_TIMEOUT_MS, PoolWrites, connect_sqlite
 
 # Raised by asyncpg when the connection or the server went away.
 _CONNECTION_LOST = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError)
@@ -226,8 +226,10 @@ async def _run(
 
 INLINE_SQLITE = "gateway.inline_sqlite"
 
-# How many rows a writer may change between two checkpoints of its WAL (see InlineSqlite).
-CHECKPOINT_AFTER_CHANGES = 2_000
+# How many rows the writer may change between two checkpoints of its WAL (see InlineSqlite):
+# about 80 transcriptions (12 rows each), roughly the 1,000 pages after which SQLite itself
+# would checkpoint.
+CHECKPOINT_AFTER_CHANGES = 1_000
 
 
 def _is_busy(error: sqlite3.OperationalError) -> bool:
@@ -242,7 +244,8 @@ class InlineStats:
     """What the writer's connection waited for, for tests and benchmarks."""
 
     begins: int = 0
-    busy_waits: int = 0  # BEGIN IMMEDIATE found the write lock taken: waited in a thread
+    pool_waits: int = 0  # BEGIN IMMEDIATE found the lock held by this process's pool
+    busy_waits: int = 0  # ... held elsewhere (another process): waited in a thread
     busy_wait_seconds: float = 0.0
     checkpoints: int = 0
     checkpoint_seconds: float = 0.0
@@ -255,10 +258,11 @@ class InlineSqlite:
     hand-off to aiosqlite's thread and back (~90 us of CPU each, measured). The loop never
     sleeps in SQLite:
 
-    - The batch takes the write lock with BEGIN IMMEDIATE at busy timeout 0. Only when it is
-      taken (the pool's connection or another process is writing) does a thread wait for it,
-      with the pool's busy timeout; the loop goes on meanwhile. Once the lock is held no
-      statement of the batch can wait: WAL readers never block a writer.
+    - The batch takes the write lock with BEGIN IMMEDIATE at busy timeout 0. When this
+      process's pool holds it, the batch waits on the loop for the pool's transaction to
+      end (engine.py's PoolWrites) and tries again; when another process holds it, a thread
+      waits for it with the pool's busy timeout. The loop goes on meanwhile. Once the lock
+      is held no statement of the batch can wait: WAL readers never block a writer.
     - COMMIT runs inline. In WAL mode with synchronous=NORMAL a commit appends the batch's
       pages to the WAL with no fsync: measured here 40-70 us median, 0.2-0.3 ms p99,
       cheaper than the hand-off a thread would cost. What can take milliseconds is the
@@ -280,11 +284,13 @@ class InlineSqlite:
         path: str,
         dialect: sa.Dialect,
         *,
+        pool: PoolWrites | None = None,
         busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
         checkpoint_after_changes: int = CHECKPOINT_AFTER_CHANGES,
     ) -> None:
         self._path = path
         self._dialect = dialect
+        self._pool = pool
         self._busy_timeout_ms = busy_timeout_ms
         self.checkpoint_after_changes = checkpoint_after_changes
         self._connection: sqlite3.Connection | None = None
@@ -324,18 +330,32 @@ class InlineSqlite:
         connection = self.connection
         self._epoch += 1
         self.stats.begins += 1
-        try:
-            connection.execute("BEGIN IMMEDIATE")
-            return
-        except sqlite3.OperationalError as error:
-            if not _is_busy(error):
-                raise
-        self.stats.busy_waits += 1
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
         started = time.perf_counter()
-        try:
-            await self._in_thread(self._begin_waiting)
-        finally:
-            self.stats.busy_wait_seconds += time.perf_counter() - started
+        while True:
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as error:
+                if not _is_busy(error) or time.monotonic() > deadline:
+                    raise
+            if self._pool is not None and self._pool.writing():
+                # This process's pool holds the lock: its COMMIT or ROLLBACK wakes this
+                # wait, with no sleep in SQLite's busy handler.
+                self.stats.pool_waits += 1
+                try:
+                    await self._pool.ended(at_most=0.05)
+                finally:
+                    self.stats.busy_wait_seconds += time.perf_counter() - started
+                    started = time.perf_counter()
+                continue
+            # Another process: SQLite's busy handler, in a thread.
+            self.stats.busy_waits += 1
+            try:
+                await self._in_thread(self._begin_waiting)
+            finally:
+                self.stats.busy_wait_seconds += time.perf_counter() - started
+            return
 
     def _begin_waiting(self) -> None:
         connection = self.connection
@@ -367,10 +387,10 @@ class InlineSqlite:
 
     async def checkpoint_if_due(self) -> None:
         """Between batches: a PASSIVE checkpoint in a thread once enough was written."""
+        await self._thread_done()  # (reading the connection would wait for the thread's)
         connection = self.connection
         if connection.total_changes - self._changes_at_checkpoint < self.checkpoint_after_changes:
             return
-        await self._thread_done()
         self._changes_at_checkpoint = connection.total_changes
         started = time.perf_counter()
         try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import weakref
 from typing import Any
 
 import sqlalchemy as sa
@@ -65,7 +67,59 @@ def connect_sqlite(path: str, *, cached_statements: int = 128) -> sqlite3.Connec
     return connection
 
 
-def _skip_idle_transaction_ends(engine: AsyncEngine) -> None:
+class PoolWrites:
+    """Whether the pool's SQLite connection is in a write transaction, and a wait for its end
+    on the event loop — for the group-commit writer's own connection (server/db/driver.py's
+    InlineSqlite), whose BEGIN IMMEDIATE then waits for the pool's COMMIT or ROLLBACK to
+    return instead of sleeping in SQLite's busy handler (1, 2, 5, 10… ms steps)."""
+
+    def __init__(self) -> None:
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()  # aiosqlite connections
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def connected(self, driver_connection: Any) -> None:
+        self._connections.add(driver_connection)
+
+    def writing(self) -> bool:
+        """A pooled connection of this process has a transaction open (Python's sqlite3
+        begins one only before a write). Read on the loop's thread, no hand-off."""
+        for connection in self._connections:
+            try:
+                if connection.in_transaction:
+                    return True
+            except (AttributeError, ValueError):  # closed
+                continue
+        return False
+
+    async def ended(self, at_most: float) -> None:
+        """Until a pooled transaction ends, or `at_most` seconds (a connection closed or
+        invalidated mid-transaction ends its transaction without telling)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, at_most)
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _ended(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+_pool_writes: weakref.WeakKeyDictionary[sa.Engine, PoolWrites] = weakref.WeakKeyDictionary()
+
+
+def pool_writes(engine: AsyncEngine) -> PoolWrites | None:
+    """The SQLite engine's PoolWrites (None: PostgreSQL, or an engine not made here)."""
+    return _pool_writes.get(engine.sync_engine)
+
+
+def _skip_idle_transaction_ends(engine: AsyncEngine, writes: PoolWrites) -> None:
     """End SQLite transactions on aiosqlite's thread only when SQLite has one open.
 
     Python's sqlite3 begins a transaction before the first write and never for a read, so a
@@ -76,13 +130,21 @@ def _skip_idle_transaction_ends(engine: AsyncEngine) -> None:
     dialect = engine.sync_engine.dialect
     rollback, commit = dialect.do_rollback, dialect.do_commit
 
+    # Both run on the loop's thread (in SQLAlchemy's greenlet), so they can wake the
+    # writer's waiters once the transaction has ended.
     def do_rollback(dbapi_connection: Any) -> None:
         if _sqlite_in_transaction(dbapi_connection):
-            rollback(dbapi_connection)
+            try:
+                rollback(dbapi_connection)
+            finally:
+                writes._ended()
 
     def do_commit(dbapi_connection: Any) -> None:
         if _sqlite_in_transaction(dbapi_connection):
-            commit(dbapi_connection)
+            try:
+                commit(dbapi_connection)
+            finally:
+                writes._ended()
 
     dialect.do_rollback = do_rollback  # type: ignore[method-assign]  # this engine's dialect only
     dialect.do_commit = do_commit  # type: ignore[method-assign]  # as above
@@ -109,7 +171,14 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         kwargs.setdefault("pool_reset_on_return", None)
         engine = create_async_engine(url, **kwargs)
         sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
-        _skip_idle_transaction_ends(engine)
+        writes = PoolWrites()
+        _pool_writes[engine.sync_engine] = writes
+        sa.event.listen(
+            engine.sync_engine,
+            "connect",
+            lambda dbapi_connection, _record: writes.connected(dbapi_connection.driver_connection),
+        )
+        _skip_idle_transaction_ends(engine, writes)
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 10)

@@ -55,7 +55,7 @@ from server.db.driver import (
     rollback_batch,
     rollback_unit,
 )
-from server.db.engine import SessionFactory, sqlite_file
+from server.db.engine import SessionFactory, pool_writes, sqlite_file
 
 T = TypeVar("T")
 Unit = Callable[[AsyncSession], Awaitable[T]]
@@ -121,7 +121,7 @@ class Writer:
         engine = getattr(sessions, "kw", {}).get("bind")
         path = sqlite_file(engine) if isinstance(engine, AsyncEngine) and inline_sqlite else None
         if engine is not None and path is not None:
-            self.inline = InlineSqlite(path, engine.dialect)
+            self.inline = InlineSqlite(path, engine.dialect, pool=pool_writes(engine))
             self._no_pool = create_async_engine(engine.url, async_creator=_refuse_connection)
         self._queue: list[_Queued[Any]] = []
         self._ready = asyncio.Event()
