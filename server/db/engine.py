@@ -162,7 +162,9 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     if url.startswith("sqlite"):
         # SQLite has one writer at a time. Contending connections wait in SQLite's busy
         # handler, which sleeps in steps of up to 100 ms; one pooled connection instead
-        # queues transactions in the event loop, in order, with no sleeping.
+        # queues transactions in the event loop, in order, with no sleeping. (The
+        # group-commit writer has a connection of its own, server/db/driver.py's
+        # InlineSqlite, which waits for this one's transactions on the loop: PoolWrites.)
         kwargs.setdefault("pool_size", 1)
         kwargs.setdefault("max_overflow", 0)
         kwargs.setdefault("pool_timeout", 120)
