@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 import weakref
 from typing import Any
 
@@ -76,6 +77,7 @@ class PoolWrites:
     def __init__(self) -> None:
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()  # aiosqlite connections
         self._waiters: list[asyncio.Future[None]] = []
+        self._writing_since: float | None = None  # when `starved` first saw a transaction
 
     def connected(self, driver_connection: Any) -> None:
         self._connections.add(driver_connection)
@@ -91,6 +93,17 @@ class PoolWrites:
                 continue
         return False
 
+    def starved(self, after: float) -> bool:
+        """A pooled transaction has been open for `after` seconds or more, as seen by the
+        writer's checks (each batch start asks): likely waiting for the write lock."""
+        if not self.writing():
+            self._writing_since = None
+            return False
+        now = time.monotonic()
+        if self._writing_since is None:
+            self._writing_since = now
+        return now - self._writing_since >= after
+
     async def ended(self, at_most: float) -> None:
         """Until a pooled transaction ends, or `at_most` seconds (a connection closed or
         invalidated mid-transaction ends its transaction without telling)."""
@@ -105,6 +118,7 @@ class PoolWrites:
                 self._waiters.remove(waiter)
 
     def _ended(self) -> None:
+        self._writing_since = None
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():
