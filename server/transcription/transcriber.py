@@ -36,7 +36,9 @@ from server.errors import GatewayError, bad_request
 from server.guardrails.cache import GuardrailsCache
 from server.guardrails.policy import Guardrails, guardrails_of
 from server.limits.admission import Limits
+from server.limits.free_models import is_free_model
 from server.limits.guardrail_budgets import GuardrailBudget
+from server.limits.leases import BudgetLeases
 from server.observability.generations import store_generation
 from server.observability.logs import REQUEST_ID
 from server.observability.metrics import Metrics
@@ -119,7 +121,10 @@ class Transcriber:
         byok: ByokRouting | None = None,
         cooldowns: Cooldowns | None = None,
         guardrails: GuardrailsCache | None = None,
+        leases: BudgetLeases | None = None,
     ) -> None:
+        # Slices of callers' budgets this process admits against (None: a hold per request).
+        self._leases = leases
         # The caller's guardrails, cached under the principal stamp (None: read each time).
         self._guardrails = guardrails
         # Admissions and settlements commit in the group-commit writer's batches.
@@ -240,10 +245,24 @@ class Transcriber:
             )
 
         # End the caller's reads (on SQLite its session holds the process's only connection),
-        # then hold through the group-commit writer: concurrent requests' holds share one
-        # commit, and the provider is called only once it is durable.
+        # then admit: against this process's lease of the key's budget when it can (no
+        # transaction), else through the group-commit writer: concurrent requests' holds
+        # share one commit, and the provider is called only once it is durable.
         await session.commit()
-        holds = await self._admit_through(self._writer, admit, fail)
+        leased = (
+            await self._leases.admit(principal, billing.credit_hold)
+            if self._leases is not None
+            and not billing.byok_hold
+            and not billing.only_byok
+            and not guardrails.budgets
+            and not is_free_model(model.id)
+            else None
+        )
+        holds = (
+            (leased, None)
+            if leased is not None
+            else await self._admit_through(self._writer, admit, fail)
+        )
         budget = _budget(deadline)
         try:
             async with asyncio.timeout(budget):
@@ -284,7 +303,7 @@ class Transcriber:
                 started=started,
                 started_at=started_at,
             )
-            charged, record = await finish_uncancelled(self._writer.run(settle))
+            charged, record = await finish_uncancelled(self._settle_through(settle, holds[0]))
             # Committed now: the span of what was recorded.
             emit_generation_span(self._tracer, record, started_at, REQUEST_ID.get())
         except asyncio.CancelledError as cancelled:
@@ -365,6 +384,16 @@ class Transcriber:
             if admission.done() and not admission.cancelled() and admission.exception() is None:
                 await fail(admission.result(), cancelled)
             raise
+
+    async def _settle_through(
+        self, settle: Callable[[AsyncSession], Awaitable[tuple[int, Generation]]], hold: Hold
+    ) -> tuple[int, Generation]:
+        """Run `settle` in the writer's batch; once committed, a leased hold's lease learns
+        that its row gave the amount up (even if the caller went away meanwhile)."""
+        result = await self._writer.run(settle)
+        if self._leases is not None:
+            self._leases.settled(hold)
+        return result
 
     async def _settle(
         self,
@@ -474,6 +503,8 @@ class Transcriber:
             # drop it, so the release below runs on a fresh one.
             await session.invalidate()
         hold, byok_hold = holds
+        if self._leases is not None:
+            self._leases.released(hold)  # a leased hold: its lease's again, nothing to write
         if byok_hold is not None:
             await drop_hold(session, byok_hold)
         await release_hold(session, hold)
