@@ -46,6 +46,7 @@ from server.db.stamp import watch as watch_principal_changes
 from server.db.writer import Writer
 from server.guardrails.cache import GuardrailsCache
 from server.limits.admission import EnforcedLimits, Limits
+from server.limits.leases import BudgetLeases
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
 from server.observability.monitor import DatabaseMonitor, recovery_retry_seconds
@@ -122,11 +123,14 @@ class Core:
     pools: tuple[ComputePool, ...] = ()  # every pool of worker processes, to close
     hot_reads: HotReads | None = None  # GET /key's one read (server/db/driver.py)
     guardrails: GuardrailsCache | None = None  # callers' guardrails, under the auth's stamp
+    leases: BudgetLeases | None = None  # slices of callers' budgets (limits/leases.py)
 
     async def close(self) -> None:
         for pool in self.pools:
             await pool.close()
         await self.http.aclose()
+        if self.leases is not None:
+            await self.leases.close()  # the rows go back before the writer's last commit
         await self.writer.close()
         if self.hot_reads is not None:
             self.hot_reads.close()
@@ -202,6 +206,8 @@ def build_core(
     metrics = Metrics()
     tracer_provider = tracer_provider_from_environment()
     tracer = tracer_of(tracer_provider)
+    # Leases are part of the enforced limits: a stand-in `limits` (bench/) admits alone.
+    leases = BudgetLeases(writer, clock, metrics) if limits is None else None
     limits = limits or EnforcedLimits(metrics)
     webhooks = WebhookDispatcher(
         sessions, clock, http, allow_private=settings.webhook_allow_private
@@ -229,6 +235,7 @@ def build_core(
             cooldowns=cooldowns,
             writer=writer,
             guardrails=guardrails,
+            leases=leases,
         ),
         content=content,
         video_worker=VideoWorker(
@@ -258,6 +265,7 @@ def build_core(
         metrics=metrics,
         tracer=tracer,
         tracer_provider=tracer_provider,
+        leases=leases,
         pools=(decoder, local_stt),
         guardrails=guardrails,
     )

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from server.db.models import LedgerEntry, UsageCounter, WebhookDelivery
+from server.db.models import CreditHold, LedgerEntry, UsageCounter, WebhookDelivery
 from tests.conftest import Stack
 from tests.support.admin import IssuedKey
 from tests.support.audio import b64, fixture
@@ -114,6 +114,49 @@ async def test_an_account_balance_admits_exactly_k(
             )
         ).one()[0]
     assert spent == 3 * COST <= 3_300_000
+
+
+async def test_leased_slices_on_two_processes_spend_exactly_the_cap(
+    stack: Stack, second_process: GatewayProcess, unique: str
+) -> None:
+    """Far from the cap each process leases slices of the key's budget (server/limits/
+    leases.py), then, nearer to it, holds request by request. Nothing is ever spent beyond
+    the cap; a slice's unused part can be held by one process while the other is refused
+    (in_flight_budget, retry shortly), and comes back once that process is idle — so over
+    time exactly k requests run, and the ledger matches the counters."""
+    k = 160
+    workspace = await stack.admin.workspace(f"lease-{unique}")
+    await stack.admin.credits(workspace, "1000")
+    issued = await stack.admin.key(workspace, limit=f"{k * COST / 1_000_000 + 0.5:.6f}")
+    urls = _urls(stack, second_process)
+    first = await _parallel(urls, issued, PRICEY, 240)
+    ran = [r.status_code for r in first].count(200)
+    print(f"{ran} of {k} ran in the first burst of 240")
+    assert 0 < ran <= k
+    odd = [r.text for r in first if r.status_code not in (200, 402)]
+    assert not odd, (odd[:3], stack.gateway.log()[-3000:], second_process.log()[-3000:])
+    await stack.admin.no_hold_left(CreditHold.key_hash == issued.hash)  # leases went back
+    rest = [await _parallel(urls, issued, PRICEY, 10) for _ in range((k - ran) // 10 + 2)]
+    statuses = [r.status_code for batch in rest for r in batch]
+    assert ran + statuses.count(200) == k, (ran, statuses)
+    async with stack.admin.sessions() as session:
+        count, total = (
+            await session.exec(
+                sa.select(sa.func.count(), sa.func.sum(LedgerEntry.amount_micros)).where(
+                    LedgerEntry.key_hash == issued.hash, LedgerEntry.kind == "charge"
+                )
+            )
+        ).one()
+        counter = (
+            await session.exec(
+                sa.select(UsageCounter.spend_micros).where(
+                    UsageCounter.subject == "key",
+                    UsageCounter.subject_id == issued.hash,
+                    UsageCounter.period == "all",
+                )
+            )
+        ).one()[0]
+    assert (count, total, counter) == (k, k * COST, k * COST)
 
 
 async def test_free_minute_limit_across_processes(

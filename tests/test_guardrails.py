@@ -68,7 +68,7 @@ def assert_blocked(response: httpx.Response, rule: str, guardrail_id: str) -> No
 
 async def assert_nothing_charged(stack: Stack, team: Workspace) -> None:
     account = team.account_id
-    assert await stack.admin.count(CreditHold, CreditHold.account_id == account) == 0
+    await stack.admin.no_hold_left(CreditHold.account_id == account)
     assert (
         await stack.admin.count(
             LedgerEntry, LedgerEntry.account_id == account, LedgerEntry.kind == "charge"

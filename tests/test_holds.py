@@ -163,7 +163,7 @@ async def test_lapsed_holds_are_swept(admin_db: Admin) -> None:
 
 
 async def _no_hold_left(stack: Stack, account: str) -> None:
-    assert await stack.admin.count(CreditHold, CreditHold.account_id == account) == 0
+    await stack.admin.no_hold_left(CreditHold.account_id == account)
 
 
 def _request() -> audio_pb2.TranscriptionRequest:

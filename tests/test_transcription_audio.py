@@ -175,7 +175,7 @@ async def test_randomly_damaged_audio_is_200_or_400_never_5xx(
 
     await asyncio.to_thread(check)
     assert 400 in statuses
-    assert await stack.admin.count(CreditHold, CreditHold.key_hash == funded.hash) == 0
+    await stack.admin.no_hold_left(CreditHold.key_hash == funded.hash)
 
 
 # --- item 23: long local transcriptions run in worker processes, bounded -----------------
@@ -229,7 +229,7 @@ async def test_long_local_transcriptions_do_not_stall_other_workspaces(
         else:
             assert response.headers["retry-after"].isdigit()
             assert response.json()["error"]["code"] == 429
-    assert await stack.admin.count(CreditHold, CreditHold.key_hash == funded.hash) == 0
+    await stack.admin.no_hold_left(CreditHold.key_hash == funded.hash)
     print(
         f"5 local transcriptions of 4 s: {elapsed:.1f} s; GET /key at most "
         f"{max(key_seconds):.2f} s over {len(key_seconds)} calls"

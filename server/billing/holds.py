@@ -19,7 +19,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.billing.ledger import record_charge
 from server.billing.periods import EPOCH, PERIODS, period_starts
 from server.billing.usage import ACCOUNT, KEY
-from server.db.driver import LOCKED_IN_BATCH, fetch_rows, insert_statement
+from server.db.driver import LOCKED_IN_BATCH, execute_many, fetch_rows, insert_statement
 from server.db.models import Account, ApiKey, CreditHold, UsageCounter, UtcDateTime
 from server.errors import GatewayError
 
@@ -39,11 +39,15 @@ IN_FLIGHT_BUDGET = "openrouter_in_flight_budget"  # held by requests still runni
 
 @dataclass(frozen=True)
 class Hold:
-    id: str
+    id: str  # its own credit_holds row; "" when it has none (unreserved, or leased)
     account_id: str
     key_hash: str
     amount_micros: int
     is_byok: bool
+    # Admitted against this process's lease of the budget (server/limits/leases.py): the
+    # lease's row holds the amount, and `ref` tells this admission from the lease's others.
+    lease_id: str = ""
+    ref: int = 0
 
     @classmethod
     def unreserved(cls, account_id: str, key_hash: str) -> Hold:
@@ -188,18 +192,21 @@ _BUDGET = (
 _INSERT_HOLD = insert_statement(_HOLDS)
 
 
-def _reserve_statement() -> sa.Insert:
+def _reserve_statement(headroom: int = 1) -> sa.Insert:
     """INSERT a (non-BYOK) hold only if the budget allows it, in one statement that reads the
     budget (after the account lock, so with every settled charge and running hold) and
-    writes: the rules of `refusal`, which explains a refusal. RETURNING the id if reserved."""
+    writes: the rules of `refusal`, which explains a refusal. RETURNING the id if reserved.
+    With `headroom` n > 1 (a lease's slice), only if the budget could take the amount n
+    times: slices are taken far from a cap, so near it every request holds for itself."""
     b = _BUDGET.subquery("budget")
     amount = sa.bindparam("amount_micros", type_=sa.BigInteger)
+    needed = amount if headroom == 1 else amount * headroom
     balance = b.c.purchased - b.c.spent
     key_left = sa.case((b.c.limit - b.c.key_used < 0, 0), else_=b.c.limit - b.c.key_used)
     allowed = sa.and_(
         balance > 0,  # a balance at or below zero refuses every request
-        amount <= balance - b.c.held,
-        sa.or_(b.c.limit.is_(None), amount <= key_left - b.c.held_on_key),
+        needed <= balance - b.c.held,
+        sa.or_(b.c.limit.is_(None), needed <= key_left - b.c.held_on_key),
     )
     values: sa.Select = sa.select(
         sa.bindparam("id"),
@@ -225,7 +232,17 @@ def _reserve_statement() -> sa.Insert:
 
 
 _RESERVE = _reserve_statement()
+# How many times a lease's slice must fit in what is left of the budget (leases.py).
+SLICE_HEADROOM = 4
+_RESERVE_SLICE = _reserve_statement(SLICE_HEADROOM)
 _DELETE_HOLD = sa.delete(_HOLDS).where(_HOLDS.c.id == sa.bindparam("hold_id"))
+# A leased request settled: the lease's row gives up what the request held, in the
+# transaction that records its charge (so the budget never counts it twice, nor not at all).
+_SHRINK_LEASE = (
+    sa.update(_HOLDS)
+    .where(_HOLDS.c.id == sa.bindparam("lease_id"))
+    .values(amount_micros=_HOLDS.c.amount_micros - sa.bindparam("amount", type_=sa.BigInteger))
+)
 _DELETE_EXPIRED = sa.delete(_HOLDS).where(_HOLDS.c.expires_at <= sa.bindparam("now"))
 
 
@@ -322,6 +339,36 @@ def refusal(row: Sequence[Any], amount_micros: int, is_byok: bool) -> GatewayErr
     return None
 
 
+async def reserve_slice(
+    session: AsyncSession,
+    *,
+    lease_id: str,
+    account_id: str,
+    key_hash: str,
+    amount_micros: int,
+    now: datetime,
+    ttl: timedelta,
+) -> bool:
+    """Hold `amount_micros` as a lease's row (server/limits/leases.py) if the budget could
+    take it SLICE_HEADROOM times over; False (nothing written) otherwise. The caller commits."""
+    if amount_micros <= 0:
+        raise ValueError("a slice must be positive")
+    if session.get_bind().dialect.name != "sqlite":
+        await lock_account(session, account_id)
+    starts = period_starts(now)
+    params = {f"{period}_start": starts.of(period) for period in PERIODS}
+    values = {
+        "id": lease_id,
+        "account_id": account_id,
+        "key_hash": key_hash,
+        "amount_micros": amount_micros,
+        "created_at": now,
+        "expires_at": now + ttl,
+        "now": now,
+    }
+    return bool(await fetch_rows(session, _RESERVE_SLICE, {**params, **values}))
+
+
 async def sweep_expired_holds(session: AsyncSession, now: datetime) -> int:
     """Delete holds whose request died with its process (they already stopped counting)."""
     result = await session.exec(_DELETE_EXPIRED, params={"now": now})
@@ -334,8 +381,14 @@ async def settle_hold(
 ) -> None:
     """Replace the hold by the real charge. The caller commits (with whatever else belongs
     to the request's record), so the hold and the charge change in one transaction; holds
-    read that in one statement, so no lock is needed here."""
-    await drop_hold(session, hold)
+    read that in one statement, so no lock is needed here. A leased hold shrinks its lease's
+    row instead (the caller tells the lease once committed: BudgetLeases.settled)."""
+    if hold.lease_id:
+        await fetch_rows(
+            session, _SHRINK_LEASE, {"lease_id": hold.lease_id, "amount": hold.amount_micros}
+        )
+    else:
+        await drop_hold(session, hold)
     await record_charge(
         session,
         account_id=hold.account_id,
@@ -348,9 +401,15 @@ async def settle_hold(
 
 
 async def drop_hold(session: AsyncSession, hold: Hold) -> None:
-    """Give the reservation back as part of the caller's transaction."""
-    if hold.id:  # an unreserved hold has no row
+    """Give the reservation back as part of the caller's transaction. A leased hold has no
+    row: its lease takes it back in memory (BudgetLeases.released)."""
+    if hold.id:  # an unreserved or leased hold has no row
         await fetch_rows(session, _DELETE_HOLD, {"hold_id": hold.id})
+
+
+async def delete_holds(session: AsyncSession, ids: list[str]) -> None:
+    """Delete the holds (or leases) `ids` in the caller's transaction."""
+    await execute_many(session, _DELETE_HOLD, [{"hold_id": hold_id} for hold_id in ids])
 
 
 async def release_hold(session: AsyncSession, hold: Hold) -> None:

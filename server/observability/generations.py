@@ -4,6 +4,7 @@ read back by their id (GET /api/v1/generation) in OpenRouter's shape."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -54,7 +55,13 @@ UNRECORDED = (
 
 async def store_generation(session: AsyncSession, record: Generation) -> None:
     """Add the record to the caller's transaction."""
-    await fetch_rows(session, _INSERT_GENERATION, record.model_dump())
+    await store_generation_row(session, record.model_dump())
+
+
+async def store_generation_row(session: AsyncSession, row: Mapping[str, Any]) -> None:
+    """Add the record given as its columns' values to the caller's transaction: on hot paths,
+    without building the ORM object (about 0.1 ms each)."""
+    await fetch_rows(session, _INSERT_GENERATION, row)
 
 
 async def find_generation(

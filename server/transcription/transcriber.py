@@ -14,7 +14,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import NoOpTracer, Tracer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
@@ -36,8 +36,10 @@ from server.errors import GatewayError, bad_request
 from server.guardrails.cache import GuardrailsCache
 from server.guardrails.policy import Guardrails, guardrails_of
 from server.limits.admission import Limits
+from server.limits.free_models import is_free_model
 from server.limits.guardrail_budgets import GuardrailBudget
-from server.observability.generations import store_generation
+from server.limits.leases import BudgetLeases
+from server.observability.generations import store_generation_row
 from server.observability.logs import REQUEST_ID
 from server.observability.metrics import Metrics
 from server.observability.tracing import emit_generation_span
@@ -119,7 +121,10 @@ class Transcriber:
         byok: ByokRouting | None = None,
         cooldowns: Cooldowns | None = None,
         guardrails: GuardrailsCache | None = None,
+        leases: BudgetLeases | None = None,
     ) -> None:
+        # Slices of callers' budgets this process admits against (None: a hold per request).
+        self._leases = leases
         # The caller's guardrails, cached under the principal stamp (None: read each time).
         self._guardrails = guardrails
         # Admissions and settlements commit in the group-commit writer's batches.
@@ -240,10 +245,24 @@ class Transcriber:
             )
 
         # End the caller's reads (on SQLite its session holds the process's only connection),
-        # then hold through the group-commit writer: concurrent requests' holds share one
-        # commit, and the provider is called only once it is durable.
+        # then admit: against this process's lease of the key's budget when it can (no
+        # transaction), else through the group-commit writer: concurrent requests' holds
+        # share one commit, and the provider is called only once it is durable.
         await session.commit()
-        holds = await self._admit_through(self._writer, admit, fail)
+        leased = (
+            await self._leases.admit(principal, billing.credit_hold)
+            if self._leases is not None
+            and not billing.byok_hold
+            and not billing.only_byok
+            and not guardrails.budgets
+            and not is_free_model(model.id)
+            else None
+        )
+        holds = (
+            (leased, None)
+            if leased is not None
+            else await self._admit_through(self._writer, admit, fail)
+        )
         budget = _budget(deadline)
         try:
             async with asyncio.timeout(budget):
@@ -284,9 +303,9 @@ class Transcriber:
                 started=started,
                 started_at=started_at,
             )
-            charged, record = await finish_uncancelled(self._writer.run(settle))
+            charged, record = await finish_uncancelled(self._settle_through(settle, holds[0]))
             # Committed now: the span of what was recorded.
-            emit_generation_span(self._tracer, record, started_at, REQUEST_ID.get())
+            self._emit_span(record, started_at)
         except asyncio.CancelledError as cancelled:
             # The caller went away after the answer: settled — unless the settlement failed.
             if cancelled.__cause__ is not None:
@@ -366,6 +385,16 @@ class Transcriber:
                 await fail(admission.result(), cancelled)
             raise
 
+    async def _settle_through(
+        self, settle: Callable[[AsyncSession], Awaitable[tuple[int, dict[str, Any]]]], hold: Hold
+    ) -> tuple[int, dict[str, Any]]:
+        """Run `settle` in the writer's batch; once committed, a leased hold's lease learns
+        that its row gave the amount up (even if the caller went away meanwhile)."""
+        result = await self._writer.run(settle)
+        if self._leases is not None:
+            self._leases.settled(hold)
+        return result
+
     async def _settle(
         self,
         session: AsyncSession,
@@ -381,7 +410,7 @@ class Transcriber:
         seconds: Decimal,
         started: float,
         started_at: datetime,
-    ) -> tuple[int, Generation]:
+    ) -> tuple[int, dict[str, Any]]:
         """Charge the request (and record it); return what the credits paid, and the record.
         Served with the workspace's key: the provider cost goes to the BYOK counters, the
         platform fee to the credits. A unit of the writer's batch: it commits with the batch."""
@@ -474,6 +503,8 @@ class Transcriber:
             # drop it, so the release below runs on a fresh one.
             await session.invalidate()
         hold, byok_hold = holds
+        if self._leases is not None:
+            self._leases.released(hold)  # a leased hold: its lease's again, nothing to write
         if byok_hold is not None:
             await drop_hold(session, byok_hold)
         await release_hold(session, hold)
@@ -518,31 +549,36 @@ class Transcriber:
         error: str | None = None,
         is_byok: bool = False,
         commit: bool = True,
-    ) -> Generation:
-        """Store the generation record; with `commit`, commit and report it as a span (else
-        the caller does both)."""
-        now = self._clock.now()
-        record = Generation(
-            id=generation_id,
-            account_id=principal.account.id,
-            workspace_id=principal.workspace.id,
-            key_hash=principal.key.hash,
-            kind="stt",
-            model=model.id,
-            provider=provider,
-            status=status,
-            cost_micros=cost,
-            is_byok=is_byok,
-            seconds=seconds,
-            latency_ms=int((time.monotonic() - started) * 1000),
-            session_id=request.session_id,
-            user=request.user,
-            trace=request.trace,
-            error=error,
-            created_at=now,
-        )
-        await store_generation(session, record)
+    ) -> dict[str, Any]:
+        """Store the generation record (returned as its columns' values); with `commit`,
+        commit and report it as a span (else the caller does both)."""
+        record = {
+            "id": generation_id,
+            "account_id": principal.account.id,
+            "workspace_id": principal.workspace.id,
+            "key_hash": principal.key.hash,
+            "kind": "stt",
+            "model": model.id,
+            "provider": provider,
+            "status": status,
+            "cost_micros": cost,
+            "is_byok": is_byok,
+            "seconds": seconds,
+            "latency_ms": int((time.monotonic() - started) * 1000),
+            "session_id": request.session_id,
+            "user": request.user,
+            "trace": request.trace,
+            "error": error,
+            "created_at": self._clock.now(),
+        }
+        await store_generation_row(session, record)
         if commit:
             await session.commit()
-            emit_generation_span(self._tracer, record, started_at, REQUEST_ID.get())
+            self._emit_span(record, started_at)
         return record
+
+    def _emit_span(self, record: dict[str, Any], started_at: datetime) -> None:
+        """Report a committed record as a span; with tracing off, not even the record object
+        the span is built from is made."""
+        if not isinstance(self._tracer, NoOpTracer):
+            emit_generation_span(self._tracer, Generation(**record), started_at, REQUEST_ID.get())

@@ -7,10 +7,11 @@ The header is the client's and is never trusted for money. What counts is the da
 present: a data chunk claiming more bytes than the file holds is measured to the end of the
 file, one claiming fewer is measured as claimed, and either way the provider is sent a file
 holding exactly the frames measured. Unless the input already says exactly that of itself
-(`fmt ` then `data`, the RIFF, data, block and byte-rate fields consistent, the data running
-whole frames to the end of the file), it is rebuilt as a canonical 44-byte-header WAV of
-those frames, so no decoder at the provider (one that trusts the sizes, one that reads to the
-end, one that computes from the byte rate) hears more or less than what was billed.
+(`fmt ` then `data` and nothing between them, the RIFF, data, block and byte-rate fields
+consistent, the data running whole frames to the end of the file), it is rebuilt as a
+canonical 44-byte-header WAV of those frames, so no decoder at the provider (one that trusts
+the sizes, one that reads to the end, one that computes from the byte rate) hears more or
+less than what was billed.
 
 Anything this reader does not measure itself — another codec in a WAV (ADPCM, u-law), RF64,
 big-endian RIFX, an unusual layout, no `fmt ` before the chunks run out — is left to the
@@ -123,6 +124,7 @@ def read_wav(data: bytes) -> Wav | None:
     fmt_seen = False
     found: tuple[int, int] | None = None  # the data chunk: where its samples start, size
     data_first = False
+    others = False  # a chunk other than `fmt ` before the samples
     position = 12
     for _ in range(MAX_CHUNKS):
         if position + 8 > n:
@@ -144,6 +146,8 @@ def read_wav(data: bytes) -> Wav | None:
             data_first = not fmt_seen
             if fmt_seen or size in STREAMING_SIZES:
                 break  # nothing after the samples is read
+        elif found is None:
+            others = True
         position = body + size + (size & 1)
     if fmt is None or found is None:
         return None
@@ -158,6 +162,9 @@ def read_wav(data: bytes) -> Wav | None:
     whole = frames * frame
     exact = (
         not data_first
+        # Chunks before the samples (LIST, JUNK, …) are dropped: decoders disagree on odd
+        # ones (FFmpeg refuses an empty LIST), and a transcription needs none of them.
+        and not others
         and fmt.consistent
         and declared == whole
         and available - declared in (0, declared & 1)  # nothing after them but a pad

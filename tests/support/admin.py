@@ -16,7 +16,8 @@ from server.billing.ledger import add_credits, record_charge
 from server.billing.money import usd_to_micros
 from server.clock import Clock, SystemClock
 from server.db.engine import SessionFactory
-from server.db.models import ApiKey, Intern, Workspace
+from server.db.models import ApiKey, CreditHold, Intern, Workspace
+from tests.support.eventually import eventually
 
 
 @dataclass
@@ -113,6 +114,17 @@ class Admin:
         async with self.sessions() as session:
             statement = sa.select(sa.func.count()).select_from(table).where(*where)
             return int((await session.exec(statement)).scalar_one())
+
+    async def no_hold_left(self, *where: Any, within: float = 5.0) -> None:
+        """No credit hold matching `where` is left, nor a budget lease. A lease of a key's
+        budget (server/limits/leases.py) goes back within a second of its last request's
+        end, and only once every request admitted on it settled or gave its amount back:
+        the wait proves both."""
+
+        async def none_left() -> bool:
+            return await self.count(CreditHold, *where) == 0
+
+        await eventually(none_left, within=within, message="no credit hold or lease left")
 
     async def update_key(self, issued: IssuedKey, **values: object) -> None:
         async with self.sessions() as session:

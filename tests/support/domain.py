@@ -23,6 +23,7 @@ from server.db.engine import SessionFactory
 from server.db.models import LedgerEntry, UsageCounter
 from server.db.writer import Writer
 from server.limits.admission import EnforcedLimits
+from server.limits.leases import BudgetLeases
 from server.observability.metrics import Metrics
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
@@ -198,6 +199,7 @@ class Domain:
     metrics: Metrics
     admin: Admin
     dialect: str
+    leases: BudgetLeases | None = None  # as build_core wires them (server/limits/leases.py)
 
     @property
     def limits(self) -> EnforcedLimits:
@@ -215,6 +217,7 @@ class Domain:
             NoOpTracer(),
             decoder,
             writer=self.writer,
+            leases=self.leases,
         )
 
     def video_adapters(self) -> dict[str, OpenAIVideoAdapter]:
@@ -229,6 +232,13 @@ class Domain:
         if usd != "0":
             await self.admin.credits(workspace, usd)
         return await self.admin.key(workspace, **key)
+
+    async def drain_leases(self) -> None:
+        """Give back this process's budget leases that no request runs on, as an idle lease
+        is a second later: after it, a credit hold left over is a request's that never
+        ended (a lease with a request still running on it stays too)."""
+        if self.leases is not None:
+            await self.leases.drain()
 
     async def rows(self, table: type[SQLModel], *where: Any) -> list[Any]:
         async with self.sessions() as session:

@@ -21,6 +21,7 @@ from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
 from server.db.models import Account  # noqa: F401 (registers every table on the metadata)
 from server.db.writer import Writer
+from server.limits.leases import BudgetLeases
 from server.observability.metrics import Metrics
 from tests.conftest import Databases
 from tests.support.admin import Admin
@@ -52,20 +53,25 @@ async def _domain(url: str, dialect: str, clock: ManualClock, folder: Path) -> D
     sessions = session_factory(engine)
     providers = ScriptedProviders()
     http = httpx.AsyncClient(transport=httpx.MockTransport(providers.handle))
+    writer = Writer(sessions)
+    metrics = Metrics()
     return Domain(
         sessions=sessions,
-        writer=Writer(sessions),
+        writer=writer,
         clock=clock,
         catalog=unit_catalog(folder),
         providers=providers,
         http=http,
-        metrics=Metrics(),
+        metrics=metrics,
         admin=Admin(sessions, clock),
         dialect=dialect,
+        leases=BudgetLeases(writer, clock, metrics),
     )
 
 
 async def _close(domain: Domain) -> None:
+    if domain.leases is not None:
+        await domain.leases.close()
     await domain.writer.close()
     await domain.http.aclose()
     bind = domain.sessions.kw["bind"]

@@ -42,6 +42,7 @@ async def test_success_charges_once_and_the_counters_match_the_ledger(domain: Do
     assert await domain.charges(account) == [result.cost_micros]
     assert await domain.counted_spend(account) == result.cost_micros
     assert await domain.counted_spend(issued.hash) == result.cost_micros
+    await domain.drain_leases()
     assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
     (generation,) = await domain.rows(Generation, Generation.account_id == account)
     assert (generation.id, generation.status) == (result.generation_id, "completed")
@@ -72,6 +73,7 @@ async def test_when_every_provider_fails_the_hold_is_released_and_nothing_charge
     assert len(domain.providers.sent_to("stt-429.test")) == 1
     assert await domain.charges(account) == []
     assert await domain.counted_spend(account) == 0
+    await domain.drain_leases()
     assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
     (generation,) = await domain.rows(Generation, Generation.account_id == account)
     assert (generation.status, generation.cost_micros) == ("failed", 0)
@@ -109,6 +111,7 @@ async def test_a_failure_after_a_rollback_is_still_recorded(
         with pytest.raises(RuntimeError):
             await domain.transcriber().transcribe(session, principal, _input("unit/ok"))
     assert await domain.charges(account) == []
+    await domain.drain_leases()
     assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
     (generation,) = await domain.rows(Generation, Generation.account_id == account)
     assert (generation.status, generation.cost_micros) == ("failed", 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import struct
+import sys
 import wave
 from dataclasses import dataclass
 from decimal import Decimal
@@ -206,7 +207,9 @@ def test_the_provider_decodes_exactly_what_was_measured(layout: Layout, cut: int
     if measured is None or measured.frames == 0:
         return
     assert pyav_samples(measured.audio) == measured.frames
-    if layout.tag == PCM:
+    # The stdlib reads WAVE_FORMAT_EXTENSIBLE only from Python 3.12 on.
+    extensible = measured.audio[20:22] == struct.pack("<H", EXTENSIBLE)
+    if layout.tag == PCM and (sys.version_info >= (3, 12) or not extensible):
         with wave.open(io.BytesIO(measured.audio)) as reader:
             assert reader.getnframes() == measured.frames
             assert len(reader.readframes(measured.frames + 10)) == measured.frames * layout.frame
