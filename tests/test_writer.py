@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -15,15 +17,17 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.holds import Hold, place_hold
-from server.db.driver import fetch_rows
-from server.db.engine import create_engine
+from server.db.driver import fetch_rows, insert_statement
+from server.db.engine import create_engine, session_factory
 from server.db.models import CreditHold, RateWindow
-from server.db.writer import Writer
+from server.db.writer import StrayStatement, Writer
 from server.errors import GatewayError
+from tests.conftest import Databases
 from tests.support.admin import Admin
 
 _WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
 _INSERT = sa.insert(_WINDOWS)
+_INSERT_HOLD = insert_statement(CreditHold.__table__)  # type: ignore[attr-defined]
 _COUNT_ALL = sa.select(sa.func.count()).select_from(_WINDOWS)
 Peek = Callable[[], Awaitable[set[str]]]
 WHEN = datetime(2026, 7, 1, 12, 30, tzinfo=UTC)
@@ -276,3 +280,298 @@ async def test_a_caller_cancelled_while_queued_withdraws_its_unit(
         assert writer.stats.sizes == [1, 1]
     finally:
         await writer.close()
+
+
+# --- SQLite: the writer's own connection, on the event loop's thread -------------------------
+
+
+@pytest_asyncio.fixture
+async def sqlite_db(databases: Databases) -> AsyncIterator[Admin]:
+    engine = create_engine(await databases.new("sqlite"))
+    yield Admin(session_factory(engine))
+    await engine.dispose()
+
+
+async def _stored(admin: Admin) -> set[str]:
+    async with admin.sessions() as session:
+        rows = await fetch_rows(session, sa.select(_WINDOWS.c.subject_id), {})
+    return {r[0] for r in rows}
+
+
+async def test_sqlite_units_run_on_the_writers_connection_not_the_pools(
+    sqlite_db: Admin,
+) -> None:
+    """The pool's only connection is held by a session for the whole batch: the batch does
+    not need it (it would wait for it forever otherwise)."""
+    writer = Writer(sqlite_db.sessions)
+    assert writer.inline is not None
+    try:
+        async with sqlite_db.sessions() as holder:
+            await holder.connection()  # the pool's one connection, checked out
+            results = await asyncio.wait_for(
+                asyncio.gather(*(writer.run(_insert(f"i{i}")) for i in range(5))),  # type: ignore[arg-type]
+                timeout=5,
+            )
+        assert results == [f"i{i}" for i in range(5)]
+        assert await _stored(sqlite_db) == {f"i{i}" for i in range(5)}
+    finally:
+        await writer.close()
+
+
+async def test_sqlite_a_stray_orm_call_in_a_unit_fails_loudly(sqlite_db: Admin) -> None:
+    """A unit's ORM statement would run on the pool's connection, outside the batch: its
+    session cannot open one. Only that unit fails; the others of its batch commit."""
+    writer = Writer(sqlite_db.sessions)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(session: AsyncSession) -> None:
+        started.set()
+        await release.wait()
+
+    async def stray(session: AsyncSession) -> None:
+        await fetch_rows(session, _INSERT, _row("stray-driver"))
+        await session.exec(_INSERT, params=_row("stray-orm"))  # type: ignore[call-overload]
+
+    try:
+        gate_task = asyncio.create_task(writer.run(gate))
+        await started.wait()
+        tasks = [
+            asyncio.create_task(writer.run(_insert("s0"))),  # type: ignore[arg-type]
+            asyncio.create_task(writer.run(stray)),
+            asyncio.create_task(writer.run(_insert("s2"))),  # type: ignore[arg-type]
+        ]
+        await asyncio.sleep(0)
+        release.set()
+        await gate_task
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert results[0] == "s0" and results[2] == "s2"
+        assert isinstance(results[1], StrayStatement)
+        assert await _stored(sqlite_db) == {"s0", "s2"}
+        # Alone in its batch too (no savepoint: the whole transaction is rolled back).
+        with pytest.raises(StrayStatement):
+            await writer.run(stray)
+        assert await _stored(sqlite_db) == {"s0", "s2"}
+    finally:
+        await writer.close()
+
+
+async def test_sqlite_a_failed_commit_fails_every_caller_of_the_batch(sqlite_db: Admin) -> None:
+    """A real failure of the writer's COMMIT: a foreign key checked only at the commit
+    (PRAGMA defer_foreign_keys) is violated by one unit. Every caller of the batch gets the
+    error, nothing of the batch is written, and the next batch commits."""
+    writer = Writer(sqlite_db.sessions)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(session: AsyncSession) -> None:
+        started.set()
+        await release.wait()
+
+    async def orphan_hold(session: AsyncSession) -> str:
+        await fetch_rows(session, sa.text("PRAGMA defer_foreign_keys=ON"), {})
+        await fetch_rows(
+            session,
+            _INSERT_HOLD,
+            {
+                "id": "hold_orphan",
+                "account_id": "no-such-account",
+                "key_hash": "k",
+                "amount_micros": 1,
+                "counts_against_balance": True,
+                "counts_against_key_limit": True,
+                "created_at": WHEN,
+                "expires_at": WHEN,
+            },
+        )
+        return "orphan"
+
+    try:
+        gate_task = asyncio.create_task(writer.run(gate))
+        await started.wait()
+        tasks = [
+            asyncio.create_task(writer.run(_insert("f0"))),  # type: ignore[arg-type]
+            asyncio.create_task(writer.run(orphan_hold)),
+            asyncio.create_task(writer.run(_insert("f2"))),  # type: ignore[arg-type]
+        ]
+        await asyncio.sleep(0)
+        release.set()
+        await gate_task
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(r, sqlite3.IntegrityError) for r in results), results
+        assert writer.stats.failed_batches == 1
+        assert await _stored(sqlite_db) == set()
+        assert await writer.run(_insert("after")) == "after"  # type: ignore[arg-type]
+        assert await _stored(sqlite_db) == {"after"}
+    finally:
+        await writer.close()
+
+
+@contextlib.asynccontextmanager
+async def _write_lock_held(
+    admin: Admin, holder: str
+) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """SQLite's write lock held, by a session of the pool (`holder` "pool") or by a
+    connection the writer knows nothing of (as another process's); yields its commit."""
+    if holder == "pool":
+        async with admin.sessions() as session:
+            await fetch_rows(session, _INSERT, _row("holder"))
+            yield session.commit
+        return
+    bind = admin.sessions.kw["bind"]
+    other = sqlite3.connect(bind.url.database, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute(
+        "INSERT INTO rate_windows (subject_id, period, window_start, count) "
+        "VALUES ('holder', 'minute', '2026-07-01 12:30:00.000000', 1)"
+    )
+
+    async def commit() -> None:
+        other.execute("COMMIT")
+
+    try:
+        yield commit
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize("holder", ["pool", "other"])
+async def test_sqlite_the_batch_waits_for_the_write_lock_off_the_loop(
+    sqlite_db: Admin, holder: str
+) -> None:
+    """Another connection holds SQLite's write lock (it wrote and has not committed): the
+    batch's BEGIN IMMEDIATE waits while the event loop goes on — for this process's pool, on
+    the loop until the pool's transaction ends; for any other, in a thread (SQLite's busy
+    handler) — and commits once the lock is free."""
+    writer = Writer(sqlite_db.sessions)
+    assert writer.inline is not None
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    ticking = asyncio.create_task(ticker())
+    try:
+        async with _write_lock_held(sqlite_db, holder) as commit:
+            queued = asyncio.create_task(writer.run(_insert("writer")))  # type: ignore[arg-type]
+            ticks_before = ticks
+            await asyncio.sleep(0.2)
+            assert not queued.done()
+            # A blocked loop would tick once; a busy machine may slow it.
+            assert ticks - ticks_before >= 5, ticks
+            stats = writer.inline.stats
+            if holder == "pool":
+                assert stats.pool_waits >= 1 and stats.busy_waits == 0
+            else:
+                assert stats.busy_waits == 1
+            await commit()
+            assert await asyncio.wait_for(queued, timeout=5) == "writer"
+        assert await _stored(sqlite_db) == {"holder", "writer"}
+    finally:
+        ticking.cancel()
+        await writer.close()
+
+
+async def test_sqlite_the_pool_waits_for_the_writers_batch(sqlite_db: Admin) -> None:
+    """A batch holds the write lock while its units run: a write through the pool waits
+    (in aiosqlite's thread, SQLite's busy handler) and goes through after the commit."""
+    writer = Writer(sqlite_db.sessions)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def holding(session: AsyncSession) -> str:
+        await fetch_rows(session, _INSERT, _row("batch"))
+        started.set()
+        await release.wait()
+        return "batch"
+
+    async def pool_write() -> None:
+        async with sqlite_db.sessions() as session:
+            await fetch_rows(session, _INSERT, _row("pool"))
+            await session.commit()
+
+    try:
+        batch = asyncio.create_task(writer.run(holding))
+        await started.wait()
+        pooled = asyncio.create_task(pool_write())
+        await asyncio.sleep(0.1)
+        assert not pooled.done()  # waiting for the batch's write lock
+        release.set()
+        assert await batch == "batch"
+        await asyncio.wait_for(pooled, timeout=5)
+        assert await _stored(sqlite_db) == {"batch", "pool"}
+    finally:
+        await writer.close()
+
+
+async def test_sqlite_a_writer_stopped_during_a_lock_wait_leaves_no_transaction(
+    sqlite_db: Admin,
+) -> None:
+    """The writer's task is cancelled (the loop shutting down) while its thread waits for the
+    write lock: the thread cannot be stopped, so what it begins once the lock is free is
+    rolled back, and the writer's next batch runs on a clean connection."""
+    writer = Writer(sqlite_db.sessions)
+    assert writer.inline is not None
+    try:
+        async with _write_lock_held(sqlite_db, "other") as commit:
+            queued = asyncio.create_task(writer.run(_insert("lost")))  # type: ignore[arg-type]
+            await asyncio.sleep(0.05)
+            assert writer.inline.stats.busy_waits == 1
+            task = writer._task  # the writer's loop, as shutdown cancels it
+            assert task is not None
+            task.cancel()
+            with pytest.raises(ConnectionError):
+                await queued
+            await commit()
+            await asyncio.sleep(0.1)  # the thread gets the lock, and gives it back
+        # The pool can write: the abandoned BEGIN holds no lock.
+        async with sqlite_db.sessions() as session:
+            await fetch_rows(session, _INSERT, _row("pool-after"))
+            await session.commit()
+        assert await writer.run(_insert("next")) == "next"  # type: ignore[arg-type]
+        assert await _stored(sqlite_db) == {"holder", "pool-after", "next"}
+    finally:
+        await writer.close()
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size
+
+
+async def test_sqlite_the_wal_is_checkpointed_between_batches(sqlite_db: Admin) -> None:
+    """The writer's connection does not checkpoint inside its commits; a PASSIVE checkpoint
+    runs in a thread between batches once enough was written, and the WAL restarts (it
+    does not grow with every batch)."""
+    writer = Writer(sqlite_db.sessions)
+    inline = writer.inline
+    assert inline is not None
+    inline.checkpoint_after_changes = 20
+    bind = sqlite_db.sessions.kw["bind"]
+    wal = Path(bind.url.database + "-wal")
+    try:
+        for i in range(60):
+            await writer.run(_insert(f"c{i}"))  # type: ignore[arg-type]
+        size_after_first = _size(wal)
+        for i in range(60, 300):
+            await writer.run(_insert(f"c{i}"))  # type: ignore[arg-type]
+        assert inline.stats.checkpoints >= 10
+        assert inline.stats.checkpointed_frames > 0
+        # Restarted from its beginning after each checkpoint: four times as many commits
+        # leave it about as large (without the checkpoints it grew 5.4 times, measured).
+        assert _size(wal) < 2 * size_after_first
+        assert len(await _stored(sqlite_db)) == 300
+    finally:
+        await writer.close()
+
+
+async def test_sqlite_without_inline_batches_on_the_pool(databases: Databases) -> None:
+    """inline_sqlite=False: no connection of the writer's own; batches run on a pooled
+    session's connection, as on PostgreSQL."""
+    engine = create_engine(await databases.new("sqlite"))
+    writer = Writer(session_factory(engine), inline_sqlite=False)
+    try:
+        assert writer.inline is None
+        assert await writer.run(_insert("pooled")) == "pooled"  # type: ignore[arg-type]
+    finally:
+        await writer.close()
+        await engine.dispose()

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -19,7 +19,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.billing.ledger import record_charge
 from server.billing.periods import EPOCH, PERIODS, period_starts
 from server.billing.usage import ACCOUNT, KEY
-from server.db.driver import LOCKED_IN_BATCH, execute_many, fetch_rows
+from server.db.driver import LOCKED_IN_BATCH, execute_many, fetch_rows, insert_statement
 from server.db.models import Account, ApiKey, CreditHold, UsageCounter, UtcDateTime
 from server.errors import GatewayError
 
@@ -189,7 +189,7 @@ _BUDGET = (
     )
 )
 
-_INSERT_HOLD = sa.insert(_HOLDS)
+_INSERT_HOLD = insert_statement(_HOLDS)
 
 
 def _reserve_statement(headroom: int = 1) -> sa.Insert:
@@ -286,29 +286,30 @@ async def place_hold(
     # a read, then a write, so SQLite too takes the write lock first.
     if on_sqlite:
         await lock_account(session, account_id)
-    row = (
-        await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
-            _BUDGET,
-            params={"account_id": account_id, "key_hash": key_hash, "now": now, **params},
-        )
-    ).one_or_none()
-    if row is None:
+    rows = await fetch_rows(
+        session,
+        _BUDGET,
+        {"account_id": account_id, "key_hash": key_hash, "now": now, **params},
+    )
+    if not rows:
         raise GatewayError(401, "Invalid API key")
+    row = rows[0]
     refused = refusal(row, amount_micros, is_byok)
     if refused is not None:
         raise refused
-    await session.exec(
+    await fetch_rows(
+        session,
         _INSERT_HOLD,
-        params={
+        {
             **values,
             "counts_against_balance": not is_byok,
-            "counts_against_key_limit": not is_byok or bool(row.byok_in_limit),
+            "counts_against_key_limit": not is_byok or bool(row[5]),  # byok_in_limit
         },
     )
     return hold
 
 
-def refusal(row: sa.Row, amount_micros: int, is_byok: bool) -> GatewayError | None:
+def refusal(row: Sequence[Any], amount_micros: int, is_byok: bool) -> GatewayError | None:
     """Why the budget `row` cannot take `amount_micros`, or None when it can."""
     purchased, spent, held, held_on_key, limit, byok_in_limit, key_used = row
     balance = purchased - spent

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
+import time
+import weakref
 from typing import Any
 
 import sqlalchemy as sa
@@ -12,18 +16,124 @@ SessionFactory = async_sessionmaker[AsyncSession]
 CONNECT_TIMEOUT_SECONDS = 5
 
 
+# Every SQLite connection's: WAL lets readers (and other processes) work while one writer
+# commits; NORMAL syncs the WAL at checkpoints only (a commit survives a process crash; a
+# power cut may lose the last commits, never consistency).
+SQLITE_PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=NORMAL",
+    "PRAGMA foreign_keys=ON",
+)
+# How long a connection waits for another's write lock before it fails ("database is
+# locked"); the pool's connection waits in aiosqlite's thread, never on the event loop.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    # WAL lets readers (and other processes) work while one writer commits;
-    # busy_timeout makes a second writer wait instead of failing at once.
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.execute("PRAGMA foreign_keys=ON")
+    for pragma in SQLITE_PRAGMAS:
+        cursor.execute(pragma)
+    # A second writer waits instead of failing at once.
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.close()
 
 
-def _skip_idle_transaction_ends(engine: AsyncEngine) -> None:
+def sqlite_file(engine: AsyncEngine) -> str | None:
+    """The path of the engine's SQLite file; None for PostgreSQL or an in-memory database
+    (which only the pool's one connection can see)."""
+    url = engine.url
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database
+    if not database or database == ":memory:" or url.query.get("mode") == "memory":
+        return None
+    return database
+
+
+def connect_sqlite(path: str, *, cached_statements: int = 128) -> sqlite3.Connection:
+    """A plain sqlite3 connection to the engine's file, used on the event loop's thread: the
+    pool's pragmas, autocommit (isolation_level None: the caller writes BEGIN and COMMIT)
+    and a busy timeout of 0 (it never sleeps in SQLite's busy handler; the caller decides
+    where to wait). `check_same_thread` is off so that a wait can be handed to a thread
+    while the loop does not touch the connection."""
+    connection = sqlite3.connect(
+        path,
+        timeout=0,
+        isolation_level=None,
+        check_same_thread=False,
+        cached_statements=cached_statements,
+    )
+    for pragma in SQLITE_PRAGMAS:
+        connection.execute(pragma)
+    return connection
+
+
+class PoolWrites:
+    """Whether the pool's SQLite connection is in a write transaction, and a wait for its end
+    on the event loop — for the group-commit writer's own connection (server/db/driver.py's
+    InlineSqlite), whose BEGIN IMMEDIATE then waits for the pool's COMMIT or ROLLBACK to
+    return instead of sleeping in SQLite's busy handler (1, 2, 5, 10… ms steps)."""
+
+    def __init__(self) -> None:
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()  # aiosqlite connections
+        self._waiters: list[asyncio.Future[None]] = []
+        self._writing_since: float | None = None  # when `starved` first saw a transaction
+
+    def connected(self, driver_connection: Any) -> None:
+        self._connections.add(driver_connection)
+
+    def writing(self) -> bool:
+        """A pooled connection of this process has a transaction open (Python's sqlite3
+        begins one only before a write). Read on the loop's thread, no hand-off."""
+        for connection in self._connections:
+            try:
+                if connection.in_transaction:
+                    return True
+            except (AttributeError, ValueError):  # closed
+                continue
+        return False
+
+    def starved(self, after: float) -> bool:
+        """A pooled transaction has been open for `after` seconds or more, as seen by the
+        writer's checks (each batch start asks): likely waiting for the write lock."""
+        if not self.writing():
+            self._writing_since = None
+            return False
+        now = time.monotonic()
+        if self._writing_since is None:
+            self._writing_since = now
+        return now - self._writing_since >= after
+
+    async def ended(self, at_most: float) -> None:
+        """Until a pooled transaction ends, or `at_most` seconds (a connection closed or
+        invalidated mid-transaction ends its transaction without telling)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(waiter, at_most)
+        except TimeoutError:
+            pass
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def _ended(self) -> None:
+        self._writing_since = None
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+_pool_writes: weakref.WeakKeyDictionary[sa.Engine, PoolWrites] = weakref.WeakKeyDictionary()
+
+
+def pool_writes(engine: AsyncEngine) -> PoolWrites | None:
+    """The SQLite engine's PoolWrites (None: PostgreSQL, or an engine not made here)."""
+    return _pool_writes.get(engine.sync_engine)
+
+
+def _skip_idle_transaction_ends(engine: AsyncEngine, writes: PoolWrites) -> None:
     """End SQLite transactions on aiosqlite's thread only when SQLite has one open.
 
     Python's sqlite3 begins a transaction before the first write and never for a read, so a
@@ -34,13 +144,21 @@ def _skip_idle_transaction_ends(engine: AsyncEngine) -> None:
     dialect = engine.sync_engine.dialect
     rollback, commit = dialect.do_rollback, dialect.do_commit
 
+    # Both run on the loop's thread (in SQLAlchemy's greenlet), so they can wake the
+    # writer's waiters once the transaction has ended.
     def do_rollback(dbapi_connection: Any) -> None:
         if _sqlite_in_transaction(dbapi_connection):
-            rollback(dbapi_connection)
+            try:
+                rollback(dbapi_connection)
+            finally:
+                writes._ended()
 
     def do_commit(dbapi_connection: Any) -> None:
         if _sqlite_in_transaction(dbapi_connection):
-            commit(dbapi_connection)
+            try:
+                commit(dbapi_connection)
+            finally:
+                writes._ended()
 
     dialect.do_rollback = do_rollback  # type: ignore[method-assign]  # this engine's dialect only
     dialect.do_commit = do_commit  # type: ignore[method-assign]  # as above
@@ -58,7 +176,9 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     if url.startswith("sqlite"):
         # SQLite has one writer at a time. Contending connections wait in SQLite's busy
         # handler, which sleeps in steps of up to 100 ms; one pooled connection instead
-        # queues transactions in the event loop, in order, with no sleeping.
+        # queues transactions in the event loop, in order, with no sleeping. (The
+        # group-commit writer has a connection of its own, server/db/driver.py's
+        # InlineSqlite, which waits for this one's transactions on the loop: PoolWrites.)
         kwargs.setdefault("pool_size", 1)
         kwargs.setdefault("max_overflow", 0)
         kwargs.setdefault("pool_timeout", 120)
@@ -67,7 +187,14 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         kwargs.setdefault("pool_reset_on_return", None)
         engine = create_async_engine(url, **kwargs)
         sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
-        _skip_idle_transaction_ends(engine)
+        writes = PoolWrites()
+        _pool_writes[engine.sync_engine] = writes
+        sa.event.listen(
+            engine.sync_engine,
+            "connect",
+            lambda dbapi_connection, _record: writes.connected(dbapi_connection.driver_connection),
+        )
+        _skip_idle_transaction_ends(engine, writes)
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 10)

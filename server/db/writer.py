@@ -18,11 +18,18 @@ round trip) serves many requests.
   credit hold) stays exact within a batch, and the batch's row locks (PostgreSQL) or write
   lock (SQLite) keep it exact against other processes until the commit.
 
-A unit must only run statements: it holds the batch (and, on SQLite, the process's only
-connection) while it runs. A caller cancelled while its unit waits in the queue withdraws
-it (it never runs); once its batch has begun, the cancellation does not stop it: the unit
-still commits with its batch (like a request whose client went away after its transaction
-began to commit).
+On a SQLite file the writer has a sqlite3 connection of its own and the batch's statements
+run on the event loop's thread (server/db/driver.py's InlineSqlite: SQLite's microseconds
+instead of a hand-off to aiosqlite's thread per statement). A unit then gets a session that
+carries that connection and has no other: every statement must go through the driver
+(`fetch_rows`, `execute_many`); an ORM call (session.exec, get, add + flush) raises
+`StrayStatement` rather than write outside the batch. PostgreSQL, and an in-memory SQLite
+database (which only the pool's connection sees), batch on a pooled session's connection.
+
+A unit must only run statements: it holds the batch (and its connection) while it runs.
+A caller cancelled while its unit waits in the queue withdraws it (it never runs); once its
+batch has begun, the cancellation does not stop it: the unit still commits with its batch
+(like a request whose client went away after its transaction began to commit).
 
 One writer per process, created with the engine and passed to whoever writes through it.
 """
@@ -30,15 +37,25 @@ One writer per process, created with the engine and passed to whoever writes thr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from server.db.driver import begin_batch, next_unit, rollback_unit
-from server.db.engine import SessionFactory
+from server.db.driver import (
+    INLINE_SQLITE,
+    InlineSqlite,
+    begin_batch,
+    commit_batch,
+    next_unit,
+    rollback_batch,
+    rollback_unit,
+)
+from server.db.engine import SessionFactory, pool_writes, sqlite_file
 
 T = TypeVar("T")
 Unit = Callable[[AsyncSession], Awaitable[T]]
@@ -47,6 +64,18 @@ log = logging.getLogger(__name__)
 
 # The most units one transaction takes; the rest wait for the next commit.
 DEFAULT_MAX_BATCH = 256
+
+
+class StrayStatement(RuntimeError):
+    """A writer unit ran a statement outside the driver (an ORM call) on SQLite, where the
+    batch's connection is the writer's own: it would have run outside the batch."""
+
+
+async def _refuse_connection() -> NoReturn:
+    raise StrayStatement(
+        "a group-commit writer unit may run statements only through server.db.driver "
+        "(fetch_rows, execute_many): this one would run outside the batch's transaction"
+    )
 
 
 @dataclass(eq=False)
@@ -72,11 +101,28 @@ class WriterStats:
 class Writer:
     """The process's group-commit writer over `sessions` (see the module docstring)."""
 
-    def __init__(self, sessions: SessionFactory, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+    def __init__(
+        self,
+        sessions: SessionFactory,
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        inline_sqlite: bool = True,
+    ) -> None:
+        """`inline_sqlite`: on a SQLite file, run batches on a connection of the writer's own
+        on the loop's thread (the module docstring); off, through the pool's as PostgreSQL."""
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self._sessions = sessions
         self._max_batch = max_batch
+        self.inline: InlineSqlite | None = None
+        # What a unit's session is bound to in inline mode: the database's dialect, and a
+        # pool that refuses to connect (a stray ORM call fails instead of using the pool).
+        self._no_pool: AsyncEngine | None = None
+        engine = getattr(sessions, "kw", {}).get("bind")
+        path = sqlite_file(engine) if isinstance(engine, AsyncEngine) and inline_sqlite else None
+        if engine is not None and path is not None:
+            self.inline = InlineSqlite(path, engine.dialect, pool=pool_writes(engine))
+            self._no_pool = create_async_engine(engine.url, async_creator=_refuse_connection)
         self._queue: list[_Queued[Any]] = []
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -107,10 +153,13 @@ class Writer:
         """Commit what is queued, then stop."""
         self._closed = True
         task, self._task = self._task, None
-        if task is None:
-            return
-        self._ready.set()
-        await task
+        if task is not None:
+            self._ready.set()
+            await task
+        if self.inline is not None:
+            await self.inline.close()
+        if self._no_pool is not None:
+            await self._no_pool.dispose()
 
     async def _loop(self) -> None:
         while True:
@@ -149,18 +198,20 @@ class Writer:
         stats.units += len(batch)
         stats.largest_batch = max(stats.largest_batch, len(batch))
         stats.sizes = [*stats.sizes[-99:], len(batch)]
-        async with self._sessions() as session:
+        async with self._batch_session() as session:
             if len(batch) == 1:
                 # A lone unit needs no savepoint: its failure rolls the transaction back.
                 queued = batch[0]
+                if self.inline is not None:  # autocommit connection: begin explicitly
+                    await begin_batch(session)
                 try:
                     queued.result = await queued.unit(session)
                 except Exception as error:
-                    await session.rollback()
+                    await rollback_batch(session)
                     stats.failed_units += 1
                     queued.error = error
                     return
-                await session.commit()
+                await commit_batch(session)
                 return
             await begin_batch(session)
             for index, queued in enumerate(batch):
@@ -175,7 +226,24 @@ class Writer:
                     # Answer at once: nothing of it will be written.
                     if not queued.future.done():
                         queued.future.set_exception(error)
-            await session.commit()
+            await commit_batch(session)
+
+    @contextlib.asynccontextmanager
+    async def _batch_session(self) -> AsyncIterator[AsyncSession]:
+        inline = self.inline
+        if inline is None:
+            async with self._sessions() as session:
+                yield session
+            return
+        # Between batches, so that the checkpoint is not racing the batch's writes.
+        await inline.checkpoint_if_due()
+        session = AsyncSession(bind=self._no_pool, expire_on_commit=False)
+        session.info[INLINE_SQLITE] = inline
+        try:
+            yield session
+        finally:
+            # A batch that failed (or was cancelled) before its COMMIT writes nothing.
+            inline.rollback()
 
     @staticmethod
     def _fail(batch: list[_Queued[Any]], error: BaseException) -> None:

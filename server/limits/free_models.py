@@ -162,13 +162,12 @@ async def admit_free_request(
     }
     if MINUTE not in counted:
         if not counted:  # nothing counted: the minute is full, or the balance is not positive
-            row = (
-                await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
-                    _COUNT,
-                    params={"subject_id": account_id, "period": MINUTE, "window_start": minute},
-                )
-            ).first()
-            if row is None or row[0] < REQUESTS_PER_MINUTE:
+            rows = await fetch_rows(
+                session,
+                _COUNT,
+                {"subject_id": account_id, "period": MINUTE, "window_start": minute},
+            )
+            if not rows or rows[0][0] < REQUESTS_PER_MINUTE:
                 raise unfunded()
         raise rate_limited(REQUESTS_PER_MINUTE, minute + timedelta(minutes=1), "minute")
     if DAY not in counted:  # the caller's rollback takes the minute's count back
