@@ -575,3 +575,59 @@ async def test_sqlite_without_inline_batches_on_the_pool(databases: Databases) -
     finally:
         await writer.close()
         await engine.dispose()
+
+
+_BUMP = (
+    sa.update(_WINDOWS)
+    .where(_WINDOWS.c.subject_id == sa.bindparam("who"))
+    .values(count=_WINDOWS.c.count + 1)
+)
+
+
+async def test_postgres_a_deadlock_victim_runs_again_in_the_next_batch(
+    databases: Databases,
+) -> None:
+    """Two processes' batches lock two rows in opposite orders (as one process's batch
+    locks an account for a hold and then a counter row for a settlement while another's
+    does the reverse): PostgreSQL breaks the deadlock by failing one unit; that unit is run
+    again once its batch committed, and every caller succeeds with every write made once."""
+    url = await databases.new("postgres")
+    engines = [create_engine(url), create_engine(url)]
+    first, second = (Writer(session_factory(engine)) for engine in engines)
+    async with session_factory(engines[0])() as session:
+        for who in ("r1", "r2"):
+            await fetch_rows(session, _INSERT, _row(who))
+        await session.commit()
+    locked = {"r1": asyncio.Event(), "r2": asyncio.Event()}
+
+    def bump(who: str, after: str | None = None) -> object:
+        async def unit(session: AsyncSession) -> str:
+            if after is not None:
+                await locked[after].wait()  # the other batch holds `after` by now
+            await fetch_rows(session, _BUMP, {"who": who})
+            locked[who].set()
+            return who
+
+        return unit
+
+    try:
+        runs = [
+            first.run(bump("r1")),  # type: ignore[arg-type]
+            first.run(bump("r2", after="r2")),  # type: ignore[arg-type]
+            second.run(bump("r2")),  # type: ignore[arg-type]
+            second.run(bump("r1", after="r1")),  # type: ignore[arg-type]
+        ]
+        done = await asyncio.wait_for(asyncio.gather(*runs), timeout=30)
+        assert done == ["r1", "r2", "r2", "r1"]
+        assert first.stats.lock_race_retries + second.stats.lock_race_retries == 1
+        assert first.stats.failed_units == second.stats.failed_units == 0
+        async with session_factory(engines[0])() as session:
+            counts = dict(
+                (await session.exec(sa.select(_WINDOWS.c.subject_id, _WINDOWS.c.count))).all()  # type: ignore[call-overload]
+            )
+        assert counts == {"r1": 3, "r2": 3}  # each bump made exactly once
+    finally:
+        for writer in (first, second):
+            await writer.close()
+        for engine in engines:
+            await engine.dispose()

@@ -10,6 +10,9 @@ round trip) serves many requests.
 
 - A unit that raises is rolled back to its savepoint and its caller gets the exception at
   once (nothing of it is written); the other units of the batch go on and commit.
+- A unit PostgreSQL picks as a deadlock's victim (two processes' batches locking an account
+  and its counters in opposite orders) is rolled back to its savepoint and run again in the
+  next batch, after this one committed and let the other side go on (LOCK_RACE_RETRIES).
 - A failed commit (or a database that went away mid-batch) fails every caller whose unit was
   in the batch: nothing of the batch is written, and nobody was told otherwise.
 - `run` returns only after the unit's batch has committed: what it wrote is durable.
@@ -62,6 +65,21 @@ Unit = Callable[[AsyncSession], Awaitable[T]]
 
 log = logging.getLogger(__name__)
 
+# How often a unit that lost a lock race (a deadlock on PostgreSQL) is run again.
+LOCK_RACE_RETRIES = 3
+# PostgreSQL's deadlock_detected and serialization_failure.
+_LOCK_RACES = frozenset({"40P01", "40001"})
+
+
+def _lost_a_lock_race(error: BaseException) -> bool:
+    # asyncpg's own exception (the driver path), or SQLAlchemy's wrapper of it.
+    for candidate in (error, getattr(error, "orig", None), error.__cause__):
+        code = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
+        if code in _LOCK_RACES:
+            return True
+    return False
+
+
 # The most units one transaction takes; the rest wait for the next commit.
 DEFAULT_MAX_BATCH = 256
 
@@ -84,6 +102,8 @@ class _Queued(Generic[T]):
     future: asyncio.Future[T]
     result: Any = None
     error: BaseException | None = None
+    attempts: int = 0  # runs that lost a lock race and were rolled back (retried later)
+    retry: bool = False  # lost one in the current batch: runs again in the next
 
 
 @dataclass
@@ -95,6 +115,7 @@ class WriterStats:
     failed_units: int = 0
     failed_batches: int = 0
     largest_batch: int = 0
+    lock_race_retries: int = 0  # units run again after losing a deadlock (PostgreSQL)
     sizes: list[int] = field(default_factory=list)  # the last batches' sizes (bounded)
 
 
@@ -183,9 +204,14 @@ class Writer:
                 log.warning("group commit of %d units failed: %r", len(batch), error)
                 self._fail(batch, error)
             else:
+                retries = [queued for queued in batch if queued.retry]
+                for queued in retries:
+                    queued.retry = False
+                # The batch that held the other side of the race has committed by now.
+                self._queue[:0] = retries
                 for queued in batch:
                     future = queued.future
-                    if future.done():
+                    if future.done() or queued in retries:
                         continue
                     if queued.error is not None:
                         future.set_exception(queued.error)
@@ -208,6 +234,8 @@ class Writer:
                     queued.result = await queued.unit(session)
                 except Exception as error:
                     await rollback_batch(session)
+                    if self._retry_later(queued, error):
+                        return
                     stats.failed_units += 1
                     queued.error = error
                     return
@@ -221,6 +249,8 @@ class Writer:
                 except Exception as error:
                     # Only this unit's writes go; a failed ROLLBACK TO fails the batch.
                     await rollback_unit(session, index)
+                    if self._retry_later(queued, error):
+                        continue
                     stats.failed_units += 1
                     queued.error = error
                     # Answer at once: nothing of it will be written.
@@ -244,6 +274,19 @@ class Writer:
         finally:
             # A batch that failed (or was cancelled) before its COMMIT writes nothing.
             inline.rollback()
+
+    def _retry_later(self, queued: _Queued[Any], error: BaseException) -> bool:
+        """Whether the unit, rolled back, runs again in the next batch: PostgreSQL chose it
+        to break a deadlock (another process's batch locked an account and wants a counter
+        row this batch updated, or the other way round), or failed it to keep a snapshot
+        serializable. Nothing of it was written, and once this batch commits the other side
+        can go on, so a later try succeeds; its caller never sees the race."""
+        if queued.attempts >= LOCK_RACE_RETRIES or not _lost_a_lock_race(error):
+            return False
+        queued.attempts += 1
+        queued.retry = True
+        self.stats.lock_race_retries += 1
+        return True
 
     @staticmethod
     def _fail(batch: list[_Queued[Any]], error: BaseException) -> None:
