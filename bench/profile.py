@@ -123,7 +123,8 @@ PHASE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
 )
-SQL_MARKERS = ("sqlalchemy/", "aiosqlite/", "asyncpg/", "sqlite3/")
+# server/db/driver.py: the writer runs SQLite statements inline on the loop (InlineSqlite).
+SQL_MARKERS = ("sqlalchemy/", "aiosqlite/", "asyncpg/", "sqlite3/", "server/db/driver.py")
 # A leaf frame that is a wait, not work: py-spy (on a loaded machine especially) samples
 # some of them as active. Left out of the shares.
 IDLE_LEAVES = (
