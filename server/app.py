@@ -46,7 +46,9 @@ from server.db.stamp import PrincipalStampView
 from server.db.stamp import watch as watch_principal_changes
 from server.db.writer import Writer
 from server.guardrails.cache import GuardrailsCache
+from server.guardrails.policy import guardrails_of
 from server.limits.admission import EnforcedLimits, Limits
+from server.limits.key_status import warm_key_status
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
 from server.observability.monitor import DatabaseMonitor, recovery_retry_seconds
@@ -264,6 +266,17 @@ def build_core(
     )
 
 
+async def warm_hot_paths(core: Core) -> None:
+    """Compile the statements every caller's first requests run (the principal and
+    guardrails lookups, GET /key's status read) before serving, so that no request pays
+    for it: each is run once for no key, and nothing is cached from it."""
+    async with core.sessions() as session:
+        await core.auth.warm(session)
+        await guardrails_of(session, "", "")
+    if core.hot_reads is not None:
+        await warm_key_status(core.hot_reads, core.clock.now())
+
+
 def metadata_limit_bytes(edge: EdgePolicy) -> int:
     """The request metadata a server accepts: all Envoy may forward of a request within the
     edge's header limit — the client's headers, the host again (x-gateway-authority) and the
@@ -382,6 +395,7 @@ async def serve(
     # measured in this process, so the decoders are only for compressed audio, and a server
     # that never sees any keeps neither their memory nor their start-up CPU.
     server, health_servicer = build_server(core)
+    await warm_hot_paths(core)
     try:
         bound = server.add_insecure_port(settings.grpc_target)
     except RuntimeError as error:  # grpcio raises "Failed to bind to address ..."
