@@ -339,28 +339,51 @@ _NO_SPAN = contextlib.nullcontext()
 class ObservedServer:
     """Stands for the grpc.aio server in the generated add_<Service>Servicer_to_server
     functions: registers each of the service's method handlers, wrapped by the observer,
-    on the server. (Health and reflection are registered on the server itself: no access
-    log, no metrics.)"""
+    on the server — both ways the generated code registers them, each method wrapped once.
+    (Health and reflection are registered on the server itself: no access log, no
+    metrics.)"""
 
     def __init__(self, server: grpc.aio.Server, observer: RequestObserver) -> None:
         self._server = server
         self._observer = observer
+        self._wrapped: dict[str, MethodHandler] = {}  # by method (/package.Service/Method)
+
+    def observed(self, method: str, handler: MethodHandler) -> MethodHandler:
+        known = self._wrapped.get(method)
+        if known is None:
+            known = self._wrapped[method] = self._observer.wrap(method, handler)
+        return known
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        """Ignored: the generated code passes the same handlers to
-        add_registered_method_handlers, where they are wrapped and registered both ways."""
+        self._server.add_generic_rpc_handlers(
+            tuple(_ObservedGenericHandler(handler, self) for handler in handlers)
+        )
 
     def add_registered_method_handlers(
         self, service: str, handlers: dict[str, MethodHandler]
     ) -> None:
-        observed = {
-            name: self._observer.wrap(f"/{service}/{name}", handler)
-            for name, handler in handlers.items()
-        }
-        self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(service, observed),)
+        self._server.add_registered_method_handlers(
+            service,
+            {
+                name: self.observed(f"/{service}/{name}", handler)
+                for name, handler in handlers.items()
+            },
         )
-        self._server.add_registered_method_handlers(service, observed)
+
+
+class _ObservedGenericHandler(grpc.GenericRpcHandler):
+    """A generic handler whose method handlers are the observed ones (grpc looks here for a
+    method it has no registered handler for)."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler, server: ObservedServer) -> None:
+        self._inner = inner
+        self._server = server
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> MethodHandler | None:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        return self._server.observed(handler_call_details.method, handler)
 
 
 async def answer_with_status(context: grpc.aio.ServicerContext, http_status: int) -> None:
