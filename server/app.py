@@ -8,6 +8,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import grpc
 import httpx
@@ -45,7 +46,9 @@ from server.db.stamp import PrincipalStampView
 from server.db.stamp import watch as watch_principal_changes
 from server.db.writer import Writer
 from server.guardrails.cache import GuardrailsCache
+from server.guardrails.policy import guardrails_of
 from server.limits.admission import EnforcedLimits, Limits
+from server.limits.key_status import warm_key_status
 from server.limits.leases import BudgetLeases
 from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
@@ -84,7 +87,7 @@ from server.services.keys import KeysService
 from server.services.management import ManagementService
 from server.services.models import ModelsService
 from server.services.operator import OperatorService
-from server.services.rpc import RequestInterceptor
+from server.services.rpc import ObservedServer, RequestObserver
 from server.services.vault import VaultService
 from server.services.videos import VideosService
 from server.transcription.transcriber import Transcriber
@@ -271,6 +274,17 @@ def build_core(
     )
 
 
+async def warm_hot_paths(core: Core) -> None:
+    """Compile the statements every caller's first requests run (the principal and
+    guardrails lookups, GET /key's status read) before serving, so that no request pays
+    for it: each is run once for no key, and nothing is cached from it."""
+    async with core.sessions() as session:
+        await core.auth.warm(session)
+        await guardrails_of(session, "", "")
+    if core.hot_reads is not None:
+        await warm_key_status(core.hot_reads, core.clock.now())
+
+
 def metadata_limit_bytes(edge: EdgePolicy) -> int:
     """The request metadata a server accepts: all Envoy may forward of a request within the
     edge's header limit — the client's headers, the host again (x-gateway-authority) and the
@@ -282,15 +296,6 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
     metadata_limit = metadata_limit_bytes(core.settings.edge)
     server = grpc.aio.server(
-        interceptors=[
-            RequestInterceptor(
-                core.metrics,
-                core.tracer,
-                database_retry_seconds=recovery_retry_seconds(
-                    core.settings.health_interval_seconds
-                ),
-            )
-        ],
         options=[
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
@@ -302,15 +307,23 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             ("grpc.so_reuseport", 0),
         ],
     )
+    # Every gateway service is registered through the observer (server/services/rpc.py):
+    # request ids, metrics, access log, spans and errors, wrapped once per method here.
+    observer = RequestObserver(
+        core.metrics,
+        core.tracer,
+        database_retry_seconds=recovery_retry_seconds(core.settings.health_interval_seconds),
+    )
+    observed: Any = ObservedServer(server, observer)  # the generated functions' `server`
     keys_pb2_grpc.add_KeysServicer_to_server(
         KeysService(core.auth, core.sessions, core.clock, core.hot_reads, core.guardrails),
-        server,
+        observed,
     )
     management_pb2_grpc.add_ManagementServicer_to_server(
-        ManagementService(core.auth, core.sessions, core.clock), server
+        ManagementService(core.auth, core.sessions, core.clock), observed
     )
     management_pb2_grpc.add_OperatorServicer_to_server(
-        OperatorService(core.auth, core.sessions, core.clock), server
+        OperatorService(core.auth, core.sessions, core.clock), observed
     )
     videos_pb2_grpc.add_VideosServicer_to_server(
         VideosService(
@@ -327,33 +340,33 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             provider_cancel=core.video_worker.cancel_at_provider,
             guardrails=core.guardrails,
         ),
-        server,
+        observed,
     )
     audio_pb2_grpc.add_AudioServicer_to_server(
-        AudioService(core.auth, core.sessions, core.transcriber), server
+        AudioService(core.auth, core.sessions, core.transcriber), observed
     )
     byok_pb2_grpc.add_ByokServicer_to_server(
         ByokService(core.auth, core.sessions, core.clock, core.catalog, core.vault_master),
-        server,
+        observed,
     )
     guardrails_pb2_grpc.add_GuardrailsServicer_to_server(
-        GuardrailsService(core.auth, core.sessions, core.clock, core.catalog), server
+        GuardrailsService(core.auth, core.sessions, core.clock, core.catalog), observed
     )
     generations_pb2_grpc.add_GenerationsServicer_to_server(
-        GenerationsService(core.auth, core.sessions), server
+        GenerationsService(core.auth, core.sessions), observed
     )
     console_pb2_grpc.add_ActivityServicer_to_server(
-        ActivityService(core.auth, core.sessions, core.clock), server
+        ActivityService(core.auth, core.sessions, core.clock), observed
     )
-    console_pb2_grpc.add_ConsoleServicer_to_server(ConsoleService(ConsoleAssets()), server)
+    console_pb2_grpc.add_ConsoleServicer_to_server(ConsoleService(ConsoleAssets()), observed)
     models_pb2_grpc.add_ModelsServicer_to_server(
-        ModelsService(core.auth, core.sessions, core.catalog, core.guardrails), server
+        ModelsService(core.auth, core.sessions, core.catalog, core.guardrails), observed
     )
     vault_pb2_grpc.add_VaultServicer_to_server(
         VaultService(
             core.auth, core.sessions, core.clock, core.vault_master, core.settings.regional_hosts
         ),
-        server,
+        observed,
     )
 
     health_servicer = health.aio.HealthServicer()
@@ -390,6 +403,7 @@ async def serve(
     # measured in this process, so the decoders are only for compressed audio, and a server
     # that never sees any keeps neither their memory nor their start-up CPU.
     server, health_servicer = build_server(core)
+    await warm_hot_paths(core)
     try:
         bound = server.add_insecure_port(settings.grpc_target)
     except RuntimeError as error:  # grpcio raises "Failed to bind to address ..."

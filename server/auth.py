@@ -158,6 +158,12 @@ class Authenticator:
             self._cache[presented] = cached
         return cached
 
+    async def warm(self, session: AsyncSession) -> None:
+        """Run the principal query once, for no key, before the server takes requests:
+        the ORM compiles it then (its three joined models take tens of milliseconds), not
+        inside the first request of a caller not yet cached."""
+        await session.exec(_PRINCIPAL_BY_HASH, params={"hash": ""})  # type: ignore[call-overload]  # as in _load
+
     async def authenticate_management(
         self, session: AsyncSession, metadata: Sequence[tuple[str, str | bytes]]
     ) -> Principal:

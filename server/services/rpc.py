@@ -1,4 +1,4 @@
-"""What every service shares: the request interceptor (request ids, spans, metrics, access
+"""What every service shares: the request observer (request ids, spans, metrics, access
 log, and GatewayErrors turned into gRPC failures the facade renders), non-200 success
 statuses, and JSON-null-capable values."""
 
@@ -12,12 +12,12 @@ import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf import duration_pb2, struct_pb2
@@ -25,7 +25,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
-from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from server.billing.money import AmountError, exact_micros, micros_to_json_number
@@ -39,7 +39,7 @@ from server.errors import (
     bad_request,
     service_unavailable,
 )
-from server.observability.logs import REQUEST_ID
+from server.observability.logs import REQUEST_ID, log_access
 from server.observability.metrics import Metrics
 from server.validation import MAX_JSON_DEPTH, check_struct, check_struct_value, check_text
 
@@ -99,11 +99,18 @@ def failure_error(exc: Exception, database_retry_seconds: int) -> GatewayError:
     return INTERNAL_ERROR
 
 
-@dataclass
+@dataclass(slots=True)
 class _Call:
-    """What the interceptor learns about the rpc it wraps."""
+    """What the observer knows about the rpc it wraps: its context and metadata (read from
+    gRPC once per call, see metadata_of) and the HTTP status it answers."""
 
+    context: grpc.aio.ServicerContext
+    metadata: tuple[tuple[str, str | bytes], ...]
+    request_id: str
+    started: float  # time.perf_counter()
     status: int = 200
+    # To restore the context variables as they were when the call ends.
+    tokens: tuple[Token[_Call | None], Token[str | None]] | None = None
 
 
 _CALL: ContextVar[_Call | None] = ContextVar("rpc_call", default=None)
@@ -216,10 +223,17 @@ def _check_message(message: Message, prefix: str, depth: int) -> None:
             _check_value(field, value, param, depth)
 
 
-class RequestInterceptor(grpc.aio.ServerInterceptor):
-    """The one place every rpc passes: its request id (logs), server span (traces), route and
-    status (metrics, access log), and failures — a GatewayError as it says, anything else
-    as a bare 500 (the exception is logged, never shown)."""
+MethodHandler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs only
+
+
+class RequestObserver:
+    """The one place every gateway rpc passes: its request id (logs), server span (traces,
+    when exported), route and status (metrics, access log), and failures — a GatewayError as
+    it says, anything else as a bare 500 (the exception is logged, never shown).
+
+    Each method's handler is wrapped once, when it is registered (ObservedServer), not per
+    call by a grpc.aio interceptor: grpc then finds the handler as it does for a server
+    without interceptors, and a call costs one coroutine of ours around the servicer's."""
 
     def __init__(
         self,
@@ -230,22 +244,13 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
     ) -> None:
         self._metrics = metrics
         self._tracer = tracer
+        # Not exported (no OTLP endpoint): no span to start, no traceparent to parse.
+        self._tracing = not isinstance(tracer, NoOpTracer)
         self._database_retry_seconds = database_retry_seconds
         self._routes = http_routes()
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
-        if not method.startswith("/gateway."):
-            return handler  # health, reflection: no access log, no metrics
+    def wrap(self, method: str, handler: MethodHandler) -> MethodHandler:
+        """`handler` of the rpc `method` (/package.Service/Method), observed."""
         route = self._routes.get(method, method)
         deserializer = _tolerant(handler.request_deserializer)
         if handler.unary_unary is not None:
@@ -262,58 +267,123 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
             )
         return handler
 
-    @contextlib.contextmanager
-    def _observed(self, context: grpc.aio.ServicerContext, route: str) -> Iterator[_Call]:
-        metadata = metadata_of(context)
-        call = _Call()
-        call_token = _CALL.set(call)
-        id_token = REQUEST_ID.set(_request_id(metadata))
+    @staticmethod
+    def _begin(context: grpc.aio.ServicerContext) -> _Call:
         started = time.perf_counter()
-        parent = _PROPAGATOR.extract({k: v for k, v in metadata if isinstance(v, str)})
+        metadata = tuple(context.invocation_metadata() or ())
+        call = _Call(context, metadata, _request_id(metadata), started)
+        call.tokens = (_CALL.set(call), REQUEST_ID.set(call.request_id))
+        return call
+
+    def _end(self, route: str, call: _Call) -> None:
+        elapsed = time.perf_counter() - call.started
+        self._metrics.request_done(route, call.status, elapsed)
+        log_access(log, route, call.status, elapsed * 1000, call.request_id)
+        if call.tokens is not None:
+            REQUEST_ID.reset(call.tokens[1])
+            _CALL.reset(call.tokens[0])
+
+    def _span(self, route: str, call: _Call) -> contextlib.AbstractContextManager[object]:
+        """The rpc's server span, current while it runs (generation spans link to it)."""
+        if not self._tracing:
+            return _NO_SPAN
+        return self._server_span(route, call)
+
+    @contextlib.contextmanager
+    def _server_span(self, route: str, call: _Call) -> Iterator[object]:
+        parent = _PROPAGATOR.extract({k: v for k, v in call.metadata if isinstance(v, str)})
         with self._tracer.start_as_current_span(
             route, context=parent, kind=SpanKind.SERVER, record_exception=False
         ) as span:
             try:
-                yield call
+                yield span
             finally:
-                elapsed = time.perf_counter() - started
                 span.set_attribute("http.response.status_code", call.status)
-                span.set_attribute("gateway.request_id", REQUEST_ID.get() or "")
+                span.set_attribute("gateway.request_id", call.request_id)
                 if call.status >= 500:
                     span.set_status(Status(StatusCode.ERROR))
-                self._metrics.request_done(route, call.status, elapsed)
-                log.info(
-                    "%s %s %.1f ms",
-                    route,
-                    call.status,
-                    elapsed * 1000,
-                    extra={"route": route, "status": call.status, "duration_ms": elapsed * 1000},
-                )
-                REQUEST_ID.reset(id_token)
-                _CALL.reset(call_token)
 
     def _unary(self, inner: Any, route: str) -> Any:
-        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            with self._observed(context, route) as call:
+        async def observed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            call = self._begin(context)
+            with self._span(route, call):
                 try:
                     check_request(request)
                     return await inner(request, context)
                 except BaseException as exc:
                     await _answer_failure(context, call, exc, self._database_retry_seconds)
+                finally:
+                    self._end(route, call)
 
-        return guarded
+        return observed
 
     def _stream(self, inner: Any, route: str) -> Any:
-        async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            with self._observed(context, route) as call:
+        async def observed(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            call = self._begin(context)
+            with self._span(route, call):
                 try:
                     check_request(request)
                     async for item in inner(request, context):
                         yield item
                 except BaseException as exc:
                     await _answer_failure(context, call, exc, self._database_retry_seconds)
+                finally:
+                    self._end(route, call)
 
-        return guarded
+        return observed
+
+
+_NO_SPAN = contextlib.nullcontext()
+
+
+class ObservedServer:
+    """Stands for the grpc.aio server in the generated add_<Service>Servicer_to_server
+    functions: registers each of the service's method handlers, wrapped by the observer,
+    on the server — both ways the generated code registers them, each method wrapped once.
+    (Health and reflection are registered on the server itself: no access log, no
+    metrics.)"""
+
+    def __init__(self, server: grpc.aio.Server, observer: RequestObserver) -> None:
+        self._server = server
+        self._observer = observer
+        self._wrapped: dict[str, MethodHandler] = {}  # by method (/package.Service/Method)
+
+    def observed(self, method: str, handler: MethodHandler) -> MethodHandler:
+        known = self._wrapped.get(method)
+        if known is None:
+            known = self._wrapped[method] = self._observer.wrap(method, handler)
+        return known
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(
+            tuple(_ObservedGenericHandler(handler, self) for handler in handlers)
+        )
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, MethodHandler]
+    ) -> None:
+        self._server.add_registered_method_handlers(
+            service,
+            {
+                name: self.observed(f"/{service}/{name}", handler)
+                for name, handler in handlers.items()
+            },
+        )
+
+
+class _ObservedGenericHandler(grpc.GenericRpcHandler):
+    """A generic handler whose method handlers are the observed ones (grpc looks here for a
+    method it has no registered handler for)."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler, server: ObservedServer) -> None:
+        self._inner = inner
+        self._server = server
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> MethodHandler | None:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        return self._server.observed(handler_call_details.method, handler)
 
 
 async def answer_with_status(context: grpc.aio.ServicerContext, http_status: int) -> None:
@@ -419,6 +489,11 @@ def nullable_timestamp(value: datetime | None) -> struct_pb2.Value:
 
 
 def metadata_of(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str | bytes], ...]:
+    """The call's metadata. Read from gRPC once per observed call (each read converts every
+    header Envoy forwards into new Python strings) and kept for the call's handler."""
+    call = _CALL.get()
+    if call is not None and call.context is context:
+        return call.metadata
     return tuple(context.invocation_metadata() or ())
 
 
