@@ -339,6 +339,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             adapters=core.video_worker.adapters,
             provider_cancel=core.video_worker.cancel_at_provider,
             guardrails=core.guardrails,
+            metrics=core.metrics,
         ),
         observed,
     )
