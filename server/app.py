@@ -254,6 +254,7 @@ def build_core(
             tracer=tracer,
             byok=byok,
             cooldowns=cooldowns,
+            writer=writer,
         ),
         webhooks=webhooks,
         maintenance=Maintenance(
