@@ -97,7 +97,24 @@ class Claimer:
         extra_values: dict[str, Any] | None = None,
     ) -> Any:
         """The oldest due, unleased, ready row leased to `owner` (an instance of the model),
-        or None when there is none or another process won it."""
+        or None when there is none or another process won it. Commits."""
+        claimed = await self.lease(
+            session, owner=owner, now=now, lease=lease, extra_values=extra_values
+        )
+        await session.commit()
+        return claimed
+
+    async def lease(
+        self,
+        session: AsyncSession,
+        *,
+        owner: str,
+        now: datetime,
+        lease: timedelta,
+        extra_values: dict[str, Any] | None = None,
+    ) -> Any:
+        """`claim` in the caller's transaction, which the caller commits (a unit of the
+        group-commit writer): the lease holds once that commit is done."""
         values = extra_values or {}
         claimed = await fetch_rows(
             session,
@@ -109,8 +126,7 @@ class Claimer:
                 **{f"new_{name}": values[name] for name in self._extra},
             },
         )
-        dialect = (await session.connection()).dialect
-        await session.commit()
         if len(claimed) != 1:
             return None
+        dialect = (await session.connection()).dialect
         return self._instance(claimed[0], dialect)
