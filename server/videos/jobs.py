@@ -148,7 +148,7 @@ async def store_job(
 
     `admitted`: given only when `limits` are the enforced ones (server/limits/admission.py),
     to count an admission. Then a job whose admission is a plain credit hold (no guardrail
-    budget, no BYOK, not a free model) has, on PostgreSQL, its hold and its row written by
+    budget, no BYOK hold, not a free model) has, on PostgreSQL, its hold and its row written by
     one statement; a refusal there writes nothing and goes to `limits.admit`, which
     refuses it again (the account lock is held) and says why."""
     estimate = estimate_micros(video)
@@ -165,7 +165,7 @@ async def store_job(
     )
     if (
         admitted is not None
-        and billing is None
+        and (billing is None or not billing.byok_hold)
         and not budgets
         and not is_free_model(video.model.id)
         and session.get_bind().dialect.name == "postgresql"
