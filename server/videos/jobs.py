@@ -42,7 +42,22 @@ _INSERT_JOB = insert_statement(VideoJob.__table__)
 _JOB_COLUMNS = tuple(c.name for c in VideoJob.__table__.columns)
 # PostgreSQL: a plain credit hold and the job that holds it, in one statement.
 _RESERVE_AND_INSERT_JOB = reserve_and_insert(VideoJob.__table__, "hold_id")
-_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)
+_DELIVERIES = WebhookDelivery.__table__
+_DELIVERY_COLUMNS = (
+    "id",
+    "workspace_id",
+    "job_id",
+    "url",
+    "payload",
+    "status",
+    "attempts",
+    "next_attempt_at",
+    "created_at",
+)
+# A constant for the driver (the other columns keep their defaults: NULL).
+_INSERT_DELIVERY = sa.insert(_DELIVERIES).values(
+    {name: sa.bindparam(name, type_=_DELIVERIES.c[name].type) for name in _DELIVERY_COLUMNS}
+)
 
 
 def polling_url(job_id: str) -> str:
@@ -310,10 +325,12 @@ def webhook_payload(job: VideoJob, now: datetime) -> dict[str, Any]:
 
 
 async def queue_webhook(session: AsyncSession, job: VideoJob, now: datetime) -> None:
-    """Queue the job's terminal-state webhook in the caller's transaction (the outbox)."""
-    await session.exec(
+    """Queue the job's terminal-state webhook in the caller's transaction (the outbox).
+    Through the driver: the worker's finish runs it as a unit of the group-commit writer."""
+    await fetch_rows(
+        session,
         _INSERT_DELIVERY,
-        params={
+        {
             "id": f"msg_{secrets.token_hex(12)}",
             "workspace_id": job.workspace_id,
             "job_id": job.id,

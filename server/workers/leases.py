@@ -128,5 +128,6 @@ class Claimer:
         )
         if len(claimed) != 1:
             return None
-        dialect = (await session.connection()).dialect
-        return self._instance(claimed[0], dialect)
+        # The bind's dialect: no connection asked of the session (a writer unit's session
+        # on SQLite has only the driver's, server/db/writer.py).
+        return self._instance(claimed[0], session.get_bind().dialect)
