@@ -90,6 +90,11 @@ _FINISH_JOB = (
 )
 
 
+class _LeaseLost(Exception):
+    """The job's terminal update found it no longer leased to this worker, or no longer in
+    progress: its finish writes nothing."""
+
+
 def poll_delay(attempts: int) -> timedelta:
     """Provider polling backoff: 1 s doubling to 30 s."""
     return timedelta(seconds=min(30, 2 ** min(attempts, 5)))
@@ -441,9 +446,10 @@ class VideoWorker:
         # platform fee to the credits (and is the job's cost).
         served_by_key = job.is_byok and self._byok is not None and not error
 
-        async def terminal(session: AsyncSession) -> Generation | None:
-            """The terminal transaction's statements; None (nothing written) when the lease
-            was lost or the job is no longer in progress."""
+        async def terminal(session: AsyncSession) -> Generation:
+            """The terminal transaction's statements; _LeaseLost when the lease was lost or
+            the job is no longer in progress (what it wrote, a BYOK request's count, is
+            then rolled back: the writer's savepoint, or the session's transaction)."""
             charged = cost
             if served_by_key:
                 assert self._byok is not None
@@ -461,7 +467,7 @@ class VideoWorker:
             )
             if len(done) != 1:
                 # The lease was lost (another worker owns the job) or the job was cancelled.
-                return None
+                raise _LeaseLost
             if served_by_key:
                 await settle_hold(
                     session, byok_hold, cost_micros=cost, now=now, reference=generation_id
@@ -501,18 +507,20 @@ class VideoWorker:
                 await self._queue_webhook(session, job, now)
             return record
 
-        if self._writer is not None:
-            # A unit of the group-commit writer: the job's terminal transaction shares a
-            # commit with the submissions and other jobs' finishes of its batch.
-            record = await self._writer.run(terminal)
-        else:
-            async with self._sessions() as session:
-                record = await terminal(session)
-                if record is None:
-                    await session.rollback()
-                else:
+        try:
+            if self._writer is not None:
+                # A unit of the group-commit writer: the job's terminal transaction shares a
+                # commit with the submissions and other jobs' finishes of its batch.
+                record = await self._writer.run(terminal)
+            else:
+                async with self._sessions() as session:
+                    try:
+                        record = await terminal(session)
+                    except _LeaseLost:
+                        await session.rollback()
+                        raise
                     await session.commit()
-        if record is None:
+        except _LeaseLost:
             return False
         if job.callback_url and self._on_webhook_queued is not None:
             self._on_webhook_queued()
