@@ -254,6 +254,7 @@ def build_core(
             tracer=tracer,
             byok=byok,
             cooldowns=cooldowns,
+            writer=writer,
         ),
         webhooks=webhooks,
         maintenance=Maintenance(
@@ -339,6 +340,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             adapters=core.video_worker.adapters,
             provider_cancel=core.video_worker.cancel_at_provider,
             guardrails=core.guardrails,
+            metrics=core.metrics,
         ),
         observed,
     )

@@ -442,3 +442,67 @@ async def finish_uncancelled(work: Awaitable[T], bound: float = FINISH_TIMEOUT_S
             raise asyncio.CancelledError from task.exception()
         raise asyncio.CancelledError
     return task.result()
+
+
+# --- a hold and the row that depends on it, in one statement (PostgreSQL) -------------------
+
+# The bind-parameter prefix of the dependent row's columns in `reserve_and_insert`: the
+# reserve's own parameters (id, account_id, created_at, ...) would otherwise clash.
+DEPENDENT_PREFIX = "row_"
+
+
+def reserve_and_insert(table: sa.Table, hold_column: str) -> sa.Insert:
+    """PostgreSQL: the non-BYOK reserve (`_RESERVE`'s rules) as a data-modifying CTE, and an
+    INSERT into `table` of one row whose `hold_column` is the new hold's id, taken FROM the
+    CTE: when the budget refuses, the CTE returns no row, so neither row is written. Each of
+    `table`'s other columns is bound as DEPENDENT_PREFIX + its name. RETURNING the hold's
+    id. A constant: build it once per table."""
+    reserved = _reserve_statement().cte("reserved_hold")
+    names = [c.name for c in table.c]
+    values = sa.select(
+        *(
+            reserved.c.id
+            if c.name == hold_column
+            else sa.bindparam(f"{DEPENDENT_PREFIX}{c.name}", type_=c.type)
+            for c in table.c
+        )
+    ).select_from(reserved)
+    return sa.insert(table).from_select(names, values).returning(table.c[hold_column])
+
+
+async def place_hold_with_row(
+    session: AsyncSession,
+    statement: sa.Insert,
+    row: dict[str, object],
+    *,
+    account_id: str,
+    key_hash: str,
+    amount_micros: int,
+    now: datetime,
+    ttl: timedelta = DEFAULT_HOLD_TTL,
+) -> Hold | None:
+    """PostgreSQL: `place_hold` (not BYOK) and the insert of `row` (its columns but the hold
+    id, see `reserve_and_insert`) in one round trip, after the account lock. The hold, or
+    None when the budget refused it: then nothing was written, and the caller asks
+    `place_hold` (or the limits) why."""
+    if amount_micros < 0:
+        raise ValueError("a hold cannot be negative")
+    await lock_account(session, account_id)
+    starts = period_starts(now)
+    hold = Hold(f"hold_{secrets.token_hex(12)}", account_id, key_hash, amount_micros, False)
+    params: dict[str, object] = {f"{period}_start": starts.of(period) for period in PERIODS}
+    params.update(
+        {
+            "id": hold.id,
+            "account_id": account_id,
+            "key_hash": key_hash,
+            "amount_micros": amount_micros,
+            "created_at": now,
+            "expires_at": now + ttl,
+            "now": now,
+        }
+    )
+    for name, value in row.items():
+        params[DEPENDENT_PREFIX + name] = value
+    reserved = await fetch_rows(session, statement, params)
+    return hold if reserved else None

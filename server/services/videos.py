@@ -21,7 +21,8 @@ from server.db.models import VideoJob
 from server.db.writer import Writer
 from server.guardrails.cache import GuardrailsCache
 from server.guardrails.policy import Guardrails
-from server.limits.admission import Limits
+from server.limits.admission import EnforcedLimits, Limits
+from server.observability.metrics import Metrics
 from server.providers.video import VideoAdapter, can_continue
 from server.routing.catalog import Catalog, Model
 from server.routing.fallback import no_provider
@@ -104,7 +105,15 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         adapters: Mapping[str, VideoAdapter] | None = None,
         provider_cancel: Callable[[VideoJob], Awaitable[None]] | None = None,
         guardrails: GuardrailsCache | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
+        # Counts admissions when the limits are the enforced ones, whose plain credit hold
+        # jobs.store_job may place with the job row in one statement.
+        self._admitted = (
+            metrics.admissions.labels("admitted").inc
+            if metrics is not None and isinstance(limits, EnforcedLimits)
+            else None
+        )
         # The caller's guardrails and its workspace's sealed BYOK keys, cached under the
         # principal stamp like the caller itself (server/db/stamp.py).
         self._guardrails = guardrails if guardrails is not None else GuardrailsCache(auth.stamp)
@@ -188,7 +197,7 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         # No session is held (usually none was opened: the caches answered; on SQLite a
         # session's connection is the process's only one): the hold and the job row go to
         # the group-commit writer, and the 202 leaves once their batch has committed.
-        job = await self._writer.run(
+        row = await self._writer.run(
             functools.partial(
                 jobs.store_job,
                 principal=principal,
@@ -201,12 +210,17 @@ class VideosService(videos_pb2_grpc.VideosServicer):
                 continuation=continuation,
                 billing=billing,
                 budgets=guardrails.budgets,
+                admitted=self._admitted,
             )
         )
         if self._wake is not None:
             self._wake.set()
         await answer_with_status(context, 202)
-        return _job_message(job)
+        # A new job is pending: its document is its id, polling URL and status.
+        job_id = row["id"]
+        return videos_pb2.VideoJob(
+            id=job_id, polling_url=jobs.polling_url(job_id), status=row["status"]
+        )
 
     async def GetVideo(
         self, request: videos_pb2.GetVideoRequest, context: grpc.aio.ServicerContext

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
-from server.billing.holds import place_hold
+from server.billing.holds import place_hold, place_hold_with_row, reserve_and_insert
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.byok.routing import BillingPlan
 from server.clock import rfc3339
@@ -20,6 +20,7 @@ from server.db.driver import fetch_rows, insert_statement
 from server.db.models import VideoJob, WebhookDelivery
 from server.errors import GatewayError, bad_request, not_found
 from server.limits.admission import Limits
+from server.limits.free_models import is_free_model
 from server.limits.guardrail_budgets import GuardrailBudget
 from server.providers.endpoint import Endpoint
 from server.providers.video import VideoCall
@@ -39,7 +40,24 @@ JOB_DEADLINE = timedelta(hours=2)
 
 _INSERT_JOB = insert_statement(VideoJob.__table__)
 _JOB_COLUMNS = tuple(c.name for c in VideoJob.__table__.columns)
-_INSERT_DELIVERY = sa.insert(WebhookDelivery.__table__)
+# PostgreSQL: a plain credit hold and the job that holds it, in one statement.
+_RESERVE_AND_INSERT_JOB = reserve_and_insert(VideoJob.__table__, "hold_id")
+_DELIVERIES = WebhookDelivery.__table__
+_DELIVERY_COLUMNS = (
+    "id",
+    "workspace_id",
+    "job_id",
+    "url",
+    "payload",
+    "status",
+    "attempts",
+    "next_attempt_at",
+    "created_at",
+)
+# A constant for the driver (the other columns keep their defaults: NULL).
+_INSERT_DELIVERY = sa.insert(_DELIVERIES).values(
+    {name: sa.bindparam(name, type_=_DELIVERIES.c[name].type) for name in _DELIVERY_COLUMNS}
+)
 
 
 def polling_url(job_id: str) -> str:
@@ -107,7 +125,7 @@ async def submit_job(
     """`store_job` in the session's transaction, then commit: the job is durable when this
     returns. (The API submits through the group-commit writer instead: `store_job` as a unit
     of its batch.)"""
-    job = await store_job(
+    row = await store_job(
         session,
         principal,
         video,
@@ -120,7 +138,7 @@ async def submit_job(
         budgets=budgets,
     )
     await session.commit()
-    return job
+    return VideoJob(**row)
 
 
 async def store_job(
@@ -134,14 +152,56 @@ async def store_job(
     continuation: dict[str, Any] | None = None,
     billing: BillingPlan | None = None,
     budgets: Sequence[GuardrailBudget] = (),
-) -> VideoJob:
+    admitted: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Hold the estimated cost (within the key's guardrail `budgets`) and write the job, in
     the caller's transaction: the hold and the job commit together, or neither does. `billing`:
     what to hold when the workspace's own keys may serve it (BYOK). Every statement goes
-    straight to the driver (no ORM): this is a unit of the group-commit writer's batch."""
+    straight to the driver (no ORM): this is a unit of the group-commit writer's batch.
+    Returns the stored row (every column of video_jobs); no model instance is built, as
+    the caller answers with a pending job's id and status only.
+
+    `admitted`: given only when `limits` are the enforced ones (server/limits/admission.py),
+    to count an admission. Then a job whose admission is a plain credit hold (no guardrail
+    budget, no BYOK hold, not a free model) has, on PostgreSQL, its hold and its row written by
+    one statement; a refusal there writes nothing and goes to `limits.admit`, which
+    refuses it again (the account lock is held) and says why."""
     estimate = estimate_micros(video)
     credit_estimate = estimate if billing is None else billing.credit_hold
     ttl = JOB_DEADLINE + timedelta(minutes=10)
+    row = job_row(
+        principal,
+        video,
+        now,
+        default_callback_url,
+        allowed_providers=allowed_providers,
+        continuation=continuation,
+        hold_micros=credit_estimate,
+    )
+    if (
+        admitted is not None
+        and (billing is None or not billing.byok_hold)
+        and not budgets
+        and not is_free_model(video.model.id)
+        and session.get_bind().dialect.name == "postgresql"
+    ):
+        # The enforced limits of such a job are a plain credit hold: the hold and the job
+        # row in one statement (one round trip fewer per job in the writer's batch).
+        hold = await place_hold_with_row(
+            session,
+            _RESERVE_AND_INSERT_JOB,
+            row,
+            account_id=principal.account.id,
+            key_hash=principal.key.hash,
+            amount_micros=credit_estimate,
+            now=now,
+            ttl=ttl,
+        )
+        if hold is not None:
+            admitted()
+            row["hold_id"] = hold.id
+            return row
+        # Refused (nothing written): the limits say why, with the refusal's metric.
     hold = await limits.admit(
         session,
         principal,
@@ -164,37 +224,55 @@ async def store_job(
         if billing is not None and billing.byok_hold
         else None
     )
-    job = VideoJob(
-        id=f"vid_{secrets.token_hex(12)}",
-        account_id=principal.account.id,
-        workspace_id=principal.workspace.id,
-        key_hash=principal.key.hash,
-        model=video.model.id,
-        status=PENDING,
-        params={
-            **video.params,
-            "provider_options": video.provider_options,
-            **({"allowed_providers": allowed_providers} if allowed_providers is not None else {}),
-            # The gateway's own: which finished job (and endpoint) this one continues.
-            **({"continuation": continuation} if continuation is not None else {}),
-        },
-        session_id=video.session_id,
-        user=video.user,
-        trace=video.trace,
-        callback_url=video.callback_url or default_callback_url,
-        hold_id=hold.id,
-        hold_micros=credit_estimate,
-        byok_hold_id=None if byok_hold is None else byok_hold.id,
-        next_run_at=now,
-        created_at=now,
-        updated_at=now,
-    )
-    await fetch_rows(session, _INSERT_JOB, _job_row(job))
-    return job
+    row["hold_id"] = hold.id
+    row["byok_hold_id"] = None if byok_hold is None else byok_hold.id
+    await fetch_rows(session, _INSERT_JOB, row)
+    return row
 
 
-def _job_row(job: VideoJob) -> dict[str, Any]:
-    return {column: getattr(job, column) for column in _JOB_COLUMNS}
+# The columns a new job leaves at their defaults (no provider, no lease, no result yet).
+_JOB_DEFAULTS = {
+    name: field.default
+    for name, field in VideoJob.model_fields.items()
+    if not field.is_required() and name in _JOB_COLUMNS
+}
+
+
+def job_row(
+    principal: Principal,
+    video: VideoInput,
+    now: datetime,
+    default_callback_url: str | None,
+    *,
+    allowed_providers: list[str] | None,
+    continuation: dict[str, Any] | None,
+    hold_micros: int,
+) -> dict[str, Any]:
+    """Every column of a new pending job's row (its holds' ids still None)."""
+    params = {**video.params, "provider_options": video.provider_options}
+    if allowed_providers is not None:
+        params["allowed_providers"] = allowed_providers
+    if continuation is not None:
+        # The gateway's own: which finished job (and endpoint) this one continues.
+        params["continuation"] = continuation
+    return {
+        **_JOB_DEFAULTS,
+        "id": f"vid_{secrets.token_hex(12)}",
+        "account_id": principal.account.id,
+        "workspace_id": principal.workspace.id,
+        "key_hash": principal.key.hash,
+        "model": video.model.id,
+        "status": PENDING,
+        "params": params,
+        "session_id": video.session_id,
+        "user": video.user,
+        "trace": video.trace,
+        "callback_url": video.callback_url or default_callback_url,
+        "hold_micros": hold_micros,
+        "next_run_at": now,
+        "created_at": now,
+        "updated_at": now,
+    }
 
 
 async def find_job(session: AsyncSession, principal: Principal, job_id: str) -> VideoJob:
@@ -247,10 +325,12 @@ def webhook_payload(job: VideoJob, now: datetime) -> dict[str, Any]:
 
 
 async def queue_webhook(session: AsyncSession, job: VideoJob, now: datetime) -> None:
-    """Queue the job's terminal-state webhook in the caller's transaction (the outbox)."""
-    await session.exec(
+    """Queue the job's terminal-state webhook in the caller's transaction (the outbox).
+    Through the driver: the worker's finish runs it as a unit of the group-commit writer."""
+    await fetch_rows(
+        session,
         _INSERT_DELIVERY,
-        params={
+        {
             "id": f"msg_{secrets.token_hex(12)}",
             "workspace_id": job.workspace_id,
             "job_id": job.id,

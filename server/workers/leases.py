@@ -43,27 +43,27 @@ class Claimer:
             .order_by(table.c[due_column])
             .limit(1)
         )
-        self._due: dict[str, sa.Executable] = {
-            "sqlite": due,
-            "postgresql": due.with_for_update(skip_locked=True),
+        lease_values = {
+            "lease_owner": sa.bindparam("owner", type_=table.c.lease_owner.type),
+            "lease_expires_at": sa.bindparam("expires", type_=table.c.lease_expires_at.type),
+            **{
+                name: sa.bindparam(f"new_{name}", type_=table.c[name].type)
+                for name in extra_columns
+            },
         }
-        self._claim = (
-            sa.update(table)
-            .where(table.c.id == sa.bindparam("row_id", type_=table.c.id.type), ready, free)
-            .values(
-                {
-                    "lease_owner": sa.bindparam("owner", type_=table.c.lease_owner.type),
-                    "lease_expires_at": sa.bindparam(
-                        "expires", type_=table.c.lease_expires_at.type
-                    ),
-                    **{
-                        name: sa.bindparam(f"new_{name}", type_=table.c[name].type)
-                        for name in extra_columns
-                    },
-                }
-            )
+        # Find and lease in one statement (one round trip, or one hand-off to SQLite): the
+        # row chosen by the subquery is leased only if it is still ready and free when the
+        # UPDATE reaches it (another process may have claimed it meanwhile: then no row).
+        self._claim: dict[str, sa.Executable] = {
+            dialect: sa.update(table)
+            .where(table.c.id == chosen.scalar_subquery(), ready, free)
+            .values(lease_values)
             .returning(*table.c)
-        )
+            for dialect, chosen in (
+                ("sqlite", due),
+                ("postgresql", due.with_for_update(skip_locked=True)),
+            )
+        }
         self._columns = tuple(c.name for c in table.c)
         self._processors: dict[str, list[Any]] = {}
 
@@ -97,26 +97,37 @@ class Claimer:
         extra_values: dict[str, Any] | None = None,
     ) -> Any:
         """The oldest due, unleased, ready row leased to `owner` (an instance of the model),
-        or None when there is none or another process won it."""
-        rows = await fetch_rows(session, self._due, {"now": now})
-        if not rows:
-            await session.rollback()
-            return None
-        row_id = rows[0][0]
+        or None when there is none or another process won it. Commits."""
+        claimed = await self.lease(
+            session, owner=owner, now=now, lease=lease, extra_values=extra_values
+        )
+        await session.commit()
+        return claimed
+
+    async def lease(
+        self,
+        session: AsyncSession,
+        *,
+        owner: str,
+        now: datetime,
+        lease: timedelta,
+        extra_values: dict[str, Any] | None = None,
+    ) -> Any:
+        """`claim` in the caller's transaction, which the caller commits (a unit of the
+        group-commit writer): the lease holds once that commit is done."""
         values = extra_values or {}
         claimed = await fetch_rows(
             session,
             self._claim,
             {
-                "row_id": row_id,
                 "now": now,
                 "owner": owner,
                 "expires": now + lease,
                 **{f"new_{name}": values[name] for name in self._extra},
             },
         )
-        dialect = (await session.connection()).dialect
-        await session.commit()
         if len(claimed) != 1:
             return None
-        return self._instance(claimed[0], dialect)
+        # The bind's dialect: no connection asked of the session (a writer unit's session
+        # on SQLite has only the driver's, server/db/writer.py).
+        return self._instance(claimed[0], session.get_bind().dialect)

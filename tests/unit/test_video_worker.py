@@ -23,7 +23,15 @@ def _worker(
     domain: Domain, store: ContentStore, lease: timedelta = timedelta(minutes=2)
 ) -> VideoWorker:
     adapters = domain.video_adapters()
-    return VideoWorker(domain.sessions, domain.clock, domain.catalog, adapters, store, lease=lease)
+    return VideoWorker(
+        domain.sessions,
+        domain.clock,
+        domain.catalog,
+        adapters,
+        store,
+        lease=lease,
+        writer=domain.writer,  # as build_core wires it
+    )
 
 
 async def _submit(domain: Domain, issued: IssuedKey, model: str) -> str:
