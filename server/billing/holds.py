@@ -246,6 +246,32 @@ _SHRINK_LEASE = (
 _DELETE_EXPIRED = sa.delete(_HOLDS).where(_HOLDS.c.expires_at <= sa.bindparam("now"))
 
 
+def _budget_params(now: datetime) -> dict[str, object]:
+    """The usage periods' starts the budget statements read the counters of."""
+    starts = period_starts(now)
+    return {f"{period}_start": starts.of(period) for period in PERIODS}
+
+
+def _hold_values(
+    hold_id: str,
+    account_id: str,
+    key_hash: str,
+    amount_micros: int,
+    now: datetime,
+    ttl: timedelta,
+) -> dict[str, object]:
+    """A hold row's values, and `now` (holds expired by then do not count)."""
+    return {
+        "id": hold_id,
+        "account_id": account_id,
+        "key_hash": key_hash,
+        "amount_micros": amount_micros,
+        "created_at": now,
+        "expires_at": now + ttl,
+        "now": now,
+    }
+
+
 async def place_hold(
     session: AsyncSession,
     *,
@@ -267,19 +293,11 @@ async def place_hold(
     on_sqlite = session.get_bind().dialect.name == "sqlite"
     if not on_sqlite:
         await lock_account(session, account_id)
-    starts = period_starts(now)
-    params = {f"{period}_start": starts.of(period) for period in PERIODS}
     hold = Hold(f"hold_{secrets.token_hex(12)}", account_id, key_hash, amount_micros, is_byok)
-    values = {
-        "id": hold.id,
-        "account_id": account_id,
-        "key_hash": key_hash,
-        "amount_micros": amount_micros,
-        "created_at": now,
-        "expires_at": now + ttl,
-    }
+    values = _hold_values(hold.id, account_id, key_hash, amount_micros, now, ttl)
+    params = _budget_params(now)
     if not is_byok:  # the common case: check and reserve in one statement
-        reserved = await fetch_rows(session, _RESERVE, {**params, **values, "now": now})
+        reserved = await fetch_rows(session, _RESERVE, {**params, **values})
         if reserved:
             return hold
     # Refused (read the budget to say why), or BYOK (whose key decides whether it counts):
@@ -355,18 +373,8 @@ async def reserve_slice(
         raise ValueError("a slice must be positive")
     if session.get_bind().dialect.name != "sqlite":
         await lock_account(session, account_id)
-    starts = period_starts(now)
-    params = {f"{period}_start": starts.of(period) for period in PERIODS}
-    values = {
-        "id": lease_id,
-        "account_id": account_id,
-        "key_hash": key_hash,
-        "amount_micros": amount_micros,
-        "created_at": now,
-        "expires_at": now + ttl,
-        "now": now,
-    }
-    return bool(await fetch_rows(session, _RESERVE_SLICE, {**params, **values}))
+    values = _hold_values(lease_id, account_id, key_hash, amount_micros, now, ttl)
+    return bool(await fetch_rows(session, _RESERVE_SLICE, {**_budget_params(now), **values}))
 
 
 async def sweep_expired_holds(session: AsyncSession, now: datetime) -> int:
@@ -488,20 +496,11 @@ async def place_hold_with_row(
     if amount_micros < 0:
         raise ValueError("a hold cannot be negative")
     await lock_account(session, account_id)
-    starts = period_starts(now)
     hold = Hold(f"hold_{secrets.token_hex(12)}", account_id, key_hash, amount_micros, False)
-    params: dict[str, object] = {f"{period}_start": starts.of(period) for period in PERIODS}
-    params.update(
-        {
-            "id": hold.id,
-            "account_id": account_id,
-            "key_hash": key_hash,
-            "amount_micros": amount_micros,
-            "created_at": now,
-            "expires_at": now + ttl,
-            "now": now,
-        }
-    )
+    params = {
+        **_budget_params(now),
+        **_hold_values(hold.id, account_id, key_hash, amount_micros, now, ttl),
+    }
     for name, value in row.items():
         params[DEPENDENT_PREFIX + name] = value
     reserved = await fetch_rows(session, statement, params)
