@@ -60,22 +60,10 @@ async def _parallel(
         )
 
 
-async def test_a_key_cap_admits_exactly_k_and_reconciles(
-    stack: Stack, second_process: GatewayProcess, unique: str
-) -> None:
-    workspace = await stack.admin.workspace(f"cap-{unique}")
-    await stack.admin.credits(workspace, "100")
-    issued = await stack.admin.key(workspace, limit="5.5")  # room for exactly 5 requests
-    responses = await _parallel(_urls(stack, second_process), issued, PRICEY, 40)
-    statuses = [r.status_code for r in responses]
-    assert statuses.count(200) == 5, statuses
-    assert statuses.count(402) == 35
-    sources = {
-        r.json()["error"]["metadata"]["limit_source"] for r in responses if r.status_code == 402
-    }
-    assert sources <= {"openrouter_key_limit", "openrouter_in_flight_budget"}
+async def _charges_and_counter(stack: Stack, issued: IssuedKey) -> tuple[int, int, int]:
+    """The key's charges on the ledger (how many, their sum) and its all-time counter."""
     async with stack.admin.sessions() as session:
-        charges = (
+        count, total = (
             await session.exec(
                 sa.select(sa.func.count(), sa.func.sum(LedgerEntry.amount_micros)).where(
                     LedgerEntry.key_hash == issued.hash, LedgerEntry.kind == "charge"
@@ -91,7 +79,25 @@ async def test_a_key_cap_admits_exactly_k_and_reconciles(
                 )
             )
         ).one()[0]
-    assert (charges[0], charges[1]) == (5, 5 * COST)
+    return int(count), int(total or 0), int(counter)
+
+
+async def test_a_key_cap_admits_exactly_k_and_reconciles(
+    stack: Stack, second_process: GatewayProcess, unique: str
+) -> None:
+    workspace = await stack.admin.workspace(f"cap-{unique}")
+    await stack.admin.credits(workspace, "100")
+    issued = await stack.admin.key(workspace, limit="5.5")  # room for exactly 5 requests
+    responses = await _parallel(_urls(stack, second_process), issued, PRICEY, 40)
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(200) == 5, statuses
+    assert statuses.count(402) == 35
+    sources = {
+        r.json()["error"]["metadata"]["limit_source"] for r in responses if r.status_code == 402
+    }
+    assert sources <= {"openrouter_key_limit", "openrouter_in_flight_budget"}
+    count, total, counter = await _charges_and_counter(stack, issued)
+    assert (count, total) == (5, 5 * COST)
     assert counter == 5 * COST <= 5_500_000  # never beyond the cap
 
 
@@ -139,24 +145,7 @@ async def test_leased_slices_on_two_processes_spend_exactly_the_cap(
     rest = [await _parallel(urls, issued, PRICEY, 10) for _ in range((k - ran) // 10 + 2)]
     statuses = [r.status_code for batch in rest for r in batch]
     assert ran + statuses.count(200) == k, (ran, statuses)
-    async with stack.admin.sessions() as session:
-        count, total = (
-            await session.exec(
-                sa.select(sa.func.count(), sa.func.sum(LedgerEntry.amount_micros)).where(
-                    LedgerEntry.key_hash == issued.hash, LedgerEntry.kind == "charge"
-                )
-            )
-        ).one()
-        counter = (
-            await session.exec(
-                sa.select(UsageCounter.spend_micros).where(
-                    UsageCounter.subject == "key",
-                    UsageCounter.subject_id == issued.hash,
-                    UsageCounter.period == "all",
-                )
-            )
-        ).one()[0]
-    assert (count, total, counter) == (k, k * COST, k * COST)
+    assert await _charges_and_counter(stack, issued) == (k, k * COST, k * COST)
 
 
 async def test_free_minute_limit_across_processes(

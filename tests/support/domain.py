@@ -28,8 +28,10 @@ from server.observability.metrics import Metrics
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
 from server.routing.catalog import Catalog, load_catalog
-from server.transcription.transcriber import Transcriber
+from server.transcription.request import TranscriptionInput
+from server.transcription.transcriber import Transcriber, TranscriptionResult
 from tests.support.admin import Admin, IssuedKey
+from tests.support.audio import fixture
 
 T = TypeVar("T")
 PROVIDER_KEY_ENV = "UNIT_PROVIDER_KEY"
@@ -233,6 +235,12 @@ class Domain:
             await self.admin.credits(workspace, usd)
         return await self.admin.key(workspace, **key)
 
+    async def transcribe(self, issued: IssuedKey, model: str = "unit/ok") -> TranscriptionResult:
+        """One transcription of the `hello` fixture by `issued`, as the audio service runs it."""
+        async with self.sessions() as session:
+            principal = await self.principal(issued)
+            return await self.transcriber().transcribe(session, principal, stt_input(model))
+
     async def drain_leases(self) -> None:
         """Give back this process's budget leases that no request runs on, as an idle lease
         is a second later: after it, a credit hold left over is a request's that never
@@ -259,6 +267,17 @@ class Domain:
             UsageCounter, UsageCounter.subject_id == subject_id, UsageCounter.period == period
         )
         return sum(row.spend_micros for row in rows)
+
+
+def stt_input(model: str) -> TranscriptionInput:
+    """A parsed transcription request of the `hello` fixture (a WAV) for `model`."""
+    return TranscriptionInput(
+        model=model,
+        audio=fixture("hello"),
+        claimed_format="wav",
+        filename="hello.wav",
+        audio_param="file",
+    )
 
 
 def unit_catalog(folder: Path) -> Catalog:

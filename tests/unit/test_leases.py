@@ -13,29 +13,8 @@ from server.billing.holds import DEFAULT_HOLD_TTL, sweep_expired_holds
 from server.db.models import CreditHold
 from server.errors import GatewayError
 from server.limits.leases import LEASE_WINDOW, SLICE_REQUESTS, BudgetLeases
-from server.transcription.request import TranscriptionInput
-from server.transcription.transcriber import TranscriptionResult
 from tests.support.admin import IssuedKey
-from tests.support.audio import fixture
 from tests.support.domain import Domain
-
-
-def _input(model: str = "unit/ok") -> TranscriptionInput:
-    return TranscriptionInput(
-        model=model,
-        audio=fixture("hello"),
-        claimed_format="wav",
-        filename="hello.wav",
-        audio_param="file",
-    )
-
-
-async def _transcribe(
-    domain: Domain, issued: IssuedKey, model: str = "unit/ok"
-) -> TranscriptionResult:
-    async with domain.sessions() as session:
-        principal = await domain.principal(issued)
-        return await domain.transcriber().transcribe(session, principal, _input(model))
 
 
 async def _holds(domain: Domain, issued: IssuedKey) -> list[CreditHold]:
@@ -45,7 +24,7 @@ async def _holds(domain: Domain, issued: IssuedKey) -> list[CreditHold]:
 async def _outcomes(domain: Domain, issued: IssuedKey, n: int) -> list[int | str]:
     async def one() -> int | str:
         try:
-            return (await _transcribe(domain, issued)).cost_micros
+            return (await domain.transcribe(issued)).cost_micros
         except GatewayError as error:
             return str((error.metadata or {}).get("limit_source", error.status))
 
@@ -56,7 +35,7 @@ async def test_requests_far_from_a_cap_share_one_lease_row(any_domain: Domain) -
     domain = any_domain
     issued = await domain.funded_key("lease-far", usd="100")
     account = issued.workspace.account_id
-    costs = [(await _transcribe(domain, issued)).cost_micros for _ in range(5)]
+    costs = [(await domain.transcribe(issued)).cost_micros for _ in range(5)]
     cost = costs[0]
     assert cost > 0 and costs == [cost] * 5
     (lease,) = await _holds(domain, issued)  # one row for five requests
@@ -91,7 +70,7 @@ async def test_near_a_cap_every_request_holds_for_itself_exactly_k(any_domain: D
     SLICE_HEADROOM times), and exactly 5 of 30 parallel requests run."""
     domain = any_domain
     probe = await domain.funded_key("lease-probe", usd="100")
-    cost = (await _transcribe(domain, probe)).cost_micros
+    cost = (await domain.transcribe(probe)).cost_micros
     workspace = await domain.admin.workspace("lease-near")
     await domain.admin.credits(workspace, "100")
     limit = f"{(5 * cost + cost // 2) / 1_000_000:.6f}"
@@ -108,7 +87,7 @@ async def test_exactly_k_of_n_where_leases_and_single_holds_meet(any_domain: Dom
     budget nears the cap; 200 parallel requests, exactly 150 run and nothing is over-spent."""
     domain = any_domain
     probe = await domain.funded_key("lease-probe2", usd="100")
-    cost = (await _transcribe(domain, probe)).cost_micros
+    cost = (await domain.transcribe(probe)).cost_micros
     workspace = await domain.admin.workspace("lease-meet")
     await domain.admin.credits(workspace, "100")
     issued = await domain.admin.key(workspace, limit=f"{(150 * cost + cost // 2) / 1_000_000:.6f}")
@@ -121,11 +100,11 @@ async def test_exactly_k_of_n_where_leases_and_single_holds_meet(any_domain: Dom
 
 async def test_a_failed_request_gives_its_amount_back_to_the_lease(domain: Domain) -> None:
     issued = await domain.funded_key("lease-fail", usd="100")
-    cost = (await _transcribe(domain, issued)).cost_micros
+    cost = (await domain.transcribe(issued)).cost_micros
     assert domain.leases is not None
     (free,) = domain.leases.snapshot().values()
     with pytest.raises(GatewayError):
-        await _transcribe(domain, issued, "unit/all-fail")
+        await domain.transcribe(issued, "unit/all-fail")
     assert domain.leases.snapshot() == {(await _holds(domain, issued))[0].id: free}
     (lease,) = await _holds(domain, issued)
     assert lease.amount_micros == (SLICE_REQUESTS - 1) * cost  # unchanged by the failure
@@ -134,10 +113,10 @@ async def test_a_failed_request_gives_its_amount_back_to_the_lease(domain: Domai
 
 async def test_a_changed_key_cap_retires_the_lease(domain: Domain) -> None:
     issued = await domain.funded_key("lease-cap", usd="100", limit="50")
-    await _transcribe(domain, issued)
+    await domain.transcribe(issued)
     (first,) = await _holds(domain, issued)
     await domain.admin.update_key(issued, limit_micros=40_000_000)
-    await _transcribe(domain, issued)  # the principal now says 40 USD: a new lease
+    await domain.transcribe(issued)  # the principal now says 40 USD: a new lease
     rows = await _holds(domain, issued)
     assert [r.id for r in rows] != [first.id] and len(rows) == 1
     await domain.drain_leases()
@@ -149,7 +128,7 @@ async def test_an_idle_lease_goes_back_and_a_crashed_one_lapses(domain: Domain) 
     await domain.leases.close()
     domain.leases = BudgetLeases(domain.writer, domain.clock, domain.metrics, idle_seconds=0.05)
     issued = await domain.funded_key("lease-idle", usd="100")
-    await _transcribe(domain, issued)
+    await domain.transcribe(issued)
     assert len(await _holds(domain, issued)) == 1
     for _ in range(100):
         await asyncio.sleep(0.02)

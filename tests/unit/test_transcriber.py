@@ -6,33 +6,13 @@ import pytest
 
 from server.db.models import CreditHold, Generation
 from server.errors import GatewayError
-from server.transcription.request import TranscriptionInput
-from server.transcription.transcriber import TranscriptionResult
-from tests.support.admin import IssuedKey
-from tests.support.audio import fixture
-from tests.support.domain import Domain
-
-
-def _input(model: str) -> TranscriptionInput:
-    return TranscriptionInput(
-        model=model,
-        audio=fixture("hello"),
-        claimed_format="wav",
-        filename="hello.wav",
-        audio_param="file",
-    )
-
-
-async def _transcribe(domain: Domain, issued: IssuedKey, model: str) -> TranscriptionResult:
-    async with domain.sessions() as session:
-        principal = await domain.principal(issued)
-        return await domain.transcriber().transcribe(session, principal, _input(model))
+from tests.support.domain import Domain, stt_input
 
 
 async def test_success_charges_once_and_the_counters_match_the_ledger(domain: Domain) -> None:
     issued = await domain.funded_key("stt-ok")
     account = issued.workspace.account_id
-    result = await _transcribe(domain, issued, "unit/ok")
+    result = await domain.transcribe(issued, "unit/ok")
     assert result.transcript.text == "in-process transcript"
     assert result.provider == "alpha"
     assert result.cost_micros > 0
@@ -51,7 +31,7 @@ async def test_success_charges_once_and_the_counters_match_the_ledger(domain: Do
 
 async def test_a_provider_429_falls_back_to_the_next_endpoint(domain: Domain) -> None:
     issued = await domain.funded_key("stt-429")
-    result = await _transcribe(domain, issued, "unit/fallback-429")
+    result = await domain.transcribe(issued, "unit/fallback-429")
     assert result.provider == "beta"
     assert len(domain.providers.sent_to("stt-429.test")) == 1
     assert len(domain.providers.sent_to("stt-ok.test")) == 1
@@ -65,7 +45,7 @@ async def test_when_every_provider_fails_the_hold_is_released_and_nothing_charge
     issued = await domain.funded_key("stt-fail")
     account = issued.workspace.account_id
     with pytest.raises(GatewayError) as failure:
-        await _transcribe(domain, issued, "unit/all-fail")
+        await domain.transcribe(issued, "unit/all-fail")
     # The last provider's answer (a 429) is the caller's, naming that provider.
     assert failure.value.status == 429
     assert (failure.value.metadata or {}).get("provider_name") == "beta"
@@ -82,7 +62,7 @@ async def test_when_every_provider_fails_the_hold_is_released_and_nothing_charge
 async def test_an_unfunded_account_is_refused_before_any_provider_call(domain: Domain) -> None:
     issued = await domain.funded_key("stt-broke", usd="0")
     with pytest.raises(GatewayError) as refused:
-        await _transcribe(domain, issued, "unit/ok")
+        await domain.transcribe(issued, "unit/ok")
     assert refused.value.status == 402
     assert (refused.value.metadata or {}).get("limit_source") == "openrouter_credits"
     assert domain.providers.requests == []
@@ -109,7 +89,7 @@ async def test_a_failure_after_a_rollback_is_still_recorded(
     async with domain.sessions() as session:
         principal = await Authenticator(domain.clock).authenticate(session, issued.metadata)
         with pytest.raises(RuntimeError):
-            await domain.transcriber().transcribe(session, principal, _input("unit/ok"))
+            await domain.transcriber().transcribe(session, principal, stt_input("unit/ok"))
     assert await domain.charges(account) == []
     await domain.drain_leases()
     assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
