@@ -62,7 +62,7 @@ from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
 from server.providers.fal_video import FalVideoAdapter
 from server.providers.gemini_video import GeminiVideoAdapter
-from server.providers.http import Downloads, ImageFetcher
+from server.providers.http import Downloads, ImageFetcher, no_cookies
 from server.providers.kling_video import KlingVideoAdapter
 from server.providers.local_video import LocalVideoAdapter
 from server.providers.minimax_video import MiniMaxVideoAdapter
@@ -162,6 +162,7 @@ def build_core(
         timeout=httpx.Timeout(120.0, connect=10.0),
         limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         follow_redirects=False,
+        cookies=no_cookies(),  # one client for every workspace: no cookie carries over
     )
     # A queued decode holds only a reference to audio the request already holds in memory:
     # the queue is long (a burst of small files is decoded in turn), the caller's deadline

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import email.utils
+import http.cookiejar
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,21 @@ _WORDS = {
     SERVER_ERROR: "Provider returned error",
 }
 _BAD_URL = "Provider returned a bad video URL"
+
+
+class _RefuseCookies(http.cookiejar.DefaultCookiePolicy):
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
+        return False
+
+    def return_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
+        return False
+
+
+def no_cookies() -> http.cookiejar.CookieJar:
+    """The cookie jar of the one pooled provider client: it keeps none. The client serves
+    every workspace, so a cookie one provider response sets (a session, a load balancer's
+    stickiness) must never be sent with another workspace's request."""
+    return http.cookiejar.CookieJar(policy=_RefuseCookies())
 
 
 def retry_after_seconds(value: str | None, now: datetime | None = None) -> int | None:
