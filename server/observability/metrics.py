@@ -64,12 +64,12 @@ class Metrics:
         )
         self.holds_open = Gauge(
             "gateway_credit_holds_open",
-            "Credit holds of requests still running (all processes)",
+            "Credit holds of requests still running and budget leases (all processes)",
             registry=r,
         )
         self.holds_open_usd = Gauge(
             "gateway_credit_holds_open_usd",
-            "USD held by requests still running (all processes)",
+            "USD held by requests still running and by budget leases (all processes)",
             registry=r,
         )
         self.video_jobs = Gauge(
