@@ -180,8 +180,14 @@ class BudgetLeases:
                 log.warning("no budget lease: %s", type(error).__name__)
                 granted = False
             if not granted:
-                self._refused_until[budget] = asyncio.get_running_loop().time() + REFUSED_SECONDS
+                now_s = asyncio.get_running_loop().time()
+                if len(self._refused_until) >= 4096:  # bounded: forget the lapsed ones
+                    self._refused_until = {
+                        key: until for key, until in self._refused_until.items() if until > now_s
+                    }
+                self._refused_until[budget] = now_s + REFUSED_SECONDS
                 return None
+            self._refused_until.pop(budget, None)
             if self._closed:  # closed while it was taken: give it straight back
                 self._give_back([lease])
                 return None
