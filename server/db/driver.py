@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from server.db.engine import SQLITE_BUSY_TIMEOUT_MS, PoolWrites, connect_sqlite
+from server.db.engine import SQLITE_BUSY_TIMEOUT_MS, PoolWrites, connect_sqlite, sqlite_file
 
 # Raised by asyncpg when the connection or the server went away.
 _CONNECTION_LOST = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError)
@@ -55,6 +55,13 @@ Statement = sa.Executable | Mapping[str, sa.Executable]
 
 # Memo of compiled statements: they are module-level constants, so this stays small.
 _compiled: dict[tuple[int, str], tuple[sa.Executable, _Compiled]] = {}
+
+
+def _for_dialect(statement: Statement, dialect_name: str) -> sa.Executable:
+    """The statement itself, or the one of a per-dialect mapping for `dialect_name`."""
+    if isinstance(statement, Mapping):
+        return statement["postgresql" if dialect_name == "postgresql" else "sqlite"]
+    return statement
 
 
 def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
@@ -104,9 +111,7 @@ async def read_rows(
     connection goes back to the pool as it came: nothing was begun on it."""
     async with engine.connect() as connection:
         dialect = connection.dialect
-        if isinstance(statement, Mapping):
-            statement = statement["postgresql" if dialect.name == "postgresql" else "sqlite"]
-        compiled = _compile(statement, dialect)
+        compiled = _compile(_for_dialect(statement, dialect.name), dialect)
         raw = await connection.get_raw_connection()
         driver: Any = raw.driver_connection
         if dialect.name == "sqlite":
@@ -134,9 +139,7 @@ class HotReads:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        url = engine.url
-        database = url.database if url.get_backend_name() == "sqlite" else None
-        self._sqlite_path = database if database and database != ":memory:" else None
+        self._sqlite_path = sqlite_file(engine)
         self._sqlite: sqlite3.Connection | None = None
 
     def _connection(self) -> sqlite3.Connection:
@@ -151,15 +154,13 @@ class HotReads:
         self, statement: Statement, params: Mapping[str, Any]
     ) -> Sequence[Sequence[Any]]:
         if self._sqlite_path is not None:
-            if isinstance(statement, Mapping):
-                statement = statement["sqlite"]
-            compiled = _compile(statement, self._engine.dialect)
+            compiled = _compile(_for_dialect(statement, "sqlite"), self._engine.dialect)
             try:
                 return (
                     self._connection().execute(compiled.sql, compiled.arguments(params)).fetchall()
                 )
             except sqlite3.OperationalError as error:
-                if "locked" not in str(error) and "busy" not in str(error):
+                if not _is_busy(error):
                     raise
         return await read_rows(self._engine, statement, params)
 
@@ -184,13 +185,12 @@ async def _run(
     *,
     many: bool,
 ) -> Sequence[Sequence[Any]]:
-    inline: InlineSqlite | None = session.info.get(INLINE_SQLITE)
+    inline = _inline(session)
     if inline is not None:  # a unit of the group-commit writer on SQLite: no hand-off
         return inline.run(statement, rows, many=many)
     connection = await session.connection()
     dialect = connection.dialect
-    if isinstance(statement, Mapping):
-        statement = statement["postgresql" if dialect.name == "postgresql" else "sqlite"]
+    statement = _for_dialect(statement, dialect.name)
     raw = await connection.get_raw_connection()
     driver: Any = raw.driver_connection
     if dialect.name == "sqlite":
@@ -240,10 +240,13 @@ POOL_FAIRNESS_SECONDS = 0.002
 
 
 def _is_busy(error: sqlite3.OperationalError) -> bool:
-    return getattr(error, "sqlite_errorcode", None) in (
-        sqlite3.SQLITE_BUSY,
-        sqlite3.SQLITE_LOCKED,
-    ) or "locked" in str(error)
+    """SQLite refused for a lock another connection holds (whatever the wording)."""
+    message = str(error)
+    return (
+        getattr(error, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+        or "locked" in message
+        or "busy" in message
+    )
 
 
 @dataclass
@@ -324,9 +327,7 @@ class InlineSqlite:
     def run(
         self, statement: Statement, rows: Sequence[Mapping[str, Any]], *, many: bool
     ) -> Sequence[Sequence[Any]]:
-        if isinstance(statement, Mapping):
-            statement = statement["sqlite"]
-        compiled = _compile(statement, self._dialect)
+        compiled = _compile(_for_dialect(statement, "sqlite"), self._dialect)
         if many:
             self.connection.executemany(compiled.sql, [compiled.arguments(r) for r in rows])
             return []
