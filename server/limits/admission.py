@@ -36,6 +36,15 @@ class Limits(Protocol):
         ...
 
 
+def is_plain_credit_hold(model_id: str, budgets: Sequence[GuardrailBudget], *, byok: bool) -> bool:
+    """Whether EnforcedLimits.admit comes down to one credit hold for this request — no
+    `:free` count, no guardrail budget, nothing held or admitted as BYOK — so that another
+    way of taking that hold (a lease's slice, limits/leases.py; the hold and the video job
+    in one statement, videos/jobs.py) applies the same rules. A new rule in `admit` must
+    narrow this too."""
+    return not byok and not budgets and not is_free_model(model_id)
+
+
 class EnforcedLimits:
     """The limits of the API reference. The caller commits the hold (and the free-request
     count) with whatever else belongs to accepting the request; a later rollback takes both

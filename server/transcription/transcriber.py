@@ -35,8 +35,7 @@ from server.db.writer import Writer
 from server.errors import GatewayError, bad_request
 from server.guardrails.cache import GuardrailsCache
 from server.guardrails.policy import Guardrails, guardrails_of
-from server.limits.admission import Limits
-from server.limits.free_models import is_free_model
+from server.limits.admission import Limits, is_plain_credit_hold
 from server.limits.guardrail_budgets import GuardrailBudget
 from server.limits.leases import BudgetLeases
 from server.observability.generations import store_generation_row
@@ -252,10 +251,9 @@ class Transcriber:
         leased = (
             await self._leases.admit(principal, billing.credit_hold)
             if self._leases is not None
-            and not billing.byok_hold
-            and not billing.only_byok
-            and not guardrails.budgets
-            and not is_free_model(model.id)
+            and is_plain_credit_hold(
+                model.id, guardrails.budgets, byok=billing.byok_hold or billing.only_byok
+            )
             else None
         )
         holds = (

@@ -19,8 +19,7 @@ from server.clock import rfc3339
 from server.db.driver import fetch_rows, insert_statement
 from server.db.models import VideoJob, WebhookDelivery
 from server.errors import GatewayError, bad_request, not_found
-from server.limits.admission import Limits
-from server.limits.free_models import is_free_model
+from server.limits.admission import Limits, is_plain_credit_hold
 from server.limits.guardrail_budgets import GuardrailBudget
 from server.providers.endpoint import Endpoint
 from server.providers.video import VideoCall
@@ -180,9 +179,9 @@ async def store_job(
     )
     if (
         admitted is not None
-        and (billing is None or not billing.byok_hold)
-        and not budgets
-        and not is_free_model(video.model.id)
+        and is_plain_credit_hold(
+            video.model.id, budgets, byok=billing is not None and billing.byok_hold
+        )
         and session.get_bind().dialect.name == "postgresql"
     ):
         # The enforced limits of such a job are a plain credit hold: the hold and the job
