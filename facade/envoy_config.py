@@ -23,6 +23,11 @@ LUA_FILTER = Path(__file__).resolve().parent / "error_rewrite.lua"
 STREAMING_LUA = Path(__file__).resolve().parent / "streaming_rewrite.lua"
 # gRPC methods whose response body streams (after transcoding, routes match these paths).
 STREAMING_METHODS = ("/gateway.v1.Videos/GetVideoContent",)
+# Response headers a method's server sends as trailing metadata, with its status: initial
+# metadata of its own would be a separate gRPC operation (and HTTP/2 frame) per call. The
+# transcoder keeps trailers out of the headers, so the Lua filter of these methods' routes
+# moves them there (error_rewrite.lua, HEADERS_FROM_TRAILERS).
+HEADERS_FROM_TRAILERS = {"/gateway.v1.Audio/Transcribe": ("x-generation-id",)}
 MIB = 1024 * 1024
 
 
@@ -196,6 +201,17 @@ def streaming_source(options: EnvoyOptions) -> str:
     return lua_source(options) + "\n" + STREAMING_LUA.read_text()
 
 
+def trailers_source(options: EnvoyOptions, names: tuple[str, ...]) -> str:
+    """The Lua filter for a route whose server sends the response headers `names` as
+    trailing metadata: they become headers (the later definition of the global wins)."""
+    listed = ", ".join(_lua_string(name) for name in names)
+    return lua_source(options) + f"\nHEADERS_FROM_TRAILERS = {{ {listed} }}\n"
+
+
+def _trailers_source_name(method: str) -> str:
+    return "trailers:" + method
+
+
 def _seconds(value: float) -> str:
     return f"{value:g}s"
 
@@ -290,6 +306,19 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         for method in STREAMING_METHODS
     ]
     routes += [
+        {
+            "match": {"path": method},
+            "route": {"cluster": "gateway_grpc", "timeout": timeout},
+            "typed_per_filter_config": {
+                "envoy.filters.http.lua": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute",
+                    "name": _trailers_source_name(method),
+                }
+            },
+        }
+        for method in HEADERS_FROM_TRAILERS
+    ]
+    routes += [
         # Matched after the transcoder rewrote :path to /package.Service/Method; an unknown
         # REST path finds no route and gets the 404 local reply.
         {
@@ -356,7 +385,15 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
                     "default_source_code": {"inline_string": lua_source(options)},
-                    "source_codes": {"streaming": {"inline_string": streaming_source(options)}},
+                    "source_codes": {
+                        "streaming": {"inline_string": streaming_source(options)},
+                        **{
+                            _trailers_source_name(method): {
+                                "inline_string": trailers_source(options, names)
+                            }
+                            for method, names in HEADERS_FROM_TRAILERS.items()
+                        },
+                    },
                 },
             },
             {

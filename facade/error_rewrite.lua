@@ -20,6 +20,12 @@
 --   every gRPC internal. A failure without them (from the gRPC stack itself) gets a fixed,
 --   documented message: internals never reach the client.
 -- * gRPC success with x-http-status (202, 204): apply that status.
+-- * gRPC success on a route whose server sends response headers as trailing metadata (one
+--   gRPC operation less than initial metadata of their own): HEADERS_FROM_TRAILERS, set for
+--   those routes only (facade/envoy_config.py), names the trailers that become headers.
+
+-- nil: no trailer becomes a header (see above).
+HEADERS_FROM_TRAILERS = nil
 
 local INTERNAL = { "x-http-status", "x-error-body", "grpc-status", "grpc-message",
                    "grpc-status-details-bin", "grpc-accept-encoding", "content-length",
@@ -218,10 +224,26 @@ function envoy_on_response(handle)
       handle:headers():remove("content-length")
     end
   end
+  if HEADERS_FROM_TRAILERS ~= nil then
+    -- Wait for the whole body first: the headers are then held until the trailers are in
+    -- (trailers() alone lets them go on). The transcoder holds a unary answer's headers
+    -- until its end anyway.
+    handle:body(true)
+  end
   -- The transcoder forwards grpc-status/grpc-message as trailers too; HTTP/2 clients would
   -- see them. Strip them (this waits for the end of the stream).
   local t = handle:trailers()
   if t ~= nil then
     t:remove("grpc-status"); t:remove("grpc-message"); t:remove("grpc-status-details-bin")
+    if HEADERS_FROM_TRAILERS ~= nil then
+      h = handle:headers()  -- header wrappers taken before a yield are invalid afterwards
+      for _, name in ipairs(HEADERS_FROM_TRAILERS) do
+        local value = t:get(name)
+        if value ~= nil then
+          t:remove(name)
+          h:replace(name, value)
+        end
+      end
+    end
   end
 end

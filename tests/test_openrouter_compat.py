@@ -89,6 +89,22 @@ async def test_sdk_reads_a_transcriptions_generation_by_its_header_id(
 
 
 @SQLITE_ONLY
+async def test_http2_clients_get_the_generation_id_as_a_header(
+    stack: Stack, funded: IssuedKey
+) -> None:
+    """The server sends the id in its trailers; the facade makes it a response header for
+    HTTP/2 clients too (and leaves no gRPC trailer)."""
+    body = {"model": "fake/ok", "input_audio": {"data": b64(fixture()), "format": "wav"}}
+    async with httpx.AsyncClient(http1=False, http2=True, timeout=60) as client:
+        answer = await client.post(
+            f"{stack.base_url}/audio/transcriptions", json=body, headers=funded.headers
+        )
+    assert answer.http_version == "HTTP/2" and answer.status_code == 200
+    assert answer.headers["x-generation-id"].startswith("gen_")
+    assert not {"grpc-status", "grpc-message"} & answer.headers.keys()
+
+
+@SQLITE_ONLY
 async def test_sdk_creates_an_expiring_key_and_reads_its_extra_members(
     stack: Stack, unique: str
 ) -> None:

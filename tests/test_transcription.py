@@ -13,6 +13,7 @@ import grpc
 import httpx
 import pytest
 import sqlalchemy as sa
+from google.api import httpbody_pb2
 from openai import AsyncOpenAI
 from openrouter import OpenRouter
 
@@ -405,6 +406,37 @@ async def test_bad_multipart_input(stack: Stack, funded: IssuedKey) -> None:
         assert big.status_code == 413
         assert big.json()["error"]["code"] == 413
     assert (await key_usage(stack, funded))["usage"] == 0
+
+
+async def test_grpc_callers_get_the_generation_id_in_metadata(
+    stack: Stack, funded: IssuedKey
+) -> None:
+    """Transcribe (the REST route's rpc) sends x-generation-id with its status, as trailing
+    metadata (the facade makes it a header); the typed CreateTranscription sends it as
+    initial metadata."""
+    body = json.dumps(
+        {"model": "fake/ok", "input_audio": {"data": b64(fixture()), "format": "wav"}}
+    )
+    async with grpc.aio.insecure_channel(stack.grpc_target) as channel:
+        stub = audio_pb2_grpc.AudioStub(channel)
+        raw = stub.Transcribe(
+            httpbody_pb2.HttpBody(content_type="application/json", data=body.encode()),
+            metadata=funded.metadata,
+        )
+        answer = json.loads((await raw).data)
+        initial, trailing = dict(await raw.initial_metadata()), dict(await raw.trailing_metadata())
+        typed = stub.CreateTranscription(
+            audio_pb2.TranscriptionRequest(
+                model="fake/ok", input_audio=audio_pb2.InputAudio(data=fixture(), format="wav")
+            ),
+            metadata=funded.metadata,
+        )
+        await typed
+        typed_initial = dict(await typed.initial_metadata())
+    assert answer["text"] and "x-generation-id" not in initial
+    assert str(trailing["x-generation-id"]).startswith("gen_")
+    assert str(typed_initial["x-generation-id"]).startswith("gen_")
+    assert typed_initial["x-generation-id"] != trailing["x-generation-id"]
 
 
 async def test_typed_grpc_transcription(stack: Stack, funded: IssuedKey) -> None:

@@ -36,8 +36,10 @@ class AudioService(audio_pb2_grpc.AudioServicer):
             result = await self._transcriber.transcribe(
                 session, principal, parsed, time_remaining(context)
             )
-        # As OpenRouter: the id GET /generation looks the transcription up by.
-        await context.send_initial_metadata((("x-generation-id", result.generation_id),))
+        # As OpenRouter: the id GET /generation looks the transcription up by. Sent with the
+        # status as trailing metadata (initial metadata would cost a gRPC operation of its own
+        # per call); the facade's Lua filter makes it the X-Generation-Id response header.
+        context.set_trailing_metadata((("x-generation-id", result.generation_id),))
         return httpbody_pb2.HttpBody(
             content_type="application/json",
             data=json.dumps(result.body(), separators=(",", ":")).encode(),
