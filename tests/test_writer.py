@@ -282,6 +282,80 @@ async def test_a_caller_cancelled_while_queued_withdraws_its_unit(
         await writer.close()
 
 
+async def test_a_caller_cancelled_with_finish_within_still_waits_for_its_commit(
+    admin_db: Admin, peek: Peek
+) -> None:
+    """With finish_within, cancellations (a deadline, then a client cancel) neither withdraw
+    a queued unit nor cut the wait short: the caller gets CancelledError once its unit has
+    committed (no __cause__), or chained from the unit's failure."""
+    writer = Writer(admin_db.sessions)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(session: AsyncSession) -> None:
+        started.set()
+        await release.wait()
+
+    async def refused(session: AsyncSession) -> None:
+        raise GatewayError(402, "refused")
+
+    try:
+        gate_task = asyncio.create_task(writer.run(gate))
+        await started.wait()
+        kept = asyncio.create_task(writer.run(_insert("kept"), finish_within=30))  # type: ignore[arg-type]
+        failed = asyncio.create_task(writer.run(refused, finish_within=30))
+        await asyncio.sleep(0)
+        for _ in range(2):
+            kept.cancel()
+            failed.cancel()
+            await asyncio.sleep(0.01)
+        assert not kept.done() and not failed.done()  # still waiting for their batch
+        release.set()
+        await gate_task
+        with pytest.raises(asyncio.CancelledError) as committed:
+            await kept
+        assert committed.value.__cause__ is None
+        with pytest.raises(asyncio.CancelledError) as refusal:
+            await failed
+        assert isinstance(refusal.value.__cause__, GatewayError)
+        assert await peek() == {"kept"}  # not withdrawn: it ran and committed
+        # Not cancelled: the result, or the failure, as without finish_within.
+        assert await writer.run(_insert("again"), finish_within=30) == "again"  # type: ignore[arg-type]
+        with pytest.raises(GatewayError):
+            await writer.run(refused, finish_within=30)
+    finally:
+        await writer.close()
+
+
+async def test_finish_within_bounds_the_wait_and_withdraws_a_queued_unit(
+    admin_db: Admin, peek: Peek
+) -> None:
+    writer = Writer(admin_db.sessions)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(session: AsyncSession) -> None:
+        started.set()
+        await release.wait()
+
+    try:
+        gate_task = asyncio.create_task(writer.run(gate))
+        await started.wait()
+        late = asyncio.create_task(writer.run(_insert("late"), finish_within=0.05))  # type: ignore[arg-type]
+        cancelled = asyncio.create_task(writer.run(_insert("gone"), finish_within=0.05))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        with pytest.raises(TimeoutError):
+            await late
+        with pytest.raises(asyncio.CancelledError) as timed_out:
+            await cancelled
+        assert isinstance(timed_out.value.__cause__, TimeoutError)
+        release.set()
+        await gate_task
+        assert await writer.run(_insert("next")) == "next"  # type: ignore[arg-type]
+        assert await peek() == {"next"}  # the expired units were withdrawn: never ran
+    finally:
+        await writer.close()
+
+
 # --- SQLite: the writer's own connection, on the event loop's thread -------------------------
 
 

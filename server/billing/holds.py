@@ -434,7 +434,8 @@ async def finish_uncancelled(work: Awaitable[T], bound: float = FINISH_TIMEOUT_S
     cancelled meanwhile — a gRPC deadline, a client cancel, a REST client that went away
     cancel the rpc's task, possibly more than once. The caller's cancellation is re-raised
     once the work is done; the work itself is bounded by `bound` seconds."""
-    task = asyncio.ensure_future(asyncio.wait_for(work, bound))
+    # One task (wait_for would add a second, a waiter future and a callback).
+    task = asyncio.ensure_future(_bounded(work, bound))
     cancelled = False
     # Each pass ends with the task done or with one more cancellation of the caller; the
     # task ends within `bound` seconds, so the loop does too.
@@ -450,6 +451,12 @@ async def finish_uncancelled(work: Awaitable[T], bound: float = FINISH_TIMEOUT_S
             raise asyncio.CancelledError from task.exception()
         raise asyncio.CancelledError
     return task.result()
+
+
+async def _bounded(work: Awaitable[T], bound: float) -> T:
+    """`work`, cancelled past `bound` seconds (TimeoutError)."""
+    async with asyncio.timeout(bound):
+        return await work
 
 
 # --- a hold and the row that depends on it, in one statement (PostgreSQL) -------------------

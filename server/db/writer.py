@@ -106,6 +106,15 @@ class _Queued(Generic[T]):
     retry: bool = False  # lost one in the current batch: runs again in the next
 
 
+def _expire(queue: list[_Queued[Any]], queued: _Queued[Any]) -> None:
+    """`run(finish_within=...)`'s bound passed: a unit still queued is withdrawn (it never
+    runs); a begun one still commits with its batch, but its caller stops waiting."""
+    if any(q is queued for q in queue):
+        queue.remove(queued)
+    if not queued.future.done():
+        queued.future.set_exception(TimeoutError("the group commit did not end in time"))
+
+
 @dataclass
 class WriterStats:
     """What the writer did, for tests and benchmarks."""
@@ -151,25 +160,54 @@ class Writer:
         self._closed = False
         self.stats = WriterStats()
 
-    async def run(self, unit: Unit[T]) -> T:
+    async def run(self, unit: Unit[T], *, finish_within: float | None = None) -> T:
         """Run `unit` in the next batch; return its result once the batch has committed, or
-        raise what the unit raised (it wrote nothing) or why the batch failed."""
+        raise what the unit raised (it wrote nothing) or why the batch failed.
+
+        A caller cancelled meanwhile gets CancelledError at once: its unit, if still queued,
+        is withdrawn (it never runs); once begun, it commits with its batch. With
+        `finish_within` (seconds), the cancellation (one or more) neither withdraws the unit
+        nor cuts the wait short: run waits for the unit's batch to end, then raises
+        CancelledError, chained (`__cause__`) from the unit's or the batch's failure if it
+        failed — billing.holds.finish_uncancelled's contract, without a task of its own. The
+        wait is bounded: past `finish_within` it raises TimeoutError (chained likewise when
+        cancelled), withdrawing the unit if it is still queued."""
         if self._closed:
             raise RuntimeError("the writer is closed")
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
         queued = _Queued(unit, future)
         self._queue.append(queued)
         self._ready.set()
         if self._task is None or self._task.done():  # first use, or after a crash of its loop
             self._task = asyncio.create_task(self._loop(), name="group-commit writer")
+        if finish_within is None:
+            try:
+                # Not shielded: cancelling the future only drops the answer (the writer skips
+                # a done future), never the unit of a batch that has begun.
+                return await future
+            except asyncio.CancelledError:
+                if any(q is queued for q in self._queue):  # not begun: withdrawn, never run
+                    self._queue.remove(queued)
+                raise
+        expiry = loop.call_later(finish_within, _expire, self._queue, queued)
+        cancelled = False
         try:
-            # Shielded: a cancelled caller must not cancel a unit that is part of a batch.
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            if any(q is queued for q in self._queue):  # not begun: withdrawn, never run
-                self._queue.remove(queued)
-                future.cancel()
-            raise
+            while not future.done():
+                try:
+                    await asyncio.shield(future)
+                except asyncio.CancelledError:
+                    cancelled = True
+                except Exception:  # the unit's or the batch's failure: raised below
+                    pass
+        finally:
+            expiry.cancel()
+        if cancelled:
+            error = future.exception()
+            if error is not None:
+                raise asyncio.CancelledError from error
+            raise asyncio.CancelledError
+        return future.result()
 
     async def close(self) -> None:
         """Commit what is queued, then stop."""

@@ -19,6 +19,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
 from server.billing.holds import (
+    FINISH_TIMEOUT_SECONDS,
     Hold,
     drop_hold,
     finish_uncancelled,
@@ -301,7 +302,7 @@ class Transcriber:
                 started=started,
                 started_at=started_at,
             )
-            charged, record = await finish_uncancelled(self._settle_through(settle, holds[0]))
+            charged, record = await self._settle_through(settle, holds[0])
             # Committed now: the span of what was recorded.
             self._emit_span(record, started_at)
         except asyncio.CancelledError as cancelled:
@@ -386,9 +387,17 @@ class Transcriber:
     async def _settle_through(
         self, settle: Callable[[AsyncSession], Awaitable[tuple[int, dict[str, Any]]]], hold: Hold
     ) -> tuple[int, dict[str, Any]]:
-        """Run `settle` in the writer's batch; once committed, a leased hold's lease learns
-        that its row gave the amount up (even if the caller went away meanwhile)."""
-        result = await self._writer.run(settle)
+        """Run `settle` in the writer's batch to its end even if the caller is cancelled
+        meanwhile (finish_uncancelled's contract: the writer waits, bounded, then raises
+        CancelledError, chained from the failure if the settlement failed); once committed, a
+        leased hold's lease learns that its row gave the amount up (even if the caller went
+        away meanwhile)."""
+        try:
+            result = await self._writer.run(settle, finish_within=FINISH_TIMEOUT_SECONDS)
+        except asyncio.CancelledError as cancelled:
+            if cancelled.__cause__ is None and self._leases is not None:
+                self._leases.settled(hold)  # committed; the caller went away meanwhile
+            raise
         if self._leases is not None:
             self._leases.settled(hold)
         return result

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from server.db.models import CreditHold, Generation
@@ -95,3 +97,46 @@ async def test_a_failure_after_a_rollback_is_still_recorded(
     assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
     (generation,) = await domain.rows(Generation, Generation.account_id == account)
     assert (generation.status, generation.cost_micros) == ("failed", 0)
+
+
+@pytest.mark.parametrize("settlement_fails", [False, True])
+async def test_a_caller_cancelled_during_its_settlement_waits_for_its_end(
+    domain: Domain, monkeypatch: pytest.MonkeyPatch, settlement_fails: bool
+) -> None:
+    """The request's task is cancelled (a deadline, then a client cancel) while its charge
+    is in the writer's batch: the settlement still runs to its end, the lease learns of it,
+    and only then is the cancellation passed on. A settlement that fails releases the hold
+    and records the failure, as when nobody cancels."""
+    from server.transcription import transcriber as module
+
+    real_settle = module.settle_hold
+    settling, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_settle(*args: object, **kwargs: object) -> None:
+        settling.set()
+        await release.wait()
+        await real_settle(*args, **kwargs)  # type: ignore[arg-type]
+        if settlement_fails:
+            raise RuntimeError("the charge could not be committed")
+
+    monkeypatch.setattr(module, "settle_hold", slow_settle)
+    issued = await domain.funded_key(f"stt-cancel-settle-{settlement_fails}")
+    account = issued.workspace.account_id
+    request = asyncio.create_task(domain.transcribe(issued))
+    await settling.wait()
+    for _ in range(2):
+        request.cancel()
+        await asyncio.sleep(0.01)
+    assert not request.done()  # waits for its settlement
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    charges = await domain.charges(account)
+    await domain.drain_leases()
+    assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
+    (generation,) = await domain.rows(Generation, Generation.account_id == account)
+    if settlement_fails:
+        assert charges == [] and generation.status == "failed"
+    else:
+        assert len(charges) == 1 and generation.status == "completed"
+        assert await domain.counted_spend(account) == charges[0]
