@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.cookiejar
 import os
 import ssl
 import statistics
@@ -21,9 +22,9 @@ import httpx
 
 from bench.harness.stt import UPSTREAM_MODEL, running_fake_provider
 from server.providers.endpoint import Endpoint
-from server.providers.http import no_cookies
-from server.providers.openai_stt import OpenAISttAdapter
-from server.providers.stt import SttCall
+from server.providers.http import _RefuseCookies, authorized, no_cookies, send
+from server.providers.openai_stt import MIME, OpenAISttAdapter, form, parse
+from server.providers.stt import SttCall, Transcript, reading_answer
 from server.providers.transport import pooled_transport
 from tests.support.catalog import FAKE_KEY_ENV
 
@@ -33,7 +34,7 @@ LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=64)
 
 
 def anyio_client() -> httpx.AsyncClient:
-    """The client build_core made before: httpx's own transport (httpcore over anyio)."""
+    """httpx's own transport (httpcore over anyio), the jar of today."""
     return httpx.AsyncClient(
         verify=ssl.create_default_context(),
         timeout=TIMEOUT,
@@ -41,6 +42,36 @@ def anyio_client() -> httpx.AsyncClient:
         follow_redirects=False,
         cookies=no_cookies(),
     )
+
+
+def before_client() -> httpx.AsyncClient:
+    """The client build_core made before issue 17: httpx's own transport, a jar refusing
+    each cookie by policy."""
+    return httpx.AsyncClient(
+        verify=ssl.create_default_context(),
+        timeout=TIMEOUT,
+        limits=LIMITS,
+        follow_redirects=False,
+        cookies=http.cookiejar.CookieJar(policy=_RefuseCookies()),
+    )
+
+
+class BeforeAdapter(OpenAISttAdapter):
+    """transcribe_form as it was before issue 17: the URL parsed by httpx on every call."""
+
+    async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
+        request = self._http.build_request(
+            "POST",
+            f"{endpoint.base_url}/audio/transcriptions",
+            data=form(call),
+            files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
+            headers=authorized(endpoint),
+            timeout=endpoint.timeout_seconds,
+        )
+        request.read()
+        response = await send(self._http, request)
+        with reading_answer():
+            return parse(response.json(), call.verbose)
 
 
 def asyncio_client() -> httpx.AsyncClient:
@@ -56,9 +87,10 @@ def asyncio_client() -> httpx.AsyncClient:
     )
 
 
-VARIANTS: dict[str, Callable[[], httpx.AsyncClient]] = {
-    "anyio": anyio_client,
-    "asyncio": asyncio_client,
+VARIANTS: dict[str, tuple[Callable[[], httpx.AsyncClient], type[OpenAISttAdapter]]] = {
+    "before": (before_client, BeforeAdapter),  # main before this branch
+    "anyio": (anyio_client, OpenAISttAdapter),  # this branch with httpx's own transport
+    "asyncio": (asyncio_client, OpenAISttAdapter),  # this branch as build_core wires it
 }
 
 
@@ -90,8 +122,8 @@ async def measure(
     call = SttCall(
         audio=os.urandom(AUDIO_BYTES), format="wav", filename="audio.wav", model=UPSTREAM_MODEL
     )
-    clients = {name: VARIANTS[name]() for name in variants}
-    adapters = {name: OpenAISttAdapter(client) for name, client in clients.items()}
+    clients = {name: VARIANTS[name][0]() for name in variants}
+    adapters = {name: VARIANTS[name][1](clients[name]) for name in variants}
     results: dict[str, list[float]] = {name: [] for name in variants}
     try:
         for name in variants:  # warm up: connections open, code paths hot

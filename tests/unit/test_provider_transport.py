@@ -304,3 +304,9 @@ async def test_cookies_are_still_refused(kind: str) -> None:
         for _ in range(2):
             assert (await client.post(server.url(), content=b"a")).content == b"ok"
         assert len(client.cookies.jar) == 0
+
+
+async def test_the_jar_stores_nothing_even_when_asked() -> None:
+    async with client_of("asyncio") as client:
+        client.cookies.set("session", "a", domain="provider.test")
+        assert len(client.cookies.jar) == 0
