@@ -127,6 +127,9 @@ async def _wait(slot: str, connection: _Connection, seconds: float | None) -> bo
 
 
 class AsyncioStream(httpcore.AsyncNetworkStream):
+    """One connection as httpcore reads and writes it (its `timeout` arguments are
+    httpcore's interface, hence the noqa on them)."""
+
     def __init__(self, connection: _Connection) -> None:
         self._connection = connection
         self._pending: list[bytes] = []  # written, not yet handed to the transport
