@@ -155,12 +155,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 measure(provider.base_url, variants, args.rounds, args.calls, concurrency)
             )
             print(f"concurrency {concurrency}, {args.calls} calls x {args.rounds} rounds:")
-            base = statistics.median(results[variants[0]])
+            base = results[variants[0]]
             for name in variants:
                 median = statistics.median(results[name])
+                # Paired: each round's ratio to the first variant in the same round.
+                ratio = statistics.median(a / b for a, b in zip(results[name], base, strict=True))
                 print(
                     f"  {name:>10}: {median * 1e6:7.1f} us CPU/call (median of rounds;"
-                    f" min {min(results[name]) * 1e6:.1f}), x{median / base:.2f}"
+                    f" min {min(results[name]) * 1e6:.1f}), x{ratio:.2f} paired"
                 )
     return 0
 

@@ -8,7 +8,8 @@ doing anything (anyio's checkpoint), and the pool asks every idle connection per
 whether its socket is readable with a poll(2) syscall. Here a read of data already received
 returns at once, a wait is one future with one timer, the request's head and a body up to
 64 KiB leave in one send (httpcore writes them separately), and whether an idle connection
-was closed by the server is known from what the event loop has already delivered.
+was closed by the server is known from what the event loop has already delivered (the kernel
+is asked only about connections quiet for a second).
 
 Both are documented extension points: httpcore's `AsyncNetworkBackend` /
 `AsyncNetworkStream` (passed as `network_backend=` to `httpcore.AsyncConnectionPool`) and
@@ -20,6 +21,7 @@ httpx's as httpx's own transport maps them, so callers see the same httpx except
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
@@ -35,6 +37,10 @@ _READ_LOW = 64 * 1024
 # Writes are held and sent together, at the latest when the response is first read, while
 # they stay under this size (asyncio's default high-water mark for a transport's buffer).
 _COALESCE_BYTES = 64 * 1024
+# A connection quiet this long is also asked the kernel whether it is readable (a close the
+# event loop has not delivered yet): only the ones a server may have closed for idleness pay
+# the syscall, not every idle connection on every request.
+_QUIET_SECONDS = 1.0
 # anyio's connect_tcp default: a second address family is tried after this long.
 _HAPPY_EYEBALLS_DELAY = 0.25
 
@@ -58,6 +64,8 @@ class _Connection(asyncio.Protocol):
     HTTP/1.1 connection reads and writes in turn)."""
 
     def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.active_at = self.loop.time()  # when bytes last came or went
         self.transport: asyncio.Transport | None = None
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
@@ -74,6 +82,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        self.active_at = self.loop.time()
         self.chunks.append(data)
         self.buffered += len(data)
         if self.buffered > _READ_HIGH and not self.read_paused and self.transport is not None:
@@ -175,6 +184,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         transport = self._transport()
         if connection.lost or transport.is_closing():
             return  # reading will tell why (httpcore reads the answer after a write error)
+        connection.active_at = connection.loop.time()
         if len(pending) == 1:
             transport.write(pending[0])
         elif sum(map(len, pending)) < _COALESCE_BYTES:
@@ -232,11 +242,15 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
 
     def get_extra_info(self, info: str) -> Any:
         connection = self._connection
+        transport = connection.transport
         if info == "is_readable":
             # Whether a read would not block: an idle connection that is readable was closed
             # (or spoken to out of turn) by the server, and the pool drops it.
-            return bool(connection.chunks) or connection.eof or connection.lost
-        transport = connection.transport
+            if connection.chunks or connection.eof or connection.lost or transport is None:
+                return True
+            if connection.loop.time() - connection.active_at < _QUIET_SECONDS:
+                return False
+            return _socket_readable(transport)
         if transport is None:
             return None
         if info == "ssl_object":
@@ -248,6 +262,16 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         if info == "socket":
             return transport.get_extra_info("socket")
         return None
+
+
+def _socket_readable(transport: asyncio.Transport) -> bool:
+    """Whether the kernel holds bytes (or the end of stream) the event loop has not read."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.fileno() < 0:
+        return True
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class AsyncioBackend(httpcore.AsyncNetworkBackend):

@@ -18,7 +18,7 @@ import trustme
 from server.providers.endpoint import Endpoint
 from server.providers.failures import TIMEOUT, UNREACHABLE, ProviderFailure
 from server.providers.http import call, no_cookies
-from server.providers.transport import pooled_transport
+from server.providers.transport import AsyncioBackend, AsyncioStream, pooled_transport
 
 LOOPBACK = "127.0.0.1"
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -91,6 +91,11 @@ class Server:
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
         self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close_connections(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -310,3 +315,22 @@ async def test_the_jar_stores_nothing_even_when_asked() -> None:
     async with client_of("asyncio") as client:
         client.cookies.set("session", "a", domain="provider.test")
         assert len(client.cookies.jar) == 0
+
+
+async def test_a_quiet_connection_asks_the_kernel_whether_it_was_closed() -> None:
+    """A close the event loop has not delivered yet (reading paused here to hold it back)
+    still marks a connection quiet for a second as readable, so the pool drops it."""
+    async with Server(never_answer) as server:
+        stream = await AsyncioBackend().connect_tcp(LOOPBACK, server.port, timeout=2.0)
+        assert isinstance(stream, AsyncioStream)
+        assert stream.get_extra_info("socket") is not None
+        assert stream.get_extra_info("is_readable") is False
+        connection = stream._connection
+        assert connection.transport is not None
+        connection.transport.pause_reading()
+        await server.close_connections()
+        await asyncio.sleep(0.05)
+        assert stream.get_extra_info("is_readable") is False  # active a moment ago: not asked
+        connection.active_at -= 2.0
+        assert stream.get_extra_info("is_readable") is True
+        await stream.aclose()
