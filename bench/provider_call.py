@@ -25,7 +25,7 @@ from server.providers.endpoint import Endpoint
 from server.providers.http import _RefuseCookies, authorized, no_cookies, send
 from server.providers.openai_stt import MIME, OpenAISttAdapter, form, parse
 from server.providers.stt import SttCall, Transcript, reading_answer
-from server.providers.transport import pooled_transport
+from server.providers.transport import AsyncioBackend, PooledTransport, pooled_transport
 from tests.support.catalog import FAKE_KEY_ENV
 
 AUDIO_BYTES = 32 * 1024
@@ -87,10 +87,24 @@ def asyncio_client() -> httpx.AsyncClient:
     )
 
 
+def split_writes_client() -> httpx.AsyncClient:
+    """As build_core's, but each write sent at once (head and body in two sends)."""
+    tls = ssl.create_default_context()
+    return httpx.AsyncClient(
+        verify=tls,
+        timeout=TIMEOUT,
+        limits=LIMITS,
+        follow_redirects=False,
+        cookies=no_cookies(),
+        transport=PooledTransport(tls, LIMITS, AsyncioBackend(coalesce_bytes=0)),
+    )
+
+
 VARIANTS: dict[str, tuple[Callable[[], httpx.AsyncClient], type[OpenAISttAdapter]]] = {
     "before": (before_client, BeforeAdapter),  # main before this branch
     "anyio": (anyio_client, OpenAISttAdapter),  # this branch with httpx's own transport
     "asyncio": (asyncio_client, OpenAISttAdapter),  # this branch as build_core wires it
+    "split": (split_writes_client, OpenAISttAdapter),  # the same without coalesced writes
 }
 
 

@@ -139,8 +139,9 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
     """One connection as httpcore reads and writes it (its `timeout` arguments are
     httpcore's interface, hence the noqa on them)."""
 
-    def __init__(self, connection: _Connection) -> None:
+    def __init__(self, connection: _Connection, coalesce_bytes: int = _COALESCE_BYTES) -> None:
         self._connection = connection
+        self._coalesce_bytes = coalesce_bytes
         self._pending: list[bytes] = []  # written, not yet handed to the transport
         self._pending_bytes = 0
         self._pending_timeout: float | None = None
@@ -172,7 +173,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         self._pending.append(buffer)
         self._pending_bytes += len(buffer)
         self._pending_timeout = timeout
-        if self._pending_bytes >= _COALESCE_BYTES:
+        if self._pending_bytes >= self._coalesce_bytes:
             await self._flush(timeout)
 
     async def _flush(self, seconds: float | None) -> None:
@@ -187,7 +188,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         connection.active_at = connection.loop.time()
         if len(pending) == 1:
             transport.write(pending[0])
-        elif sum(map(len, pending)) < _COALESCE_BYTES:
+        elif sum(map(len, pending)) < self._coalesce_bytes:
             transport.write(b"".join(pending))
         else:
             for buffer in pending:  # large: no copy to join them
@@ -275,6 +276,11 @@ def _socket_readable(transport: asyncio.Transport) -> bool:
 
 
 class AsyncioBackend(httpcore.AsyncNetworkBackend):
+    """`coalesce_bytes`: writes held and sent together while under this size (0: none)."""
+
+    def __init__(self, coalesce_bytes: int = _COALESCE_BYTES) -> None:
+        self._coalesce_bytes = coalesce_bytes
+
     async def connect_tcp(
         self,
         host: str,
@@ -315,9 +321,8 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
             raise httpcore.ConnectError(str(exc)) from exc
         return self._stream(connection, socket_options)
 
-    @staticmethod
     def _stream(
-        connection: _Connection, socket_options: Iterable[httpcore.SOCKET_OPTION] | None
+        self, connection: _Connection, socket_options: Iterable[httpcore.SOCKET_OPTION] | None
     ) -> AsyncioStream:
         # asyncio sets TCP_NODELAY on TCP connections itself, as anyio does.
         if socket_options:
@@ -325,7 +330,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
             sock = connection.transport.get_extra_info("socket")
             for option in socket_options:
                 sock.setsockopt(*option)
-        return AsyncioStream(connection)
+        return AsyncioStream(connection, self._coalesce_bytes)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
