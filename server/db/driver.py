@@ -318,9 +318,12 @@ class InlineSqlite:
     @property
     def connection(self) -> sqlite3.Connection:
         if self._connection is None:
-            # Room for every unit's SAVEPOINT u<index> beside the hot statements.
             connection = connect_sqlite(self._path, cached_statements=512)
             connection.execute("PRAGMA wal_autocheckpoint=0")
+            # A unit's savepoint journals the original of each page it changes (the
+            # sub-journal), by default in a temporary file: in memory instead (measured, a
+            # batch of 8 settlements: ~25% less CPU with `next_unit`'s one savepoint at a time).
+            connection.execute("PRAGMA temp_store=MEMORY")
             self._connection = connection
         return self._connection
 
@@ -488,7 +491,13 @@ async def next_unit(session: AsyncSession, index: int) -> None:
     that succeeded needs nothing more: its savepoint ends with the next one or the commit."""
     inline = _inline(session)
     if inline is not None:
-        inline.execute(f"SAVEPOINT u{index}")
+        # One savepoint at a time, not nested ones: under nested savepoints each unit
+        # journals again the pages the units before it changed, and the sub-journal grows
+        # to the commit (measured: the 8th unit's statements ~2-3x slower than a lone
+        # unit's); releasing the open one empties it.
+        if index:
+            inline.execute("RELEASE u")
+        inline.execute("SAVEPOINT u")
         return
     connection = await session.connection()
     if connection.dialect.name == "sqlite":
@@ -509,7 +518,7 @@ async def rollback_unit(session: AsyncSession, index: int) -> None:
     session.info.get(LOCKED_IN_BATCH, set()).clear()
     inline = _inline(session)
     if inline is not None:
-        inline.execute(f"ROLLBACK TO u{index}")
+        inline.execute("ROLLBACK TO u")
         return
     dialect, driver = await _driver_of(session)
     if dialect == "sqlite":
