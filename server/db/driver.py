@@ -86,11 +86,18 @@ def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
     return compiled
 
 
-def insert_statement(table: sa.Table, *, generated: tuple[str, ...] = ()) -> sa.Insert:
+def insert_statement(
+    table: sa.Table, *, generated: tuple[str, ...] = (), prefix: str = ""
+) -> sa.Insert:
     """An INSERT of every column of `table` but the `generated` ones (e.g. an autoincrement
-    id), as parameters named after the columns: a constant to run with fetch_rows."""
+    id), as parameters named after the columns (after `prefix`, for a statement that binds
+    other parameters of those names too): a constant to run with fetch_rows."""
     return sa.insert(table).values(
-        {c.name: sa.bindparam(c.name, type_=c.type) for c in table.c if c.name not in generated}
+        {
+            c.name: sa.bindparam(prefix + c.name, type_=c.type)
+            for c in table.c
+            if c.name not in generated
+        }
     )
 
 
