@@ -52,9 +52,10 @@ class _Compiled:
         unique = tuple(dict.fromkeys(self.names))
         index = {name: i for i, name in enumerate(unique)}
         object.__setattr__(self, "_unique", unique)
-        object.__setattr__(
-            self, "_getter", operator.itemgetter(*unique) if len(unique) > 1 else None
-        )
+        # Statements with values bound in themselves (rarely given in params) take the
+        # per-name path: a KeyError raised on each call would cost more than it saves.
+        plain = len(unique) > 1 and not any(name in self.literals for name in unique)
+        object.__setattr__(self, "_getter", operator.itemgetter(*unique) if plain else None)
         object.__setattr__(
             self,
             "_converted",
@@ -71,12 +72,9 @@ class _Compiled:
     def arguments(self, params: Mapping[str, Any]) -> list[Any]:
         getter = self._getter  # type: ignore[attr-defined]
         values: list[Any]
-        try:
-            if getter is not None:
-                values = list(getter(params))
-            else:
-                values = [params[name] for name in self._unique]  # type: ignore[attr-defined]
-        except KeyError:  # a value bound in the statement itself, unless given
+        if getter is not None:
+            values = list(getter(params))
+        else:  # a value bound in the statement itself, unless given
             literals = self.literals
             values = [
                 params[name] if name in params else literals[name]
