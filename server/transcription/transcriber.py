@@ -38,7 +38,7 @@ from server.guardrails.policy import Guardrails, guardrails_of
 from server.limits.admission import Limits, is_plain_credit_hold
 from server.limits.guardrail_budgets import GuardrailBudget
 from server.limits.leases import BudgetLeases
-from server.observability.generations import store_generation_row
+from server.observability.generations import GENERATIONS, store_generation_row
 from server.observability.logs import REQUEST_ID
 from server.observability.metrics import Metrics
 from server.observability.tracing import emit_generation_span
@@ -422,14 +422,13 @@ class Transcriber:
             )
         elif byok_hold is not None:
             await drop_hold(session, byok_hold)
-        await settle_hold(session, hold, cost_micros=charged, now=now, reference=generation_id)
         record = await self._record(
             session,
             principal,
             request,
             model,
             generation_id,
-            commit=False,  # a unit of the writer's batch
+            store=False,  # inserted with the charge below (one statement on PostgreSQL)
             provider=provider,
             status="completed",
             cost=charged,
@@ -437,6 +436,14 @@ class Transcriber:
             started=started,
             started_at=started_at,
             is_byok=is_byok,
+        )
+        await settle_hold(
+            session,
+            hold,
+            cost_micros=charged,
+            now=now,
+            reference=generation_id,
+            row=(GENERATIONS, record),
         )
         return charged, record
 
@@ -547,9 +554,11 @@ class Transcriber:
         error: str | None = None,
         is_byok: bool = False,
         commit: bool = True,
+        store: bool = True,
     ) -> dict[str, Any]:
-        """Store the generation record (returned as its columns' values); with `commit`,
-        commit and report it as a span (else the caller does both)."""
+        """The generation record (as its columns' values), stored unless `store` is off (the
+        caller inserts it); with `commit`, committed and reported as a span (else the
+        caller does both)."""
         record = {
             "id": generation_id,
             "account_id": principal.account.id,
@@ -569,6 +578,8 @@ class Transcriber:
             "error": error,
             "created_at": self._clock.now(),
         }
+        if not store:
+            return record
         await store_generation_row(session, record)
         if commit:
             await session.commit()
