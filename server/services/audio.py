@@ -3,8 +3,6 @@ typed CreateTranscription rpc for gRPC callers."""
 
 from __future__ import annotations
 
-import json
-
 import grpc
 from google.api import httpbody_pb2
 from google.protobuf import json_format
@@ -40,7 +38,7 @@ class AudioService(audio_pb2_grpc.AudioServicer):
         await context.send_initial_metadata((("x-generation-id", result.generation_id),))
         return httpbody_pb2.HttpBody(
             content_type="application/json",
-            data=json.dumps(result.body(), separators=(",", ":")).encode(),
+            data=result.json_body(),
         )
 
     async def CreateTranscription(
