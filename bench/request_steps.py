@@ -201,6 +201,17 @@ async def main(iterations: int) -> dict[str, float]:
             pass
 
     results["metrics.provider_call"] = _time_sync(provider_call, n)
+
+    async def request_session() -> None:
+        try:  # what the audio service opens per request (LazySession: made on first use)
+            from server.transcription.session import LazySession
+        except ImportError:  # before it
+            async with sessions():
+                return
+        async with LazySession(sessions) as session:
+            assert not session.in_transaction()
+
+    results["request session open+close"] = await _time_async(request_session, n)
     results["usd_to_micros"] = _time_sync(lambda: usd_to_micros(audio.seconds), n)
     await leases.close()
     await writer.close()
