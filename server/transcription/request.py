@@ -309,11 +309,11 @@ def from_multipart(
     if upload is None:
         raise bad_request("file is required", param="file")
 
-    def one(name: str) -> str | None:
+    form: dict[str, Any] = {}
+    for name in FORM_FIELDS:  # a field sent more than once: its last value
         values = fields.get(name)
-        return values[-1] if values else None
-
-    form: dict[str, Any] = {name: one(name) for name in FORM_FIELDS if one(name) is not None}
+        if values:
+            form[name] = values[-1]
     granularities = fields.get("timestamp_granularities[]") or fields.get("timestamp_granularities")
     if granularities:
         form["timestamp_granularities"] = granularities
