@@ -43,6 +43,8 @@ from server.observability.logs import configure_logging, log_access
 from server.observability.metrics import Metrics
 from server.providers.stt import Transcript
 from server.routing.catalog import load_catalog
+from server.routing.cooldowns import Cooldowns
+from server.transcription import transcriber as transcriber_module
 from server.transcription.request import from_http
 from server.transcription.transcriber import Transcriber, TranscriptionResult, price
 from server.vault.crypto import MasterKey
@@ -212,6 +214,17 @@ async def main(iterations: int) -> dict[str, float]:
             assert not session.in_transaction()
 
     results["request session open+close"] = await _time_async(request_session, n)
+    # The commit before admission, of a session that read nothing (a cached caller).
+    end_reads = getattr(transcriber_module, "_end_reads", None)
+    if end_reads is None:  # before it: a commit every time
+
+        async def end_reads(session: Any) -> None:
+            await session.commit()
+
+    async with sessions() as unused:
+        results["commit before admission"] = await _time_async(lambda: end_reads(unused), n)
+    cooldowns = Cooldowns(clock)
+    results["cooldowns.remaining"] = _time_sync(lambda: cooldowns.remaining(planned[0]), n)
     results["usd_to_micros"] = _time_sync(lambda: usd_to_micros(audio.seconds), n)
     await leases.close()
     await writer.close()
