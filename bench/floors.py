@@ -30,8 +30,10 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from bench.harness.load import LOOPBACK, REQUEST_TIMEOUT
+from bench.harness.processes import UNCAPPED_EDGE
 from facade.envoy_config import EnvoyOptions, Upstream
 from facade.launcher import EnvoyProcess
+from server.config import EdgePolicy
 from server.contract import DESCRIPTOR_SET, SERVICES, audio_pb2_grpc, keys_pb2, keys_pb2_grpc
 from tests.support.processes import free_port
 
@@ -112,6 +114,9 @@ async def serve(provider_url: str, provider_key: str, http_port: int, work_dir: 
                 upstreams=(Upstream(LOOPBACK, grpc_port),),
                 listen_host=LOOPBACK,
                 listen_port=http_port,
+                # As the gateway's in the benches: the one load generator is not rate-limited
+                # (otherwise the floor's 429s, cheap answers, count as served requests).
+                edge=EdgePolicy.model_validate(UNCAPPED_EDGE),
             ),
             work_dir,
         )

@@ -147,6 +147,37 @@ class FloorProcess:
 class Case:
     path: str
     open_call: Callable[[int], Awaitable[tuple[Call, Callable[[], Awaitable[None]]]]]
+    # The process tree serving the case (its CPU is read from /proc around each measurement).
+    root_pid: int | None = None
+
+
+@dataclass(frozen=True)
+class CpuSeconds:
+    """CPU seconds (user + system) a process tree has used: its server processes and Envoy."""
+
+    server: float
+    envoy: float
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(root_pid: int) -> CpuSeconds:
+    server = envoy = 0.0
+    for pid in process_tree(root_pid):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+            command = Path(f"/proc/{pid}/comm").read_text(encoding="utf-8").strip()
+        except OSError:  # gone
+            continue
+        # Fields after the command's closing parenthesis: utime and stime are 14 and 15.
+        fields = stat.rsplit(")", 1)[1].split()
+        used = (int(fields[11]) + int(fields[12])) / _TICKS
+        if command == ENVOY_COMMAND:
+            envoy += used
+        else:
+            server += used
+    return CpuSeconds(server, envoy)
 
 
 def largest_process_mib(root_pid: int) -> float | None:
@@ -166,24 +197,26 @@ def largest_process_mib(root_pid: int) -> float | None:
     return max(peaks) if peaks else None
 
 
-def get_case(path: str, base_url: str, key: str) -> Case:
+def get_case(path: str, base_url: str, key: str, root_pid: int | None = None) -> Case:
     async def open_call(concurrency: int) -> tuple[Call, Callable[[], Awaitable[None]]]:
         # The lean client, as for the uploads: httpx's own CPU (~0.8 ms a request) would
         # cap both sides at the load generator's rate.
         client = LeanHttpClient(base_url + "/key", [key], "", b"", method="GET")
         return lean_call(client), client.aclose
 
-    return Case(path, open_call)
+    return Case(path, open_call, root_pid)
 
 
-def post_case(path: str, url: str, key: str, model: str, audio: bytes) -> Case:
+def post_case(
+    path: str, url: str, key: str, model: str, audio: bytes, root_pid: int | None = None
+) -> Case:
     upload = multipart_upload(model, audio)
 
     async def open_call(concurrency: int) -> tuple[Call, Callable[[], Awaitable[None]]]:
         client = LeanHttpClient(url, [key], upload.content_type, upload.content)
         return lean_call(client), client.aclose
 
-    return Case(path, open_call)
+    return Case(path, open_call, root_pid)
 
 
 async def preflight(case: Case) -> None:
@@ -196,7 +229,21 @@ async def preflight(case: Case) -> None:
         raise RuntimeError(f"{case.path} preflight failed: {failure}")
 
 
-async def run_rounds(cases: Sequence[Case], args: argparse.Namespace) -> list[CaseResult]:
+@dataclass(frozen=True)
+class CaseCpu:
+    """CPU milliseconds per request of one measurement (warm-up included in both counts)."""
+
+    path: str
+    concurrency: int
+    server_ms: float
+    envoy_ms: float
+
+
+async def run_rounds(
+    cases: Sequence[Case], args: argparse.Namespace, cpu: list[CaseCpu] | None = None
+) -> list[CaseResult]:
+    """Measure each case; where a case names its process tree, its CPU per request goes to
+    `cpu`."""
     for case in cases:
         await preflight(case)
     results: list[CaseResult] = []
@@ -205,12 +252,24 @@ async def run_rounds(cases: Sequence[Case], args: argparse.Namespace) -> list[Ca
         for concurrency in (1, 16):
             for case in cases:
                 call, close = await case.open_call(concurrency)
+                before = None if case.root_pid is None else cpu_seconds(case.root_pid)
                 try:
                     result = await measure(
                         case.path, call, concurrency, args.requests, args.warmup, args.time_cap
                     )
                 finally:
                     await close()
+                if before is not None and case.root_pid is not None and cpu is not None:
+                    after = cpu_seconds(case.root_pid)
+                    served = result.requests + args.warmup
+                    cpu.append(
+                        CaseCpu(
+                            case.path,
+                            concurrency,
+                            round((after.server - before.server) * 1000 / served, 3),
+                            round((after.envoy - before.envoy) * 1000 / served, 3),
+                        )
+                    )
                 results.append(result)
                 case_done(result)
     return results
@@ -227,16 +286,24 @@ class Figure:
     requests_per_second: float
     p50_ms: float | None
     errors: int
+    server_cpu_ms: float | None = None  # CPU ms per request of the serving process(es)
+    envoy_cpu_ms: float | None = None
 
 
-def summarise(results: Sequence[CaseResult]) -> dict[tuple[str, int], Figure]:
+def summarise(
+    results: Sequence[CaseResult], cpu: Sequence[CaseCpu] = ()
+) -> dict[tuple[str, int], Figure]:
     """The median over the rounds of each (path, concurrency)."""
     grouped: dict[tuple[str, int], list[CaseResult]] = {}
     for result in results:
         grouped.setdefault((result.path, result.concurrency), []).append(result)
+    cpu_of: dict[tuple[str, int], list[CaseCpu]] = {}
+    for used in cpu:
+        cpu_of.setdefault((used.path, used.concurrency), []).append(used)
     figures = {}
     for (path, concurrency), group in grouped.items():
         p50s = [r.p50_ms for r in group if r.p50_ms is not None]
+        used_by = cpu_of.get((path, concurrency), [])
         figures[(path, concurrency)] = Figure(
             path,
             concurrency,
@@ -244,6 +311,8 @@ def summarise(results: Sequence[CaseResult]) -> dict[tuple[str, int], Figure]:
             round(statistics.median(r.requests_per_second for r in group), 1),
             round(statistics.median(p50s), 2) if p50s else None,
             sum(r.errors for r in group),
+            round(statistics.median(u.server_ms for u in used_by), 2) if used_by else None,
+            round(statistics.median(u.envoy_ms for u in used_by), 2) if used_by else None,
         )
     return figures
 
@@ -274,6 +343,10 @@ def evaluate(
     def p50(path: str) -> float | None:
         figure = figures.get((path, 1))
         return None if figure is None else figure.p50_ms
+
+    def cpu_ms(path: str) -> float | None:
+        figure = figures.get((path, 16))
+        return None if figure is None else figure.server_cpu_ms
 
     def added(path: str) -> float | None:
         through, direct = p50(path), p50(DIRECT_STT)
@@ -313,6 +386,20 @@ def evaluate(
             "req/s",
         )
     )
+    # Not a target: what the req/s ratio comes from, steadier than req/s on a shared machine.
+    for path, floor_path in ((GW_KEY, F1_KEY), (GW_STT, F2_STT), (LITELLM_STT, F2_STT)):
+        used, floor_used = cpu_ms(path), cpu_ms(floor_path)
+        if used is not None:
+            targets.append(
+                Target(
+                    f"(not a target) server CPU per request at 16: {path} vs {floor_path}",
+                    used,
+                    floor_used,
+                    _ratio(used, floor_used),
+                    None,
+                    "ms",
+                )
+            )
     gw_added, f2_added = added(GW_STT), added(F2_STT)
     targets.append(
         Target(
@@ -383,7 +470,16 @@ def report(
     load_at_start: Sequence[float] = (),
 ) -> str:
     table = markdown_table(
-        ["path", "concurrency", "rounds", "req/s (median)", "p50 ms (median)", "errors"],
+        [
+            "path",
+            "concurrency",
+            "rounds",
+            "req/s (median)",
+            "p50 ms (median)",
+            "server CPU ms/req",
+            "Envoy CPU ms/req",
+            "errors",
+        ],
         [
             [
                 f.path,
@@ -391,6 +487,8 @@ def report(
                 f.rounds,
                 f"{f.requests_per_second:.1f}",
                 _cell(f.p50_ms),
+                _cell(f.server_cpu_ms),
+                _cell(f.envoy_cpu_ms),
                 f.errors,
             ]
             for f in sorted(figures.values(), key=lambda f: (f.concurrency, f.path))
@@ -509,20 +607,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         proxy = None if args.no_litellm else litellm_proxy.LiteLLMProxy(fake, tmp).start()
         try:
             gateway_url = run.gateway.base_url
+            assert floor.process is not None and run.gateway.process is not None
+            floor_pid, gateway_pid = floor.process.pid, run.gateway.process.pid
+            fake_pid = None if fake.process is None else fake.process.pid
             cases = [
-                get_case(F1_KEY, floor.base_url, key),
-                get_case(GW_KEY, gateway_url, key),
-                post_case(DIRECT_STT, fake.base_url + ROUTE, fake.api_key, UPSTREAM_MODEL, audio),
-                post_case(F2_STT, floor.base_url + ROUTE, key, UPSTREAM_MODEL, audio),
-                post_case(GW_STT, gateway_url + ROUTE, key, BENCH_MODEL, audio),
+                get_case(F1_KEY, floor.base_url, key, floor_pid),
+                get_case(GW_KEY, gateway_url, key, gateway_pid),
+                post_case(
+                    DIRECT_STT,
+                    fake.base_url + ROUTE,
+                    fake.api_key,
+                    UPSTREAM_MODEL,
+                    audio,
+                    fake_pid,
+                ),
+                post_case(F2_STT, floor.base_url + ROUTE, key, UPSTREAM_MODEL, audio, floor_pid),
+                post_case(GW_STT, gateway_url + ROUTE, key, BENCH_MODEL, audio, gateway_pid),
             ]
             if proxy is not None:
+                assert proxy.process is not None
                 cases.append(
                     post_case(
-                        LITELLM_STT, proxy.base_url + ROUTE, "none", litellm_proxy.MODEL, audio
+                        LITELLM_STT,
+                        proxy.base_url + ROUTE,
+                        "none",
+                        litellm_proxy.MODEL,
+                        audio,
+                        proxy.process.pid,
                     )
                 )
-            results = asyncio.run(run_rounds(cases, args))
+            cpu: list[CaseCpu] = []
+            results = asyncio.run(run_rounds(cases, args, cpu))
             assert run.gateway.process is not None
             rss["gateway server process"] = largest_process_mib(run.gateway.process.pid)
             rss["floor server"] = floor.peak_rss_mib()
@@ -536,7 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_videos:
         videos["SQLite"] = video_submissions(args, None)
         videos["PostgreSQL"] = video_submissions(args, args.pg_url)
-    figures = summarise(results)
+    figures = summarise(results, cpu)
     targets = evaluate(figures, videos, rss)
     machine = machine_info(database.label)
     print(report(figures, targets, machine, load_at_start))
@@ -557,6 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "litellm": None if args.no_litellm else litellm_proxy.VERSION,
                     },
                     "results": [asdict(r) for r in results],
+                    "cpu": [asdict(c) for c in cpu],
                     "figures": [asdict(f) for f in figures.values()],
                     "targets": [asdict(t) for t in targets],
                 },

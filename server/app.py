@@ -73,6 +73,7 @@ from server.providers.queue_video import QueueVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.stt import SttAdapter
+from server.providers.transport import pooled_transport
 from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog, served_by
@@ -157,12 +158,15 @@ def build_core(
     tls = ssl.create_default_context()
     if settings.webhook_ca_bundle:
         tls.load_verify_locations(cafile=settings.webhook_ca_bundle)
+    http_limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
     http = httpx.AsyncClient(
         verify=tls,
         timeout=httpx.Timeout(120.0, connect=10.0),
-        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        limits=http_limits,
         follow_redirects=False,
         cookies=no_cookies(),  # one client for every workspace: no cookie carries over
+        # httpcore's pool over asyncio rather than anyio: less CPU per call (transport.py).
+        transport=pooled_transport(tls, http_limits),
     )
     # A queued decode holds only a reference to audio the request already holds in memory:
     # the queue is long (a burst of small files is decoded in turn), the caller's deadline

@@ -4,12 +4,14 @@ column type, and keep the values bound in the statement itself."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta, timezone
 
+import pytest
 import sqlalchemy as sa
+from sqlalchemy.dialects.sqlite.aiosqlite import dialect as sqlite_dialect
 
-from server.db.driver import execute_many, fetch_rows
-from server.db.models import RateWindow
+from server.db.driver import _compile, execute_many, fetch_rows
+from server.db.models import RateWindow, UtcDateTime
 from tests.support.admin import Admin
 
 _WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
@@ -88,3 +90,45 @@ async def test_execute_many_writes_every_row_in_the_callers_transaction(admin_db
         await execute_many(session, _PLAIN_INSERT, rows)
         await session.commit()
     assert [await _count(admin_db, f"many-{i}") for i in range(1, 4)] == [1, 2, 3]
+
+
+def test_sqlite_fast_conversions_write_what_the_dialect_writes() -> None:
+    """On SQLite the driver formats dates and UTC datetimes itself (faster): the same text as
+    SQLAlchemy's own conversion, for any zone, microsecond or year; what it does not expect
+    (None, a naive datetime) gets the dialect's own answer or error."""
+    dialect = sqlite_dialect()
+    statement = sa.select(
+        sa.bindparam("when", type_=UtcDateTime), sa.bindparam("day", type_=sa.Date)
+    )
+    fast = _compile(statement, dialect)
+    values = [
+        datetime(2026, 7, 1, 12, 30, tzinfo=UTC),
+        datetime(2026, 7, 1, 12, 30, 0, 1, tzinfo=timezone(timedelta(hours=-5, minutes=-30))),
+        datetime(5, 1, 1, 23, 59, 59, 999_999, tzinfo=timezone(timedelta(hours=3))),
+        datetime(2026, 12, 31, 23, 0, tzinfo=timezone(timedelta(hours=-2))),
+    ]
+    days = [date(2026, 7, 1), date(5, 1, 9), date(9999, 12, 31)]
+    for value in values:
+        for day in days:
+            params = {"when": value, "day": day}
+            expected = [
+                UtcDateTime().dialect_impl(dialect).bind_processor(dialect)(value),  # type: ignore[misc]
+                sa.Date().dialect_impl(dialect).bind_processor(dialect)(day),  # type: ignore[misc]
+            ]
+            assert fast.arguments(params) == expected
+    assert fast.arguments({"when": None, "day": None}) == [None, None]
+    with pytest.raises(ValueError):
+        fast.arguments({"when": datetime(2026, 7, 1), "day": days[0]})  # naive
+
+
+def test_a_name_bound_at_several_positions_is_converted_once_per_position() -> None:
+    dialect = sqlite_dialect()
+    day = sa.bindparam("day", type_=sa.Date)
+    statement = sa.select(day, sa.bindparam("n", type_=sa.Integer), day, sa.literal(7))
+    compiled = _compile(statement, dialect)
+    assert compiled.arguments({"day": date(2026, 7, 1), "n": 3}) == [
+        "2026-07-01",
+        3,
+        "2026-07-01",
+        7,
+    ]

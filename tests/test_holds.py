@@ -8,11 +8,14 @@ from datetime import UTC, datetime, timedelta
 import grpc
 import pytest
 import sqlalchemy as sa
+from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.holds import (
+    Hold,
     finish_uncancelled,
     place_hold,
     release_hold,
+    reserve_slice,
     settle_hold,
     sweep_expired_holds,
 )
@@ -20,7 +23,9 @@ from server.billing.money import usd_to_micros
 from server.clock import ManualClock
 from server.contract import audio_pb2, audio_pb2_grpc
 from server.db.models import CreditHold, Generation, LedgerEntry, UsageCounter
+from server.db.writer import Writer
 from server.errors import GatewayError
+from server.observability.generations import GENERATIONS
 from tests.conftest import Stack
 from tests.support.admin import Admin, IssuedKey
 from tests.support.audio import fixture
@@ -157,6 +162,133 @@ async def test_lapsed_holds_are_swept(admin_db: Admin) -> None:
         assert await sweep_expired_holds(session, clock.now()) == 1
         left = (await session.exec(sa.select(sa.func.count()).select_from(CreditHold))).one()
     assert left[0] == 1
+
+
+def _record(issued: IssuedKey, generation_id: str, cost: int, now: datetime) -> dict[str, object]:
+    return {
+        "id": generation_id,
+        "account_id": issued.workspace.account_id,
+        "workspace_id": issued.workspace.id,
+        "key_hash": issued.hash,
+        "kind": "stt",
+        "model": "fake/ok",
+        "provider": "fake",
+        "status": "completed",
+        "cost_micros": cost,
+        "is_byok": False,
+        "seconds": None,
+        "latency_ms": 3,
+        "session_id": None,
+        "user": None,
+        "trace": {"a": 1},
+        "error": None,
+        "created_at": now,
+    }
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["session", "writer-batch"])
+async def test_a_settlement_with_its_record_writes_all_or_nothing(
+    admin_db: Admin, batched: bool
+) -> None:
+    """settle_hold with the request's record (one statement on PostgreSQL, through the driver
+    in a writer's batch or SQLAlchemy on a plain session): the hold goes (a lease's row
+    shrinks, nothing else of it changes), the ledger row, the eight counters and the record
+    are written; a settlement that fails (its record's id is taken) writes none of them."""
+    now = datetime(2026, 7, 1, 12, tzinfo=UTC)
+    admin_db.clock = ManualClock(now)
+    workspace = await admin_db.workspace("settle-row")
+    await admin_db.credits(workspace, "10")
+    issued = await admin_db.key(workspace)
+    account = workspace.account_id
+    plain = await _hold(admin_db, issued, "0.5")
+    async with admin_db.sessions() as session:
+        assert await reserve_slice(
+            session,
+            lease_id="lease_x",
+            account_id=account,
+            key_hash=issued.hash,
+            amount_micros=usd_to_micros("1"),
+            now=now,
+            ttl=timedelta(minutes=5),
+        )
+        await session.commit()
+    leased = Hold("", account, issued.hash, usd_to_micros("0.25"), False, lease_id="lease_x")
+    writer = Writer(admin_db.sessions) if batched else None
+
+    async def settle(hold: Hold, generation_id: str, cost: int) -> None:
+        async def unit(session: AsyncSession) -> None:
+            await settle_hold(
+                session,
+                hold,
+                cost_micros=cost,
+                now=now,
+                reference=generation_id,
+                row=(GENERATIONS, _record(issued, generation_id, cost, now)),
+            )
+
+        if writer is not None:
+            await writer.run(unit)
+            return
+        async with admin_db.sessions() as session:
+            await unit(session)
+            await session.commit()
+
+    async def state() -> tuple[object, ...]:
+        async with admin_db.sessions() as session:
+            holds = (
+                await session.exec(
+                    sa.select(CreditHold.id, CreditHold.amount_micros, CreditHold.expires_at)
+                    .where(CreditHold.account_id == account)
+                    .order_by(CreditHold.id)
+                )
+            ).all()
+            charges = (
+                await session.exec(
+                    sa.select(LedgerEntry.amount_micros, LedgerEntry.reference).where(
+                        LedgerEntry.account_id == account, LedgerEntry.kind == "charge"
+                    )
+                )
+            ).all()
+            counters = (
+                await session.exec(
+                    sa.select(UsageCounter.subject, UsageCounter.period, UsageCounter.spend_micros)
+                    .where(UsageCounter.subject_id.in_([account, issued.hash]))  # type: ignore[attr-defined]
+                    .order_by(UsageCounter.subject, UsageCounter.period)
+                )
+            ).all()
+            records = (
+                await session.exec(
+                    sa.select(Generation.id, Generation.cost_micros, Generation.trace).where(
+                        Generation.account_id == account
+                    )
+                )
+            ).all()
+        return tuple(holds), sorted(charges), tuple(counters), sorted(records)
+
+    try:
+        before = await state()
+        expires = next(h[2] for h in before[0] if h[0] == "lease_x")  # type: ignore[attr-defined, index]
+        await settle(plain, "gen_a", 400_000)  # type: ignore[arg-type]
+        await settle(leased, "gen_b", 200_000)
+        holds, charges, counters, records = await state()
+        assert [tuple(h) for h in holds] == [("lease_x", 750_000, expires)]
+        assert [tuple(c) for c in charges] == [(200_000, "gen_b"), (400_000, "gen_a")]
+        assert [tuple(c) for c in counters] == [
+            (subject, period, 600_000)
+            for subject in ("account", "key")
+            for period in ("all", "day", "month", "week")
+        ]
+        assert [tuple(r) for r in records] == [
+            ("gen_a", 400_000, {"a": 1}),
+            ("gen_b", 200_000, {"a": 1}),
+        ]
+        settled = await state()
+        with pytest.raises(Exception):  # noqa: B017  # the database's duplicate-key error
+            await settle(leased, "gen_a", 100_000)
+        assert await state() == settled
+    finally:
+        if writer is not None:
+            await writer.close()
 
 
 # --- cancellation paths over gRPC (the real server, a slow fake provider) ----------------

@@ -282,6 +282,45 @@ async def test_a_caller_cancelled_while_queued_withdraws_its_unit(
         await writer.close()
 
 
+async def test_failures_anywhere_in_a_batch_undo_only_their_own_unit(
+    admin_db: Admin, peek: Peek
+) -> None:
+    """Failing units first, in a row and last in a batch: each rolls back to its own
+    savepoint (one open at a time), and every other unit's writes commit."""
+    writer = Writer(admin_db.sessions)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(session: AsyncSession) -> None:
+        started.set()
+        await release.wait()
+
+    def failing(who: str) -> Callable[[AsyncSession], Awaitable[None]]:
+        async def unit(session: AsyncSession) -> None:
+            await fetch_rows(session, _INSERT, _row(who))  # written, then undone
+            raise ValueError("refused")
+
+        return unit
+
+    plan = ["bad-0", "ok-1", "bad-2", "bad-3", "ok-4", "ok-5", "bad-6"]
+    try:
+        gate_task = asyncio.create_task(writer.run(gate))
+        await started.wait()
+        tasks = [
+            asyncio.create_task(writer.run(failing(who) if who.startswith("bad") else _insert(who)))  # type: ignore[arg-type]
+            for who in plan
+        ]
+        await asyncio.sleep(0)
+        release.set()
+        await gate_task
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for who, result in zip(plan, results, strict=True):
+            assert isinstance(result, ValueError) if who.startswith("bad") else result == who
+        assert writer.stats.sizes == [1, len(plan)]
+        assert await peek() == {"ok-1", "ok-4", "ok-5"}
+    finally:
+        await writer.close()
+
+
 async def test_a_caller_cancelled_with_finish_within_still_waits_for_its_commit(
     admin_db: Admin, peek: Peek
 ) -> None:

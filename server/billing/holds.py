@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from server.billing.ledger import record_charge
+from server.billing import ledger
 from server.billing.periods import EPOCH, PERIODS, period_starts
 from server.billing.usage import ACCOUNT, KEY
 from server.db.driver import LOCKED_IN_BATCH, execute_many, fetch_rows, insert_statement
@@ -384,21 +384,53 @@ async def sweep_expired_holds(session: AsyncSession, now: datetime) -> int:
     return int(result.rowcount or 0)
 
 
+# The bind-parameter prefix of `settle_hold`'s `row` columns in the one-statement settlement.
+ROW_PREFIX = "row_"
+# Per table: `settle_hold`'s `row` INSERT (SQLite), and the one-statement settlements
+# (PostgreSQL) by how the hold is given back and the row's table. Constants, compiled once.
+_ROW_INSERTS: dict[sa.Table, sa.Insert] = {}
+_SETTLEMENTS: dict[tuple[str, sa.Table | None], sa.Insert] = {}
+
+
+def _settlement(hold_change: str, table: sa.Table | None) -> sa.Insert:
+    """PostgreSQL: a settlement in one statement (one round trip instead of four): the
+    counters' upsert, with the hold's change, the ledger row and `table`'s row as
+    data-modifying CTEs, each run once to its end whatever the upsert reads. The counters
+    are locked in the upsert's order, as by `record_charge`; the other rows are the
+    request's own (its hold, its process's lease) or new."""
+    key = (hold_change, table)
+    known = _SETTLEMENTS.get(key)
+    if known is not None:
+        return known
+    ctes = []
+    if hold_change == "lease":
+        ctes.append(_SHRINK_LEASE.cte("settled_hold"))
+    elif hold_change == "drop":
+        ctes.append(_DELETE_HOLD.cte("settled_hold"))
+    ctes.append(ledger.INSERT_ENTRY.cte("charge"))
+    if table is not None:
+        ctes.append(insert_statement(table, prefix=ROW_PREFIX).cte("charged_row"))
+    statement = ledger.COUNTERS["postgresql"].add_cte(*ctes)
+    _SETTLEMENTS[key] = statement
+    return statement
+
+
 async def settle_hold(
-    session: AsyncSession, hold: Hold, *, cost_micros: int, now: datetime, reference: str
+    session: AsyncSession,
+    hold: Hold,
+    *,
+    cost_micros: int,
+    now: datetime,
+    reference: str,
+    row: tuple[sa.Table, Mapping[str, Any]] | None = None,
 ) -> None:
-    """Replace the hold by the real charge. The caller commits (with whatever else belongs
+    """Replace the hold by the real charge, and insert `row` (a table and its columns'
+    values: the request's record) with it. The caller commits (with whatever else belongs
     to the request's record), so the hold and the charge change in one transaction; holds
     read that in one statement, so no lock is needed here. A leased hold shrinks its lease's
-    row instead (the caller tells the lease once committed: BudgetLeases.settled)."""
-    if hold.lease_id:
-        await fetch_rows(
-            session, _SHRINK_LEASE, {"lease_id": hold.lease_id, "amount": hold.amount_micros}
-        )
-    else:
-        await drop_hold(session, hold)
-    await record_charge(
-        session,
+    row instead (the caller tells the lease once committed: BudgetLeases.settled).
+    PostgreSQL runs it all as one statement, SQLite as one each (it has no writing CTEs)."""
+    params = ledger.charge_params(
         account_id=hold.account_id,
         key_hash=hold.key_hash,
         amount_micros=cost_micros,
@@ -406,6 +438,35 @@ async def settle_hold(
         now=now,
         reference=reference,
     )
+    if hold.lease_id:
+        hold_change = "lease"
+        params["lease_id"] = hold.lease_id
+        params["amount"] = hold.amount_micros
+    elif hold.id:  # an unreserved hold has no row
+        hold_change = "drop"
+        params["hold_id"] = hold.id
+    else:
+        hold_change = ""
+    if session.get_bind().dialect.name == "postgresql":
+        table = None
+        if row is not None:
+            table, values = row
+            for name, value in values.items():
+                params[ROW_PREFIX + name] = value
+        await fetch_rows(session, _settlement(hold_change, table), params)
+        return
+    if hold_change == "lease":
+        await fetch_rows(session, _SHRINK_LEASE, params)
+    elif hold_change == "drop":
+        await fetch_rows(session, _DELETE_HOLD, params)
+    await fetch_rows(session, ledger.INSERT_ENTRY, params)
+    await fetch_rows(session, ledger.COUNTERS, params)
+    if row is not None:
+        table, values = row
+        insert = _ROW_INSERTS.get(table)
+        if insert is None:
+            insert = _ROW_INSERTS[table] = insert_statement(table)
+        await fetch_rows(session, insert, values)
 
 
 async def drop_hold(session: AsyncSession, hold: Hold) -> None:

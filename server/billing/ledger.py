@@ -9,11 +9,16 @@ from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.money import MAX_MICROS, AmountError
-from server.billing.usage import ACCOUNT, KEY, add_usages
+from server.billing.usage import ACCOUNT, KEY, upsert_statement, usage_params
 from server.db.driver import fetch_rows, insert_statement
 from server.db.models import Account, LedgerEntry
 
-_INSERT_ENTRY = insert_statement(LedgerEntry.__table__, generated=("id",))
+# A charge's two statements (server/billing/holds.py runs them as one on PostgreSQL). The
+# ledger row's columns are bound as entry_<column>: a statement that also updates a hold
+# must not bind a parameter named after one of its columns (account_id, created_at, ...),
+# which SQLAlchemy's own execution would add to the UPDATE's SET.
+INSERT_ENTRY = insert_statement(LedgerEntry.__table__, generated=("id",), prefix="entry_")
+COUNTERS = upsert_statement(2)  # the key's and the account's
 
 PURCHASE = "purchase"
 CHARGE = "charge"
@@ -59,6 +64,35 @@ async def add_credits(
     return entry
 
 
+def charge_params(
+    *,
+    account_id: str,
+    key_hash: str,
+    amount_micros: int,
+    is_byok: bool,
+    now: datetime,
+    reference: str | None = None,
+) -> dict[str, object]:
+    """The parameters of a charge's two statements, INSERT_ENTRY and COUNTERS (one mapping:
+    each reads its own names): its ledger row, and what its key's and account's counters
+    gain. BYOK usage is counted in the byok counters only: the provider bills the workspace
+    directly."""
+    if amount_micros < 0:
+        raise ValueError("a charge cannot be negative")
+    spend, byok = (0, amount_micros) if is_byok else (amount_micros, 0)
+    params = usage_params([(KEY, key_hash), (ACCOUNT, account_id)], now, spend, byok)
+    # The row's values as a plain mapping, on the driver connection rather than an ORM
+    # object and flush: this runs on every billable request (an ORM object costs ~0.1 ms).
+    params["entry_account_id"] = account_id
+    params["entry_key_hash"] = key_hash
+    params["entry_kind"] = CHARGE
+    params["entry_amount_micros"] = amount_micros
+    params["entry_is_byok"] = is_byok
+    params["entry_reference"] = reference
+    params["entry_created_at"] = now
+    return params
+
+
 async def record_charge(
     session: AsyncSession,
     *,
@@ -69,30 +103,15 @@ async def record_charge(
     now: datetime,
     reference: str | None = None,
 ) -> None:
-    """Record what a request cost, on the ledger and the key's and account's counters.
-
-    BYOK usage is counted in the byok counters only: the provider bills the workspace
-    directly. The caller commits.
-    """
-    if amount_micros < 0:
-        raise ValueError("a charge cannot be negative")
-    # The row's values as a plain mapping, on the driver connection rather than an ORM
-    # object and flush: this runs on every billable request (an ORM object costs ~0.1 ms).
-    entry = {
-        "account_id": account_id,
-        "key_hash": key_hash,
-        "kind": CHARGE,
-        "amount_micros": amount_micros,
-        "is_byok": is_byok,
-        "reference": reference,
-        "created_at": now,
-    }
-    await fetch_rows(session, _INSERT_ENTRY, entry)
-    spend, byok = (0, amount_micros) if is_byok else (amount_micros, 0)
-    await add_usages(
-        session,
-        [(KEY, key_hash), (ACCOUNT, account_id)],
-        now,
-        spend_micros=spend,
-        byok_micros=byok,
+    """Record what a request cost, on the ledger and the key's and account's counters
+    (`charge_params`). The caller commits."""
+    params = charge_params(
+        account_id=account_id,
+        key_hash=key_hash,
+        amount_micros=amount_micros,
+        is_byok=is_byok,
+        now=now,
+        reference=reference,
     )
+    await fetch_rows(session, INSERT_ENTRY, params)
+    await fetch_rows(session, COUNTERS, params)

@@ -53,5 +53,7 @@ def micros_to_usd(micros: int) -> Decimal:
 
 
 def micros_to_json_number(micros: int) -> float:
-    """The JSON number for an amount (a conversion for printing, not arithmetic)."""
-    return float(micros_to_usd(micros))
+    """The JSON number for an amount (a conversion for printing, not arithmetic). Integer
+    true division is correctly rounded, as float() of the exact Decimal quotient is: the
+    same float, without a Decimal per amount printed."""
+    return micros / MICROS_PER_USD

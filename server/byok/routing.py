@@ -126,9 +126,13 @@ class BillingPlan:
 
 
 def billing_plan(endpoints: Sequence[Endpoint], cost: int, fees: ByokFees | None) -> BillingPlan:
-    usable = [e for e in endpoints if e.available]
-    byok = any(e.is_byok for e in usable)
-    operator = any(not e.is_byok for e in usable)
+    byok = operator = False
+    for endpoint in endpoints:
+        if endpoint.available:
+            if endpoint.is_byok:
+                byok = True
+            else:
+                operator = True
     if not byok or fees is None:
         return BillingPlan(credit_hold=cost, byok_hold=False, only_byok=False)
     return BillingPlan(
@@ -183,6 +187,8 @@ class ByokRouting:
 
     def planned(self, sealed: SealedKeys, **request: Unpack[KeyedRequest]) -> list[Endpoint]:
         """The endpoints to try, in order, with these keys (see attempts)."""
+        if not sealed.rows:  # no keys (most workspaces): the plan is the endpoints as given
+            return list(request["endpoints"])
         attempts = plan_attempts(
             request["endpoints"],
             self.open(sealed),

@@ -101,9 +101,9 @@ class EnforcedLimits:
                     ttl=ttl,
                 )
         except GatewayError as refused:
-            self._metrics.admissions.labels(_refusal(refused)).inc()
+            self._metrics.admission(_refusal(refused))
             raise
-        self._metrics.admissions.labels("admitted").inc()
+        self._metrics.admission("admitted")
         return hold
 
 

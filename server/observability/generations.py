@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.money import micros_to_json_number
@@ -15,7 +16,10 @@ from server.db.driver import fetch_rows, insert_statement
 from server.db.models import Generation
 from server.errors import bounded_text, not_found
 
-_INSERT_GENERATION = insert_statement(Generation.__table__)
+# The table (and its INSERT) of the records: a settlement inserts one with its charge
+# (server/billing/holds.py settle_hold's `row`).
+GENERATIONS: sa.Table = Generation.__table__
+_INSERT_GENERATION = insert_statement(GENERATIONS)
 # OpenRouter's api_type for each kind of generation this gateway records.
 API_TYPES = {"stt": "stt", "video": "video"}
 # Members of OpenRouter's generation this gateway does not record: always null.

@@ -107,6 +107,11 @@ class Metrics:
             registry=r,
         )
         self._request_children: dict[tuple[str, int], tuple[Any, Any]] = {}
+        # Labelled children looked up once (labels() costs microseconds per call); the label
+        # sets are small and fixed: providers of the catalog, operations, outcomes.
+        self._call_counts: dict[tuple[str, str, str], Any] = {}
+        self._call_seconds: dict[tuple[str, str], Any] = {}
+        self._admission_counts: dict[str, Any] = {}
         for task in ("holds", "videos", "rate_windows"):  # exported from the start, at 0
             self.maintenance_rows.labels(task)
             self.maintenance_failures.labels(task)
@@ -126,6 +131,13 @@ class Metrics:
         count.inc()
         duration.observe(seconds)
 
+    def admission(self, outcome: str) -> None:
+        """Count one admission decision (admitted, or the limit that refused)."""
+        child = self._admission_counts.get(outcome)
+        if child is None:
+            child = self._admission_counts[outcome] = self.admissions.labels(outcome)
+        child.inc()
+
     @contextmanager
     def provider_call(self, provider: str, operation: str) -> Iterator[None]:
         """Time one provider call; the outcome is the failure's kind, if it raised one."""
@@ -137,8 +149,16 @@ class Metrics:
             outcome = str(getattr(exc, "kind", None) or "error")
             raise
         finally:
-            self.provider_calls.labels(provider, operation, outcome).inc()
-            self.provider_seconds.labels(provider, operation).observe(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            key = (provider, operation, outcome)
+            count = self._call_counts.get(key)
+            if count is None:
+                count = self._call_counts[key] = self.provider_calls.labels(*key)
+            count.inc()
+            seconds = self._call_seconds.get(key[:2])
+            if seconds is None:
+                seconds = self._call_seconds[key[:2]] = self.provider_seconds.labels(*key[:2])
+            seconds.observe(elapsed)
 
     def serve(self, host: str, port: int) -> Any:
         """Serve /metrics on host:port from a daemon thread; returns the HTTP server."""

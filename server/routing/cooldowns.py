@@ -48,6 +48,8 @@ class Cooldowns:
 
     def remaining(self, endpoint: Endpoint) -> float | None:
         """Seconds until `endpoint` may be called again; None when it may be now."""
+        if not self._until:  # nothing cooling (nearly always): no key to digest
+            return None
         key = _key(endpoint)
         until = self._until.get(key)
         if until is None:

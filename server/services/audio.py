@@ -3,8 +3,6 @@ typed CreateTranscription rpc for gRPC callers."""
 
 from __future__ import annotations
 
-import json
-
 import grpc
 from google.api import httpbody_pb2
 from google.protobuf import json_format
@@ -14,6 +12,7 @@ from server.contract import audio_pb2, audio_pb2_grpc
 from server.db.engine import SessionFactory
 from server.services.rpc import header_value, metadata_of, time_remaining
 from server.transcription.request import from_http, from_message
+from server.transcription.session import LazySession
 from server.transcription.transcriber import Transcriber
 
 
@@ -28,7 +27,7 @@ class AudioService(audio_pb2_grpc.AudioServicer):
     async def Transcribe(
         self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
     ) -> httpbody_pb2.HttpBody:
-        async with self._sessions() as session:
+        async with LazySession(self._sessions) as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
             parsed = from_http(
                 request.data, request.content_type, header_value(context, "x-session-id")
@@ -42,13 +41,13 @@ class AudioService(audio_pb2_grpc.AudioServicer):
         context.set_trailing_metadata((("x-generation-id", result.generation_id),))
         return httpbody_pb2.HttpBody(
             content_type="application/json",
-            data=json.dumps(result.body(), separators=(",", ":")).encode(),
+            data=result.json_body(),
         )
 
     async def CreateTranscription(
         self, request: audio_pb2.TranscriptionRequest, context: grpc.aio.ServicerContext
     ) -> audio_pb2.TranscriptionResponse:
-        async with self._sessions() as session:
+        async with LazySession(self._sessions) as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
             parsed = from_message(request, header_value(context, "x-session-id"))
             result = await self._transcriber.transcribe(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -42,6 +43,11 @@ FORM_FIELDS = (
     *("session_id", "user", "prompt"),
 )
 LANGUAGE = re.compile(r"^[a-z]{2}$")
+# The Content-Type every multipart client sends: a boundary of token characters, nothing
+# else. Its boundary is what parse_options_header finds, without its generic parameter walk.
+_PLAIN_MULTIPART = re.compile(r"multipart/form-data; boundary=([0-9A-Za-z'()+_,\-./:=?]{1,256})")
+# Part headers (Content-Disposition) longer than this are parsed each time, not memoized.
+MAX_MEMOIZED_HEADER = 512
 
 
 @dataclass
@@ -205,7 +211,8 @@ def multipart_parts(raw: bytes, boundary: bytes) -> list[tuple[dict[str, bytes],
     headers: dict[str, bytes] = {}
     name_buf = bytearray()
     value_buf = bytearray()
-    data = bytearray()
+
+    data: list[bytes] = []  # the part's pieces: most parts arrive in one (no copy to join)
 
     def on_part_begin() -> None:
         headers.clear()
@@ -223,10 +230,10 @@ def multipart_parts(raw: bytes, boundary: bytes) -> list[tuple[dict[str, bytes],
         value_buf.clear()
 
     def on_part_data(chunk: bytes, start: int, end: int) -> None:
-        data.extend(chunk[start:end])
+        data.append(chunk[start:end])
 
     def on_part_end() -> None:
-        parts.append((dict(headers), bytes(data)))
+        parts.append((dict(headers), b"".join(data)))
 
     try:
         parser = MultipartParser(
@@ -255,12 +262,33 @@ def _text(value: bytes) -> str:
         return value.decode("latin-1")
 
 
+@functools.lru_cache(maxsize=256)
+def _memoized_options(value: bytes) -> tuple[bytes, dict[bytes, bytes]]:
+    return parse_options_header(value)
+
+
+def _part_options(value: bytes) -> tuple[bytes, dict[bytes, bytes]]:
+    """parse_options_header of a part's header, memoized: a client sends the same
+    Content-Disposition values request after request. A pure function of the bytes; the
+    dict returned is shared, so it is only read."""
+    if len(value) > MAX_MEMOIZED_HEADER:
+        return parse_options_header(value)
+    return _memoized_options(value)
+
+
+def _boundary(content_type: str) -> bytes | None:
+    plain = _PLAIN_MULTIPART.fullmatch(content_type)
+    if plain is not None:
+        return plain.group(1).encode("ascii")
+    # The header arrives as text (a proto string); its bytes are what the client sent.
+    _, params = parse_options_header(content_type.encode("utf-8"))
+    return params.get(b"boundary")
+
+
 def from_multipart(
     raw: bytes, content_type: str, header_session_id: str | None
 ) -> TranscriptionInput:
-    # The header arrives as text (a proto string); its bytes are what the client sent.
-    _, params = parse_options_header(content_type.encode("utf-8"))
-    boundary = params.get(b"boundary")
+    boundary = _boundary(content_type)
     if not boundary:
         raise bad_request("multipart/form-data needs a boundary", param="content-type")
     if len(boundary) > MAX_BOUNDARY_BYTES:
@@ -271,7 +299,7 @@ def from_multipart(
     fields: dict[str, list[str]] = {}
     upload: tuple[str, bytes] | None = None
     for headers, data in multipart_parts(raw, boundary):
-        _, disposition = parse_options_header(headers.get("content-disposition", b""))
+        _, disposition = _part_options(headers.get("content-disposition", b""))
         name = _text(disposition.get(b"name", b""))
         if name == "file":
             filename = _text(disposition.get(b"filename", b"audio"))
@@ -281,11 +309,11 @@ def from_multipart(
     if upload is None:
         raise bad_request("file is required", param="file")
 
-    def one(name: str) -> str | None:
+    form: dict[str, Any] = {}
+    for name in FORM_FIELDS:  # a field sent more than once: its last value
         values = fields.get(name)
-        return values[-1] if values else None
-
-    form: dict[str, Any] = {name: one(name) for name in FORM_FIELDS if one(name) is not None}
+        if values:
+            form[name] = values[-1]
     granularities = fields.get("timestamp_granularities[]") or fields.get("timestamp_granularities")
     if granularities:
         form["timestamp_granularities"] = granularities

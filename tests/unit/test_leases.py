@@ -123,6 +123,37 @@ async def test_a_changed_key_cap_retires_the_lease(domain: Domain) -> None:
     assert await _holds(domain, issued) == []
 
 
+async def test_a_lease_goes_back_only_once_idle_for_the_whole_interval(domain: Domain) -> None:
+    """Idle is counted from the lease's last request: a lease used again after its first idle
+    moment stays (its one timer moves on), and goes back once unused for idle_seconds."""
+    assert domain.leases is not None
+    await domain.leases.close()
+    leases = domain.leases = BudgetLeases(
+        domain.writer, domain.clock, domain.metrics, idle_seconds=0.3
+    )
+    issued = await domain.funded_key("lease-idle-moves", usd="100")
+    principal = await domain.principal(issued)
+    hold = await leases.admit(principal, 10_000)
+    assert hold is not None
+    leases.released(hold)  # idle from now: due in 0.3 s
+    await asyncio.sleep(0.2)
+    hold = await leases.admit(principal, 10_000)  # used again, on the same lease
+    assert hold is not None and len(leases.snapshot()) == 1
+    leases.released(hold)  # idle again: due 0.3 s from now, not at the first moment's 0.3
+    await asyncio.sleep(0.2)
+    assert len(leases.snapshot()) == 1
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if not leases.snapshot():
+            break
+    assert leases.snapshot() == {}
+    for _ in range(100):
+        if not await _holds(domain, issued):
+            break
+        await asyncio.sleep(0.02)
+    assert await _holds(domain, issued) == []
+
+
 async def test_an_idle_lease_goes_back_and_a_crashed_one_lapses(domain: Domain) -> None:
     assert domain.leases is not None
     await domain.leases.close()

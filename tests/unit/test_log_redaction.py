@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.observability.logs import _ANY_SECRET, _SECRETS, redact
+from server.observability.logs import _ANY_SECRET, _SECRETS, may_hold_secret, redact
 
 
 @settings(max_examples=300, deadline=None, database=None)
@@ -18,7 +18,28 @@ def test_every_secret_pattern_is_caught_by_the_shortcut(
     secret = data.draw(st.from_regex(pattern, fullmatch=True))
     line = f"{around} {secret} {around}"
     assert _ANY_SECRET.search(line) is not None
+    assert may_hold_secret(line)
     assert redact(line) == _full_redaction(line)
+
+
+_WORDS = st.sampled_from(["sk-gw-", "SK-GW-", "whsec_", "WHSEC_", "bearer", "basic", "x"])
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(
+    pieces=st.lists(
+        st.one_of(
+            _WORDS,
+            _WORDS.map(lambda w: "".join(c.upper() if i % 2 else c for i, c in enumerate(w))),
+            st.text(max_size=8),
+            st.text(alphabet="bBeEaArRsSiIcC\u017f\u0131\u0130-_kK", max_size=8),
+        ),
+        max_size=8,
+    )
+)
+def test_the_literal_search_agrees_with_the_shortcut_regex(pieces: list[str]) -> None:
+    line = "".join(pieces)
+    assert may_hold_secret(line) == (_ANY_SECRET.search(line) is not None)
 
 
 def _full_redaction(text: str) -> str:

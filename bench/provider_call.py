@@ -1,0 +1,185 @@
+"""CPU per provider call through the pooled httpx client, A/B: one OpenAI-compatible
+transcription (`transcribe_form`, a 32 KB upload) against the fast fake provider
+(bench/harness/stt.py, a process of its own), timed with this process's CPU clock, the
+variants interleaved round by round so that the noise of a shared machine falls on all.
+
+    python -m bench.provider_call --rounds 8 --calls 400 --concurrency 1 --concurrency 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.cookiejar
+import os
+import ssl
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import httpx
+
+from bench.harness.stt import UPSTREAM_MODEL, running_fake_provider
+from server.providers.endpoint import Endpoint
+from server.providers.http import _RefuseCookies, authorized, no_cookies, send
+from server.providers.openai_stt import MIME, OpenAISttAdapter, form, parse
+from server.providers.stt import SttCall, Transcript, reading_answer
+from server.providers.transport import AsyncioBackend, PooledTransport, pooled_transport
+from tests.support.catalog import FAKE_KEY_ENV
+
+AUDIO_BYTES = 32 * 1024
+TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+
+
+def anyio_client() -> httpx.AsyncClient:
+    """httpx's own transport (httpcore over anyio), the jar of today."""
+    return httpx.AsyncClient(
+        verify=ssl.create_default_context(),
+        timeout=TIMEOUT,
+        limits=LIMITS,
+        follow_redirects=False,
+        cookies=no_cookies(),
+    )
+
+
+def before_client() -> httpx.AsyncClient:
+    """The client build_core made before issue 17: httpx's own transport, a jar refusing
+    each cookie by policy."""
+    return httpx.AsyncClient(
+        verify=ssl.create_default_context(),
+        timeout=TIMEOUT,
+        limits=LIMITS,
+        follow_redirects=False,
+        cookies=http.cookiejar.CookieJar(policy=_RefuseCookies()),
+    )
+
+
+class BeforeAdapter(OpenAISttAdapter):
+    """transcribe_form as it was before issue 17: the URL parsed by httpx on every call."""
+
+    async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
+        request = self._http.build_request(
+            "POST",
+            f"{endpoint.base_url}/audio/transcriptions",
+            data=form(call),
+            files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
+            headers=authorized(endpoint),
+            timeout=endpoint.timeout_seconds,
+        )
+        request.read()
+        response = await send(self._http, request)
+        with reading_answer():
+            return parse(response.json(), call.verbose)
+
+
+def asyncio_client() -> httpx.AsyncClient:
+    """The client build_core makes now: server/providers/transport.py."""
+    tls = ssl.create_default_context()
+    return httpx.AsyncClient(
+        verify=tls,
+        timeout=TIMEOUT,
+        limits=LIMITS,
+        follow_redirects=False,
+        cookies=no_cookies(),
+        transport=pooled_transport(tls, LIMITS),
+    )
+
+
+def split_writes_client() -> httpx.AsyncClient:
+    """As build_core's, but each write sent at once (head and body in two sends)."""
+    tls = ssl.create_default_context()
+    return httpx.AsyncClient(
+        verify=tls,
+        timeout=TIMEOUT,
+        limits=LIMITS,
+        follow_redirects=False,
+        cookies=no_cookies(),
+        transport=PooledTransport(tls, LIMITS, AsyncioBackend(coalesce_bytes=0)),
+    )
+
+
+VARIANTS: dict[str, tuple[Callable[[], httpx.AsyncClient], type[OpenAISttAdapter]]] = {
+    "before": (before_client, BeforeAdapter),  # main before this branch
+    "anyio": (anyio_client, OpenAISttAdapter),  # this branch with httpx's own transport
+    "asyncio": (asyncio_client, OpenAISttAdapter),  # this branch as build_core wires it
+    "split": (split_writes_client, OpenAISttAdapter),  # the same without coalesced writes
+}
+
+
+async def _calls(
+    adapter: OpenAISttAdapter, endpoint: Endpoint, call: SttCall, calls: int, concurrency: int
+) -> float:
+    """CPU seconds per call for `calls` transcriptions, `concurrency` at a time."""
+    per_worker = calls // concurrency
+
+    async def worker() -> None:
+        for _ in range(per_worker):
+            transcript = await adapter.transcribe(endpoint, call)
+            assert transcript.text
+
+    started = time.process_time()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return (time.process_time() - started) / (per_worker * concurrency)
+
+
+async def measure(
+    base_url: str, variants: Sequence[str], rounds: int, calls: int, concurrency: int
+) -> dict[str, list[float]]:
+    endpoint = Endpoint(
+        provider="fake",
+        adapter="openai",
+        base_url=base_url,
+        api_key_env=FAKE_KEY_ENV,
+    )
+    call = SttCall(
+        audio=os.urandom(AUDIO_BYTES), format="wav", filename="audio.wav", model=UPSTREAM_MODEL
+    )
+    clients = {name: VARIANTS[name][0]() for name in variants}
+    adapters = {name: VARIANTS[name][1](clients[name]) for name in variants}
+    results: dict[str, list[float]] = {name: [] for name in variants}
+    try:
+        for name in variants:  # warm up: connections open, code paths hot
+            await _calls(adapters[name], endpoint, call, 2 * concurrency, concurrency)
+        for round_ in range(rounds):
+            order = list(variants) if round_ % 2 == 0 else list(reversed(variants))
+            for name in order:
+                results[name].append(
+                    await _calls(adapters[name], endpoint, call, calls, concurrency)
+                )
+    finally:
+        for client in clients.values():
+            await client.aclose()
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--concurrency", type=int, action="append")
+    parser.add_argument("--variant", action="append", choices=sorted(VARIANTS))
+    args = parser.parse_args(argv)
+    variants = args.variant or list(VARIANTS)
+    with running_fake_provider() as provider:
+        os.environ[FAKE_KEY_ENV] = provider.api_key
+        for concurrency in args.concurrency or [1, 16]:
+            results = asyncio.run(
+                measure(provider.base_url, variants, args.rounds, args.calls, concurrency)
+            )
+            print(f"concurrency {concurrency}, {args.calls} calls x {args.rounds} rounds:")
+            base = results[variants[0]]
+            for name in variants:
+                median = statistics.median(results[name])
+                # Paired: each round's ratio to the first variant in the same round.
+                ratio = statistics.median(a / b for a, b in zip(results[name], base, strict=True))
+                print(
+                    f"  {name:>10}: {median * 1e6:7.1f} us CPU/call (median of rounds;"
+                    f" min {min(results[name]) * 1e6:.1f}), x{ratio:.2f} paired"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,336 @@
+"""The pooled client's transport (server/providers/transport.py: httpcore's pool over an
+asyncio network backend) behaves as httpx's own transport does: every test runs against both
+and expects the same answers and the same httpx exception types — which
+server/providers/http.py's `send` turns into the gateway's failures — with TLS verified by the
+configured context, keep-alive, limits, timeouts and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+import trustme
+
+from server.providers.endpoint import Endpoint
+from server.providers.failures import TIMEOUT, UNREACHABLE, ProviderFailure
+from server.providers.http import call, no_cookies
+from server.providers.transport import AsyncioBackend, AsyncioStream, pooled_transport
+
+LOOPBACK = "127.0.0.1"
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes] | None:
+    """One request's head and body (Content-Length or chunked); None at end of stream."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    lowered = head.lower()
+    if b"transfer-encoding: chunked" in lowered:
+        body = b""
+        while True:
+            size = int((await reader.readline()).strip(), 16)
+            chunk = await reader.readexactly(size + 2)
+            if size == 0:
+                return head, body
+            body += chunk[:-2]
+    length = 0
+    for line in lowered.split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head, await reader.readexactly(length)
+
+
+def answer(body: bytes, *, close: bool = False) -> bytes:
+    connection = b"Connection: close\r\n" if close else b""
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        + connection
+        + b"Content-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+class Server:
+    """A loopback HTTP/1.1 server whose per-connection behaviour each test chooses; it
+    counts the connections it accepted."""
+
+    def __init__(self, handler: Handler, tls: ssl.SSLContext | None = None) -> None:
+        self.handler = handler
+        self.tls = tls
+        self.connections = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self.handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+            self._tasks.discard(task)
+
+    async def __aenter__(self) -> Server:
+        self._server = await asyncio.start_server(self._serve, LOOPBACK, 0, ssl=self.tls)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close_connections(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def url(self, path: str = "/v1/audio/transcriptions", scheme: str = "http") -> str:
+        return f"{scheme}://{LOOPBACK}:{self.port}{path}"
+
+
+async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers each request on the connection with its body."""
+    while (request := await read_request(reader)) is not None:
+        writer.write(answer(request[1]))
+        await writer.drain()
+
+
+async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await read_request(reader)
+    await asyncio.sleep(3600)
+
+
+@pytest.fixture(params=["httpx", "asyncio"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@contextlib.asynccontextmanager
+async def client_of(
+    kind: str,
+    tls: ssl.SSLContext | None = None,
+    limits: httpx.Limits | None = None,
+    seconds: float = 5.0,
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The pooled client as build_core makes it ("asyncio"), or with httpx's own transport."""
+    tls = tls or ssl.create_default_context()
+    limits = limits or httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    transport = pooled_transport(tls, limits) if kind == "asyncio" else None
+    async with httpx.AsyncClient(
+        verify=tls,
+        timeout=seconds,
+        limits=limits,
+        follow_redirects=False,
+        cookies=no_cookies(),
+        transport=transport,
+    ) as client:
+        yield client
+
+
+async def test_requests_share_one_kept_alive_connection(kind: str) -> None:
+    async with Server(echo) as server, client_of(kind) as client:
+        for index in range(3):
+            response = await client.post(server.url(), content=b"x" * (index * 40_000))
+            assert response.content == b"x" * (index * 40_000)
+        assert server.connections == 1
+
+
+async def test_a_large_streamed_body_both_ways(kind: str) -> None:
+    """Beyond every buffer: the upload in chunks (chunked encoding), the answer read in
+    pieces while reading pauses and resumes."""
+    body = bytes(range(256)) * 16 * 1024  # 4 MiB
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 300_000):
+            yield body[start : start + 300_000]
+
+    async with Server(echo) as server, client_of(kind) as client:
+        response = await client.post(server.url(), content=chunks())
+        assert response.content == body
+        streamed = bytearray()
+        async with client.stream("POST", server.url(), content=body) as response:
+            async for part in response.aiter_raw():
+                streamed += part
+                await asyncio.sleep(0)
+        assert streamed == body
+
+
+async def test_a_connection_the_server_closed_is_replaced(kind: str) -> None:
+    async def one_per_connection(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await read_request(reader)
+        writer.write(answer(b"{}"))  # keep-alive claimed, then closed while idle
+        await writer.drain()
+
+    async with Server(one_per_connection) as server, client_of(kind) as client:
+        for _ in range(3):
+            assert (await client.post(server.url(), content=b"a")).status_code == 200
+            await asyncio.sleep(0.05)  # the close arrives while the connection is idle
+        assert server.connections == 3
+
+
+async def test_tls_is_verified_with_the_configured_context(kind: str) -> None:
+    ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("provider.test").configure_cert(server_tls)
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+    async with Server(echo, tls=server_tls) as server:
+        async with client_of(kind, tls=trusting) as client:
+            # Pinned as webhooks and downloads are: the address in the URL, the name in SNI.
+            response = await client.post(
+                server.url(scheme="https"),
+                content=b"secret",
+                extensions={"sni_hostname": "provider.test"},
+            )
+            assert response.content == b"secret"
+        async with client_of(kind, tls=trusting) as client:
+            with pytest.raises(httpx.ConnectError):  # the certificate is not for this name
+                await client.post(server.url(scheme="https"), content=b"secret")
+        async with client_of(kind) as client:  # a CA the context does not trust
+            with pytest.raises(httpx.ConnectError):
+                await client.post(
+                    server.url(scheme="https"),
+                    content=b"secret",
+                    extensions={"sni_hostname": "provider.test"},
+                )
+
+
+async def test_a_silent_tls_handshake_is_a_connect_timeout(kind: str) -> None:
+    async with Server(never_answer) as server, client_of(kind, seconds=0.2) as client:
+        with pytest.raises(httpx.ConnectTimeout):
+            await client.get(server.url(scheme="https"))
+
+
+async def test_a_late_answer_is_a_read_timeout_and_a_provider_timeout(kind: str) -> None:
+    endpoint = Endpoint(provider="p", adapter="openai", timeout_seconds=0.2)
+    async with Server(never_answer) as server, client_of(kind) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post(server.url(), content=b"a", timeout=0.2)
+        with pytest.raises(ProviderFailure) as failure:
+            await call(client, endpoint, "POST", server.url(), content=b"a")
+        assert failure.value.kind == TIMEOUT
+
+
+async def test_an_upload_the_server_does_not_read_is_a_write_timeout(kind: str) -> None:
+    async def unread(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(3600)
+
+    async with Server(unread) as server, client_of(kind) as client:
+        with pytest.raises(httpx.WriteTimeout):
+            await client.post(server.url(), content=b"x" * (64 * 1024 * 1024), timeout=0.5)
+
+
+async def test_a_full_pool_is_a_pool_timeout(kind: str) -> None:
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with Server(never_answer) as server, client_of(kind, limits=limits) as client:
+        held = asyncio.create_task(client.post(server.url(), content=b"a", timeout=5.0))
+        await asyncio.sleep(0.1)
+        with pytest.raises(httpx.PoolTimeout):
+            await client.post(server.url(), content=b"b", timeout=0.2)
+        held.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await held
+
+
+async def test_refused_and_dropped_connections_are_unreachable(kind: str) -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+
+    endpoint = Endpoint(provider="p", adapter="openai", timeout_seconds=2.0)
+    async with Server(hang_up) as server, client_of(kind) as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.post(server.url(), content=b"a")
+        with pytest.raises(ProviderFailure) as failure:
+            await call(client, endpoint, "POST", server.url(), content=b"a")
+        assert failure.value.kind == UNREACHABLE
+        closed = server.port
+    async with client_of(kind) as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.post(f"http://{LOOPBACK}:{closed}/", content=b"a")
+
+
+async def test_a_cancelled_request_leaves_no_broken_connection(kind: str) -> None:
+    """Cancelled while waiting for its answer: the connection is not reused for the next
+    request, whose answer is its own, not the late one."""
+    answered = asyncio.Event()
+
+    async def slow_then_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await read_request(reader)
+        assert request is not None
+        if request[1] == b"slow":
+            await asyncio.sleep(0.2)
+            writer.write(answer(b"late"))
+            answered.set()
+        else:
+            writer.write(answer(request[1]))
+        await writer.drain()
+        await echo(reader, writer)
+
+    async with Server(slow_then_echo) as server, client_of(kind) as client:
+        first = asyncio.create_task(client.post(server.url(), content=b"slow"))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        await asyncio.wait_for(answered.wait(), 2.0)
+        for body in (b"one", b"two"):
+            assert (await client.post(server.url(), content=body)).content == body
+        assert server.connections == 2
+
+
+async def test_cookies_are_still_refused(kind: str) -> None:
+    async def sets_cookies(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (request := await read_request(reader)) is not None:
+            assert b"cookie:" not in request[0].lower()
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nSet-Cookie: session=a; Path=/\r\nContent-Length: 2\r\n\r\nok"
+            )
+            await writer.drain()
+
+    async with Server(sets_cookies) as server, client_of(kind) as client:
+        for _ in range(2):
+            assert (await client.post(server.url(), content=b"a")).content == b"ok"
+        assert len(client.cookies.jar) == 0
+
+
+async def test_the_jar_stores_nothing_even_when_asked() -> None:
+    async with client_of("asyncio") as client:
+        client.cookies.set("session", "a", domain="provider.test")
+        assert len(client.cookies.jar) == 0
+
+
+async def test_a_quiet_connection_asks_the_kernel_whether_it_was_closed() -> None:
+    """A close the event loop has not delivered yet (reading paused here to hold it back)
+    still marks a connection quiet for a second as readable, so the pool drops it."""
+    async with Server(never_answer) as server:
+        stream = await AsyncioBackend().connect_tcp(LOOPBACK, server.port, timeout=2.0)
+        assert isinstance(stream, AsyncioStream)
+        assert stream.get_extra_info("socket") is not None
+        assert stream.get_extra_info("is_readable") is False
+        connection = stream._connection
+        assert connection.transport is not None
+        connection.transport.pause_reading()
+        await server.close_connections()
+        await asyncio.sleep(0.05)
+        assert stream.get_extra_info("is_readable") is False  # active a moment ago: not asked
+        connection.active_at -= 2.0
+        assert stream.get_extra_info("is_readable") is True
+        await stream.aclose()
