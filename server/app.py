@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import ssl
 from collections.abc import Callable
@@ -291,6 +292,20 @@ async def warm_hot_paths(core: Core) -> None:
         await warm_key_status(core.hot_reads, core.clock.now())
 
 
+# Young collections every this many net allocations (CPython's default: 700). A request
+# allocates thousands of short-lived objects that die by reference counting anyway.
+GC_YOUNG_THRESHOLD = 7_000
+
+
+def tune_garbage_collector() -> None:
+    """Before serving: what start-up built (modules, the catalog, compiled statements) is
+    moved out of the collector's sight (gc.freeze), and young collections run 10x less
+    often (cycles are still collected, later). The collector cost ~30 us per transcription."""
+    gc.freeze()
+    _young, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
 def metadata_limit_bytes(edge: EdgePolicy) -> int:
     """The request metadata a server accepts: all Envoy may forward of a request within the
     edge's header limit — the client's headers, the host again (x-gateway-authority) and the
@@ -411,6 +426,7 @@ async def serve(
     # that never sees any keeps neither their memory nor their start-up CPU.
     server, health_servicer = build_server(core)
     await warm_hot_paths(core)
+    tune_garbage_collector()
     try:
         bound = server.add_insecure_port(settings.grpc_target)
     except RuntimeError as error:  # grpcio raises "Failed to bind to address ..."
