@@ -60,6 +60,32 @@ def _insert(who: str) -> object:
     return unit
 
 
+class Gate:
+    """A unit that holds its batch open until released: what is queued meanwhile waits
+    behind it, then shares the next batch. With `writes`, it first writes that row (so
+    the running batch holds SQLite's write lock) and returns it."""
+
+    def __init__(self, writes: str | None = None) -> None:
+        self.writes = writes
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def unit(self, session: AsyncSession) -> str | None:
+        if self.writes is not None:
+            await fetch_rows(session, _INSERT, _row(self.writes))
+        self.started.set()
+        await self.release.wait()
+        return self.writes
+
+
+async def _hold(writer: Writer, writes: str | None = None) -> tuple[Gate, asyncio.Task[str | None]]:
+    """A Gate run on `writer`, once its unit runs (its batch is open)."""
+    gate = Gate(writes)
+    task = asyncio.create_task(writer.run(gate.unit))
+    await gate.started.wait()
+    return gate, task
+
+
 async def test_a_lone_unit_commits_in_a_batch_of_its_own(admin_db: Admin, peek: Peek) -> None:
     writer = Writer(admin_db.sessions)
     try:
@@ -73,22 +99,13 @@ async def test_a_lone_unit_commits_in_a_batch_of_its_own(admin_db: Admin, peek: 
 
 async def test_what_queues_during_a_commit_shares_the_next_one(admin_db: Admin, peek: Peek) -> None:
     writer = Writer(admin_db.sessions)
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def slow(session: AsyncSession) -> str:
-        await fetch_rows(session, _INSERT, _row("first"))
-        started.set()
-        await release.wait()
-        return "first"
-
     try:
-        first = asyncio.create_task(writer.run(slow))
-        await started.wait()
+        gate, first = await _hold(writer, writes="first")
         rest = [asyncio.create_task(writer.run(_insert(f"w{i}"))) for i in range(20)]  # type: ignore[arg-type]
         await asyncio.sleep(0.05)
         assert not any(t.done() for t in rest)  # queued behind the running batch
         assert await peek() == set()  # nothing committed yet
-        release.set()
+        gate.release.set()
         assert await first == "first"
         assert await asyncio.gather(*rest) == [f"w{i}" for i in range(20)]
         # Twenty callers, one commit: each answered after it.
@@ -103,11 +120,6 @@ async def test_one_failing_unit_fails_alone_and_writes_nothing(
     admin_db: Admin, peek: Peek, failure: str
 ) -> None:
     writer = Writer(admin_db.sessions)
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def gate(session: AsyncSession) -> None:
-        started.set()
-        await release.wait()
 
     async def failing(session: AsyncSession) -> None:
         await fetch_rows(session, _INSERT, _row("bad-1"))  # written, then undone
@@ -116,15 +128,14 @@ async def test_one_failing_unit_fails_alone_and_writes_nothing(
         await fetch_rows(session, _INSERT, _row("ok-0"))  # a duplicate key: a database error
 
     try:
-        gate_task = asyncio.create_task(writer.run(gate))
-        await started.wait()
+        gate, gate_task = await _hold(writer)
         tasks = [
             asyncio.create_task(writer.run(_insert("ok-0"))),  # type: ignore[arg-type]
             asyncio.create_task(writer.run(failing)),
             asyncio.create_task(writer.run(_insert("ok-2"))),  # type: ignore[arg-type]
         ]
         await asyncio.sleep(0)
-        release.set()
+        gate.release.set()
         await gate_task
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert results[0] == "ok-0" and results[2] == "ok-2"
@@ -155,18 +166,11 @@ async def test_a_failed_commit_fails_every_caller_of_the_batch(admin_db: Admin, 
             yield session
 
     writer = Writer(sessions)  # type: ignore[arg-type]
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def gate(session: AsyncSession) -> None:
-        started.set()
-        await release.wait()
-
     try:
-        gate_task = asyncio.create_task(writer.run(gate))
-        await started.wait()
+        gate, gate_task = await _hold(writer)
         tasks = [asyncio.create_task(writer.run(_insert(f"f{i}"))) for i in range(3)]  # type: ignore[arg-type]
         await asyncio.sleep(0)
-        release.set()
+        gate.release.set()
         await gate_task
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert all(isinstance(r, ConnectionError) for r in results)
@@ -217,11 +221,6 @@ async def test_holds_in_one_batch_stay_exact(admin_db: Admin) -> None:
     issued = await admin_db.key(workspace)
     now = datetime.now(UTC)
     writer = Writer(admin_db.sessions)
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def gate(session: AsyncSession) -> None:
-        started.set()
-        await release.wait()
 
     def reserve(session: AsyncSession) -> Awaitable[Hold]:
         return place_hold(
@@ -233,11 +232,10 @@ async def test_holds_in_one_batch_stay_exact(admin_db: Admin) -> None:
         )
 
     try:
-        gate_task = asyncio.create_task(writer.run(gate))
-        await started.wait()
+        gate, gate_task = await _hold(writer)
         tasks = [asyncio.create_task(writer.run(reserve)) for _ in range(12)]
         await asyncio.sleep(0)
-        release.set()
+        gate.release.set()
         await gate_task
         results = await asyncio.gather(*tasks, return_exceptions=True)
         held = [r for r in results if isinstance(r, Hold)]
@@ -258,21 +256,14 @@ async def test_a_caller_cancelled_while_queued_withdraws_its_unit(
     admin_db: Admin, peek: Peek
 ) -> None:
     writer = Writer(admin_db.sessions)
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def gate(session: AsyncSession) -> None:
-        started.set()
-        await release.wait()
-
     try:
-        gate_task = asyncio.create_task(writer.run(gate))
-        await started.wait()
+        gate, gate_task = await _hold(writer)
         kept = asyncio.create_task(writer.run(_insert("kept")))  # type: ignore[arg-type]
         gone = asyncio.create_task(writer.run(_insert("gone")))  # type: ignore[arg-type]
         await asyncio.sleep(0)
         gone.cancel()
         await asyncio.sleep(0)
-        release.set()
+        gate.release.set()
         await gate_task
         assert await kept == "kept"
         assert gone.cancelled()
@@ -288,11 +279,6 @@ async def test_failures_anywhere_in_a_batch_undo_only_their_own_unit(
     """Failing units first, in a row and last in a batch: each rolls back to its own
     savepoint (one open at a time), and every other unit's writes commit."""
     writer = Writer(admin_db.sessions)
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def gate(session: AsyncSession) -> None:
-        started.set()
-        await release.wait()
 
     def failing(who: str) -> Callable[[AsyncSession], Awaitable[None]]:
         async def unit(session: AsyncSession) -> None:
@@ -303,14 +289,13 @@ async def test_failures_anywhere_in_a_batch_undo_only_their_own_unit(
 
     plan = ["bad-0", "ok-1", "bad-2", "bad-3", "ok-4", "ok-5", "bad-6"]
     try:
-        gate_task = asyncio.create_task(writer.run(gate))
-        await started.wait()
+        gate, gate_task = await _hold(writer)
         tasks = [
             asyncio.create_task(writer.run(failing(who) if who.startswith("bad") else _insert(who)))  # type: ignore[arg-type]
             for who in plan
         ]
         await asyncio.sleep(0)
-        release.set()
+        gate.release.set()
         await gate_task
         results = await asyncio.gather(*tasks, return_exceptions=True)
         for who, result in zip(plan, results, strict=True):
@@ -328,18 +313,12 @@ async def test_a_caller_cancelled_with_finish_within_still_waits_for_its_commit(
     a queued unit nor cut the wait short: the caller gets CancelledError once its unit has
     committed (no __cause__), or chained from the unit's failure."""
     writer = Writer(admin_db.sessions)
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def gate(session: AsyncSession) -> None:
-        started.set()
-        await release.wait()
 
     async def refused(session: AsyncSession) -> None:
         raise GatewayError(402, "refused")
 
     try:
-        gate_task = asyncio.create_task(writer.run(gate))
-        await started.wait()
+        gate, gate_task = await _hold(writer)
         kept = asyncio.create_task(writer.run(_insert("kept"), finish_within=30))  # type: ignore[arg-type]
         failed = asyncio.create_task(writer.run(refused, finish_within=30))
         await asyncio.sleep(0)
@@ -348,7 +327,7 @@ async def test_a_caller_cancelled_with_finish_within_still_waits_for_its_commit(
             failed.cancel()
             await asyncio.sleep(0.01)
         assert not kept.done() and not failed.done()  # still waiting for their batch
-        release.set()
+        gate.release.set()
         await gate_task
         with pytest.raises(asyncio.CancelledError) as committed:
             await kept
@@ -369,15 +348,8 @@ async def test_finish_within_bounds_the_wait_and_withdraws_a_queued_unit(
     admin_db: Admin, peek: Peek
 ) -> None:
     writer = Writer(admin_db.sessions)
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def gate(session: AsyncSession) -> None:
-        started.set()
-        await release.wait()
-
     try:
-        gate_task = asyncio.create_task(writer.run(gate))
-        await started.wait()
+        gate, gate_task = await _hold(writer)
         late = asyncio.create_task(writer.run(_insert("late"), finish_within=0.05))  # type: ignore[arg-type]
         cancelled = asyncio.create_task(writer.run(_insert("gone"), finish_within=0.05))  # type: ignore[arg-type]
         await asyncio.sleep(0)
@@ -387,7 +359,7 @@ async def test_finish_within_bounds_the_wait_and_withdraws_a_queued_unit(
         with pytest.raises(asyncio.CancelledError) as timed_out:
             await cancelled
         assert isinstance(timed_out.value.__cause__, TimeoutError)
-        release.set()
+        gate.release.set()
         await gate_task
         assert await writer.run(_insert("next")) == "next"  # type: ignore[arg-type]
         assert await peek() == {"next"}  # the expired units were withdrawn: never ran
@@ -435,26 +407,20 @@ async def test_sqlite_a_stray_orm_call_in_a_unit_fails_loudly(sqlite_db: Admin) 
     """A unit's ORM statement would run on the pool's connection, outside the batch: its
     session cannot open one. Only that unit fails; the others of its batch commit."""
     writer = Writer(sqlite_db.sessions)
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def gate(session: AsyncSession) -> None:
-        started.set()
-        await release.wait()
 
     async def stray(session: AsyncSession) -> None:
         await fetch_rows(session, _INSERT, _row("stray-driver"))
         await session.exec(_INSERT, params=_row("stray-orm"))  # type: ignore[call-overload]
 
     try:
-        gate_task = asyncio.create_task(writer.run(gate))
-        await started.wait()
+        gate, gate_task = await _hold(writer)
         tasks = [
             asyncio.create_task(writer.run(_insert("s0"))),  # type: ignore[arg-type]
             asyncio.create_task(writer.run(stray)),
             asyncio.create_task(writer.run(_insert("s2"))),  # type: ignore[arg-type]
         ]
         await asyncio.sleep(0)
-        release.set()
+        gate.release.set()
         await gate_task
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert results[0] == "s0" and results[2] == "s2"
@@ -473,11 +439,6 @@ async def test_sqlite_a_failed_commit_fails_every_caller_of_the_batch(sqlite_db:
     (PRAGMA defer_foreign_keys) is violated by one unit. Every caller of the batch gets the
     error, nothing of the batch is written, and the next batch commits."""
     writer = Writer(sqlite_db.sessions)
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def gate(session: AsyncSession) -> None:
-        started.set()
-        await release.wait()
 
     async def orphan_hold(session: AsyncSession) -> str:
         await fetch_rows(session, sa.text("PRAGMA defer_foreign_keys=ON"), {})
@@ -498,15 +459,14 @@ async def test_sqlite_a_failed_commit_fails_every_caller_of_the_batch(sqlite_db:
         return "orphan"
 
     try:
-        gate_task = asyncio.create_task(writer.run(gate))
-        await started.wait()
+        gate, gate_task = await _hold(writer)
         tasks = [
             asyncio.create_task(writer.run(_insert("f0"))),  # type: ignore[arg-type]
             asyncio.create_task(writer.run(orphan_hold)),
             asyncio.create_task(writer.run(_insert("f2"))),  # type: ignore[arg-type]
         ]
         await asyncio.sleep(0)
-        release.set()
+        gate.release.set()
         await gate_task
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert all(isinstance(r, sqlite3.IntegrityError) for r in results), results
@@ -590,13 +550,6 @@ async def test_sqlite_the_pool_waits_for_the_writers_batch(sqlite_db: Admin) -> 
     """A batch holds the write lock while its units run: a write through the pool waits
     (in aiosqlite's thread, SQLite's busy handler) and goes through after the commit."""
     writer = Writer(sqlite_db.sessions)
-    started, release = asyncio.Event(), asyncio.Event()
-
-    async def holding(session: AsyncSession) -> str:
-        await fetch_rows(session, _INSERT, _row("batch"))
-        started.set()
-        await release.wait()
-        return "batch"
 
     async def pool_write() -> None:
         async with sqlite_db.sessions() as session:
@@ -604,12 +557,11 @@ async def test_sqlite_the_pool_waits_for_the_writers_batch(sqlite_db: Admin) -> 
             await session.commit()
 
     try:
-        batch = asyncio.create_task(writer.run(holding))
-        await started.wait()
+        gate, batch = await _hold(writer, writes="batch")
         pooled = asyncio.create_task(pool_write())
         await asyncio.sleep(0.1)
         assert not pooled.done()  # waiting for the batch's write lock
-        release.set()
+        gate.release.set()
         assert await batch == "batch"
         await asyncio.wait_for(pooled, timeout=5)
         assert await _stored(sqlite_db) == {"batch", "pool"}
