@@ -162,11 +162,14 @@ class Generation(TableModel, table=True):
     """One request's record for observability. Never audio, prompts or secret values."""
 
     __tablename__ = "generations"
+    # One secondary index, not one per column: every transcription inserts a row, and every
+    # read (activity, the generation list) is one workspace's rows by time (migration 0013).
+    __table_args__ = (sa.Index("ix_generations_workspace_created", "workspace_id", "created_at"),)
 
     id: str = Field(primary_key=True, max_length=40)
-    account_id: str = Field(index=True, max_length=40)
+    account_id: str = Field(max_length=40)
     workspace_id: str = Field(max_length=40)
-    key_hash: str = Field(index=True, max_length=64)
+    key_hash: str = Field(max_length=64)
     kind: str = Field(max_length=16)  # "stt" | "video"
     model: str = Field(max_length=255)
     provider: str | None = Field(default=None, max_length=64)
@@ -179,7 +182,7 @@ class Generation(TableModel, table=True):
     user: str | None = Field(default=None, max_length=256)
     trace: dict[str, Any] | None = Field(default=None, sa_type=sa.JSON)
     error: str | None = Field(default=None, max_length=1000)
-    created_at: datetime = Field(sa_type=UtcDateTime, index=True)
+    created_at: datetime = Field(sa_type=UtcDateTime)
 
 
 class VideoJob(TableModel, table=True):
