@@ -22,15 +22,22 @@ import httpx
 
 from bench.harness.stt import UPSTREAM_MODEL, running_fake_provider
 from server.providers.endpoint import Endpoint
-from server.providers.http import _RefuseCookies, authorized, no_cookies, send
+from server.providers.http import (
+    PROVIDER_LIMITS,
+    PROVIDER_TIMEOUT,
+    _RefuseCookies,
+    authorized,
+    no_cookies,
+    provider_client,
+    send,
+)
 from server.providers.openai_stt import MIME, OpenAISttAdapter, form, parse
 from server.providers.stt import SttCall, Transcript, reading_answer
-from server.providers.transport import AsyncioBackend, PooledTransport, pooled_transport
+from server.providers.transport import AsyncioBackend
 from tests.support.catalog import FAKE_KEY_ENV
 
 AUDIO_BYTES = 32 * 1024
-TIMEOUT = httpx.Timeout(120.0, connect=10.0)
-LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+TIMEOUT, LIMITS = PROVIDER_TIMEOUT, PROVIDER_LIMITS
 
 
 def anyio_client() -> httpx.AsyncClient:
@@ -76,28 +83,12 @@ class BeforeAdapter(OpenAISttAdapter):
 
 def asyncio_client() -> httpx.AsyncClient:
     """The client build_core makes now: server/providers/transport.py."""
-    tls = ssl.create_default_context()
-    return httpx.AsyncClient(
-        verify=tls,
-        timeout=TIMEOUT,
-        limits=LIMITS,
-        follow_redirects=False,
-        cookies=no_cookies(),
-        transport=pooled_transport(tls, LIMITS),
-    )
+    return provider_client(ssl.create_default_context())
 
 
 def split_writes_client() -> httpx.AsyncClient:
     """As build_core's, but each write sent at once (head and body in two sends)."""
-    tls = ssl.create_default_context()
-    return httpx.AsyncClient(
-        verify=tls,
-        timeout=TIMEOUT,
-        limits=LIMITS,
-        follow_redirects=False,
-        cookies=no_cookies(),
-        transport=PooledTransport(tls, LIMITS, AsyncioBackend(coalesce_bytes=0)),
-    )
+    return provider_client(ssl.create_default_context(), AsyncioBackend(coalesce_bytes=0))
 
 
 VARIANTS: dict[str, tuple[Callable[[], httpx.AsyncClient], type[OpenAISttAdapter]]] = {

@@ -63,7 +63,7 @@ from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
 from server.providers.fal_video import FalVideoAdapter
 from server.providers.gemini_video import GeminiVideoAdapter
-from server.providers.http import Downloads, ImageFetcher, no_cookies
+from server.providers.http import Downloads, ImageFetcher, provider_client
 from server.providers.kling_video import KlingVideoAdapter
 from server.providers.local_video import LocalVideoAdapter
 from server.providers.minimax_video import MiniMaxVideoAdapter
@@ -74,7 +74,6 @@ from server.providers.queue_video import QueueVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.stt import SttAdapter
-from server.providers.transport import pooled_transport
 from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog, served_by
@@ -159,16 +158,7 @@ def build_core(
     tls = ssl.create_default_context()
     if settings.webhook_ca_bundle:
         tls.load_verify_locations(cafile=settings.webhook_ca_bundle)
-    http_limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-    http = httpx.AsyncClient(
-        verify=tls,
-        timeout=httpx.Timeout(120.0, connect=10.0),
-        limits=http_limits,
-        follow_redirects=False,
-        cookies=no_cookies(),  # one client for every workspace: no cookie carries over
-        # httpcore's pool over asyncio rather than anyio: less CPU per call (transport.py).
-        transport=pooled_transport(tls, http_limits),
-    )
+    http = provider_client(tls)
     # A queued decode holds only a reference to audio the request already holds in memory:
     # the queue is long (a burst of small files is decoded in turn), the caller's deadline
     # bounds the wait, and beyond it the answer is 503 with Retry-After (nothing held).

@@ -12,6 +12,7 @@ import binascii
 import email.utils
 import http.cookiejar
 import math
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +34,7 @@ from server.providers.failures import (
     UNREACHABLE,
     ProviderFailure,
 )
+from server.providers.transport import AsyncioBackend, PooledTransport
 from server.webhooks.targets import (
     Lookup,
     RefusedTarget,
@@ -87,6 +89,27 @@ def no_cookies() -> http.cookiejar.CookieJar:
     every workspace, so a cookie one provider response sets (a session, a load balancer's
     stickiness) must never be sent with another workspace's request."""
     return _NoCookieJar(policy=_RefuseCookies())
+
+
+# The one pooled client's timeouts and pool (a provider's own timeout is set per request).
+PROVIDER_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+PROVIDER_LIMITS = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+
+
+def provider_client(
+    tls: ssl.SSLContext, network_backend: AsyncioBackend | None = None
+) -> httpx.AsyncClient:
+    """The one pooled client of provider calls, downloads and webhooks: TLS verified with
+    `tls`, no redirects followed, no cookies kept, and httpcore's pool over asyncio rather
+    than anyio (less CPU per call: server/providers/transport.py)."""
+    return httpx.AsyncClient(
+        verify=tls,
+        timeout=PROVIDER_TIMEOUT,
+        limits=PROVIDER_LIMITS,
+        follow_redirects=False,
+        cookies=no_cookies(),  # one client for every workspace: no cookie carries over
+        transport=PooledTransport(tls, PROVIDER_LIMITS, network_backend),
+    )
 
 
 def retry_after_seconds(value: str | None, now: datetime | None = None) -> int | None:

@@ -432,8 +432,3 @@ class PooledTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._pool.aclose()
-
-
-def pooled_transport(ssl_context: ssl.SSLContext, limits: httpx.Limits) -> PooledTransport:
-    """The one pooled client's transport: TLS verified with `ssl_context`, `limits` kept."""
-    return PooledTransport(ssl_context, limits)

@@ -18,7 +18,7 @@ import trustme
 from server.providers.endpoint import Endpoint
 from server.providers.failures import TIMEOUT, UNREACHABLE, ProviderFailure
 from server.providers.http import call, no_cookies
-from server.providers.transport import AsyncioBackend, AsyncioStream, pooled_transport
+from server.providers.transport import AsyncioBackend, AsyncioStream, PooledTransport
 
 LOOPBACK = "127.0.0.1"
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -131,7 +131,7 @@ async def client_of(
     """The pooled client as build_core makes it ("asyncio"), or with httpx's own transport."""
     tls = tls or ssl.create_default_context()
     limits = limits or httpx.Limits(max_connections=256, max_keepalive_connections=64)
-    transport = pooled_transport(tls, limits) if kind == "asyncio" else None
+    transport = PooledTransport(tls, limits) if kind == "asyncio" else None
     async with httpx.AsyncClient(
         verify=tls,
         timeout=seconds,
