@@ -43,7 +43,6 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 import google.auth.exceptions
-import google.auth.transport.requests
 import httpx
 from google.oauth2 import service_account
 
@@ -63,6 +62,15 @@ GLOBAL_HOST = "aiplatform.googleapis.com"
 # Where Veo runs when the base URL names no location (Veo's documented region).
 DEFAULT_LOCATION = "us-central1"
 STORAGE_BASE = "https://storage.googleapis.com"
+
+
+def _refresh(credentials: service_account.Credentials) -> None:
+    """Mint a token (blocking: runs in a worker thread). google-auth's transport brings in
+    `requests` and urllib3 (~7 MiB per server process): imported here, on a gateway's first
+    Vertex call, rather than at start-up by every gateway."""
+    import google.auth.transport.requests
+
+    credentials.refresh(google.auth.transport.requests.Request())  # type: ignore[no-untyped-call]
 
 
 class ServiceAccountTokens:
@@ -105,9 +113,7 @@ class ServiceAccountTokens:
                 self._credentials[account] = credentials
             if not credentials.valid:  # no token yet, or it expires within minutes
                 try:
-                    await asyncio.to_thread(
-                        credentials.refresh, google.auth.transport.requests.Request()
-                    )
+                    await asyncio.to_thread(_refresh, credentials)
                 except google.auth.exceptions.RefreshError as exc:
                     raise ProviderFailure(
                         REJECTED_CREDENTIALS, "Google refused the service account"
