@@ -27,9 +27,10 @@ from server.limits.leases import BudgetLeases
 from server.observability.metrics import Metrics
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
-from server.routing.catalog import Catalog, load_catalog
+from server.routing.catalog import Catalog, Model, load_catalog
 from server.transcription.request import TranscriptionInput
 from server.transcription.transcriber import Transcriber, TranscriptionResult
+from server.videos.request import VideoInput
 from tests.support.admin import Admin, IssuedKey
 from tests.support.audio import fixture
 
@@ -277,6 +278,19 @@ def stt_input(model: str) -> TranscriptionInput:
         claimed_format="wav",
         filename="hello.wav",
         audio_param="file",
+    )
+
+
+def video_input(model: Model) -> VideoInput:
+    """A parsed video request for `model`: a 2 s, 854x480 lighthouse, no callback."""
+    return VideoInput(
+        model=model,
+        params={"prompt": "a lighthouse", "duration": 2, "width": 854, "height": 480},
+        duration=2,
+        callback_url=None,
+        session_id=None,
+        user=None,
+        trace=None,
     )
 
 

@@ -28,7 +28,7 @@ from server.routing.fallback import route
 from server.services.videos import model_message
 from server.transcription.request import TranscriptionInput
 from tests.support.audio import fixture
-from tests.support.domain import PROVIDER_KEY_ENV, Domain
+from tests.support.domain import PROVIDER_KEY_ENV, Domain, video_input
 
 # Every credential variable the built-in catalog names: unset in these tests.
 BUILT_IN_VARIABLES = sorted(
@@ -294,21 +294,12 @@ async def test_a_job_whose_credentials_were_removed_fails_naming_the_variable(
     from server.db.models import VideoJob
     from server.videos import jobs
     from server.videos.content import ContentStore
-    from server.videos.request import VideoInput
     from server.workers.video_worker import VideoWorker
 
     issued = await domain.funded_key("credentials-removed")
     model = domain.catalog.get("unitvideo/ok")
     assert model is not None
-    video = VideoInput(
-        model=model,
-        params={"prompt": "a lighthouse", "duration": 2, "width": 854, "height": 480},
-        duration=2,
-        callback_url=None,
-        session_id=None,
-        user=None,
-        trace=None,
-    )
+    video = video_input(model)
     principal = await domain.principal(issued)
     async with domain.sessions() as session:
         job = await jobs.submit_job(

@@ -31,11 +31,10 @@ from server.transcription.transcriber import Transcriber, TranscriptionResult
 from server.vault.crypto import MasterKey
 from server.videos import jobs
 from server.videos.content import ContentStore
-from server.videos.request import VideoInput
 from server.workers.video_worker import VideoWorker
 from tests.support.admin import IssuedKey
 from tests.support.audio import fixture
-from tests.support.domain import PROVIDER_KEY, Domain, InlinePool
+from tests.support.domain import PROVIDER_KEY, Domain, InlinePool, video_input
 
 BYOK_KEY = "sk-workspace-own-key-0123456789abcd"
 OTHER_BYOK_KEY = "sk-workspace-second-key-9876543210wxyz"
@@ -363,15 +362,7 @@ async def test_a_video_job_submitted_and_polled_with_the_workspace_key(
     fees = ByokFees(percent=Decimal(5), free_requests_per_month=0)
     byok = ByokRouting(MASTER, fees)
     model = domain.catalog.models["unitvideo/ok"]
-    video = VideoInput(
-        model=model,
-        params={"prompt": "a lighthouse", "duration": 2, "width": 854, "height": 480},
-        duration=2,
-        callback_url=None,
-        session_id=None,
-        user=None,
-        trace=None,
-    )
+    video = video_input(model)
     principal = await domain.principal(issued)
     async with domain.sessions() as session:
         planned = await byok.endpoints(

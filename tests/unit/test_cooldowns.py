@@ -24,9 +24,8 @@ from server.routing.cooldowns import MAX_COOLDOWN_SECONDS, Cooldowns
 from server.routing.fallback import route
 from server.videos import jobs
 from server.videos.content import ContentStore
-from server.videos.request import VideoInput
 from server.workers.video_worker import VideoWorker
-from tests.support.domain import Domain
+from tests.support.domain import Domain, video_input
 
 FIRST = Endpoint(provider="first", adapter="openai", base_url="https://first.example/v1")
 SECOND = Endpoint(provider="second", adapter="openai", base_url="https://second.example/v1")
@@ -141,15 +140,7 @@ async def test_a_video_job_waits_for_its_cooling_provider_instead_of_failing(
     assert model is not None
     cooldowns.note(model.endpoints[0], limited(30))
     issued = await domain.funded_key("video-cooling")
-    video = VideoInput(
-        model=model,
-        params={"prompt": "a lighthouse", "duration": 2, "width": 854, "height": 480},
-        duration=2,
-        callback_url=None,
-        session_id=None,
-        user=None,
-        trace=None,
-    )
+    video = video_input(model)
     async with domain.sessions() as session:
         job = await jobs.submit_job(
             session, await domain.principal(issued), video, domain.clock.now(), None, domain.limits

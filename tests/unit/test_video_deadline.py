@@ -11,9 +11,8 @@ from server.providers.endpoint import Endpoint
 from server.providers.video import VideoCall, VideoProgress
 from server.videos import jobs
 from server.videos.content import ContentStore
-from server.videos.request import VideoInput
 from server.workers.video_worker import VideoWorker
-from tests.support.domain import Domain
+from tests.support.domain import Domain, video_input
 
 
 class NeverEnding:
@@ -51,15 +50,7 @@ async def test_a_job_that_never_ends_fails_at_the_deadline_and_is_cancelled(
     account = issued.workspace.account_id
     model = domain.catalog.get("unitvideo/ok")
     assert model is not None
-    video = VideoInput(
-        model=model,
-        params={"prompt": "a lighthouse", "duration": 2, "width": 854, "height": 480},
-        duration=2,
-        callback_url=None,
-        session_id=None,
-        user=None,
-        trace=None,
-    )
+    video = video_input(model)
     async with domain.sessions() as session:
         job = await jobs.submit_job(
             session, await domain.principal(issued), video, domain.clock.now(), None, domain.limits

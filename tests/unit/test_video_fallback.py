@@ -20,12 +20,11 @@ from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.videos import jobs
 from server.videos.content import ContentStore
-from server.videos.request import VideoInput
 from server.workers.video_worker import VideoWorker
 from tests.fakes import fal, replicate, seedance
 from tests.fakes.video_providers import VIDEO
 from tests.support.admin import IssuedKey
-from tests.support.domain import Domain
+from tests.support.domain import Domain, video_input
 
 PRICE_MICROS = 100_000  # 0.05 USD/s for 2 s
 CAPS = """kind = "video"
@@ -95,15 +94,7 @@ def _worker(
 async def _submit(domain: Domain, catalog: Catalog, issued: IssuedKey, model_id: str) -> str:
     model = catalog.get(model_id)
     assert model is not None
-    video = VideoInput(
-        model=model,
-        params={"prompt": "a lighthouse", "duration": 2, "width": 854, "height": 480},
-        duration=2,
-        callback_url=None,
-        session_id=None,
-        user=None,
-        trace=None,
-    )
+    video = video_input(model)
     principal = await domain.principal(issued)
     async with domain.sessions() as session:
         job = await jobs.submit_job(

@@ -16,7 +16,7 @@ from server.limits.guardrail_budgets import GuardrailBudget
 from server.videos import jobs
 from server.videos.request import VideoInput
 from tests.support.admin import IssuedKey
-from tests.support.domain import Domain
+from tests.support.domain import Domain, video_input
 
 JOB_MICROS = 100_000  # unitvideo/ok: 0.05 USD/s for 2 s
 
@@ -24,15 +24,7 @@ JOB_MICROS = 100_000  # unitvideo/ok: 0.05 USD/s for 2 s
 def _video(domain: Domain) -> VideoInput:
     model = domain.catalog.get("unitvideo/ok")
     assert model is not None
-    return VideoInput(
-        model=model,
-        params={"prompt": "a lighthouse", "duration": 2, "width": 854, "height": 480},
-        duration=2,
-        callback_url=None,
-        session_id=None,
-        user=None,
-        trace=None,
-    )
+    return video_input(model)
 
 
 async def _submit_all(

@@ -11,10 +11,9 @@ import pytest
 from server.db.models import CreditHold, Generation, VideoJob
 from server.videos import jobs
 from server.videos.content import ContentStore
-from server.videos.request import VideoInput
 from server.workers.video_worker import VideoWorker
 from tests.support.admin import IssuedKey
-from tests.support.domain import VIDEO_BYTES, Domain
+from tests.support.domain import VIDEO_BYTES, Domain, video_input
 
 PRICE_MICROS = 100_000  # 0.05 USD/s for 2 s
 
@@ -37,15 +36,7 @@ def _worker(
 async def _submit(domain: Domain, issued: IssuedKey, model: str) -> str:
     catalog_model = domain.catalog.get(model)
     assert catalog_model is not None
-    video = VideoInput(
-        model=catalog_model,
-        params={"prompt": "a lighthouse", "duration": 2, "width": 854, "height": 480},
-        duration=2,
-        callback_url=None,
-        session_id=None,
-        user=None,
-        trace=None,
-    )
+    video = video_input(catalog_model)
     principal = await domain.principal(issued)
     async with domain.sessions() as session:
         job = await jobs.submit_job(
