@@ -98,23 +98,6 @@ class Claimer:
     ) -> Any:
         """The oldest due, unleased, ready row leased to `owner` (an instance of the model),
         or None when there is none or another process won it. Commits."""
-        claimed = await self.lease(
-            session, owner=owner, now=now, lease=lease, extra_values=extra_values
-        )
-        await session.commit()
-        return claimed
-
-    async def lease(
-        self,
-        session: AsyncSession,
-        *,
-        owner: str,
-        now: datetime,
-        lease: timedelta,
-        extra_values: dict[str, Any] | None = None,
-    ) -> Any:
-        """`claim` in the caller's transaction, which the caller commits (a unit of the
-        group-commit writer): the lease holds once that commit is done."""
         values = extra_values or {}
         claimed = await fetch_rows(
             session,
@@ -126,8 +109,9 @@ class Claimer:
                 **{f"new_{name}": values[name] for name in self._extra},
             },
         )
-        if len(claimed) != 1:
-            return None
-        # The bind's dialect: no connection asked of the session (a writer unit's session
-        # on SQLite has only the driver's, server/db/writer.py).
-        return self._instance(claimed[0], session.get_bind().dialect)
+        # The bind's dialect: no connection asked of the session.
+        leased = (
+            None if len(claimed) != 1 else self._instance(claimed[0], session.get_bind().dialect)
+        )
+        await session.commit()
+        return leased
