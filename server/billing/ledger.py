@@ -93,25 +93,8 @@ def charge_params(
     return params
 
 
-async def record_charge(
-    session: AsyncSession,
-    *,
-    account_id: str,
-    key_hash: str,
-    amount_micros: int,
-    is_byok: bool,
-    now: datetime,
-    reference: str | None = None,
-) -> None:
-    """Record what a request cost, on the ledger and the key's and account's counters
-    (`charge_params`). The caller commits."""
-    params = charge_params(
-        account_id=account_id,
-        key_hash=key_hash,
-        amount_micros=amount_micros,
-        is_byok=is_byok,
-        now=now,
-        reference=reference,
-    )
+async def record_charge(session: AsyncSession, params: dict[str, object]) -> None:
+    """Record what a request cost, on the ledger and the key's and account's counters:
+    `params` from `charge_params`. The caller commits."""
     await fetch_rows(session, INSERT_ENTRY, params)
     await fetch_rows(session, COUNTERS, params)

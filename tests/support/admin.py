@@ -12,7 +12,7 @@ from sqlmodel import SQLModel
 
 from server.accounts import keys as key_store
 from server.accounts import workspaces
-from server.billing.ledger import add_credits, record_charge
+from server.billing.ledger import add_credits, charge_params, record_charge
 from server.billing.money import usd_to_micros
 from server.clock import Clock, SystemClock
 from server.db.engine import SessionFactory
@@ -99,14 +99,14 @@ class Admin:
         at: datetime | None = None,
     ) -> None:
         async with self.sessions() as session:
-            await record_charge(
-                session,
+            charge = charge_params(
                 account_id=issued.workspace.account_id,
                 key_hash=issued.hash,
                 amount_micros=usd_to_micros(amount),
                 is_byok=is_byok,
                 now=at or self.clock.now(),
             )
+            await record_charge(session, charge)
             await session.commit()
 
     async def count(self, table: type[SQLModel], *where: Any) -> int:
