@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -86,6 +87,17 @@ async def _hold(writer: Writer, writes: str | None = None) -> tuple[Gate, asynci
     return gate, task
 
 
+async def _in_one_batch(writer: Writer, units: Sequence[Any]) -> list[Any]:
+    """`units` queued while a Gate holds `writer`'s batch, so that they run together in the
+    next one: their results (or what they raised), in order."""
+    gate, gate_task = await _hold(writer)
+    tasks = [asyncio.create_task(writer.run(unit)) for unit in units]
+    await asyncio.sleep(0)
+    gate.release.set()
+    await gate_task
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_a_lone_unit_commits_in_a_batch_of_its_own(admin_db: Admin, peek: Peek) -> None:
     writer = Writer(admin_db.sessions)
     try:
@@ -128,16 +140,7 @@ async def test_one_failing_unit_fails_alone_and_writes_nothing(
         await fetch_rows(session, _INSERT, _row("ok-0"))  # a duplicate key: a database error
 
     try:
-        gate, gate_task = await _hold(writer)
-        tasks = [
-            asyncio.create_task(writer.run(_insert("ok-0"))),  # type: ignore[arg-type]
-            asyncio.create_task(writer.run(failing)),
-            asyncio.create_task(writer.run(_insert("ok-2"))),  # type: ignore[arg-type]
-        ]
-        await asyncio.sleep(0)
-        gate.release.set()
-        await gate_task
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        results = await _in_one_batch(writer, [_insert("ok-0"), failing, _insert("ok-2")])
         assert results[0] == "ok-0" and results[2] == "ok-2"
         if failure == "python":
             assert isinstance(results[1], ValueError)
@@ -167,12 +170,7 @@ async def test_a_failed_commit_fails_every_caller_of_the_batch(admin_db: Admin, 
 
     writer = Writer(sessions)  # type: ignore[arg-type]
     try:
-        gate, gate_task = await _hold(writer)
-        tasks = [asyncio.create_task(writer.run(_insert(f"f{i}"))) for i in range(3)]  # type: ignore[arg-type]
-        await asyncio.sleep(0)
-        gate.release.set()
-        await gate_task
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        results = await _in_one_batch(writer, [_insert(f"f{i}") for i in range(3)])
         assert all(isinstance(r, ConnectionError) for r in results)
         assert await peek() == set()  # nobody was told it was written; nor was it
         # The writer goes on after a failed batch.
@@ -232,12 +230,7 @@ async def test_holds_in_one_batch_stay_exact(admin_db: Admin) -> None:
         )
 
     try:
-        gate, gate_task = await _hold(writer)
-        tasks = [asyncio.create_task(writer.run(reserve)) for _ in range(12)]
-        await asyncio.sleep(0)
-        gate.release.set()
-        await gate_task
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        results = await _in_one_batch(writer, [reserve] * 12)
         held = [r for r in results if isinstance(r, Hold)]
         refused = [r for r in results if isinstance(r, GatewayError)]
         assert len(held) == 5 and len(refused) == 7
@@ -289,15 +282,9 @@ async def test_failures_anywhere_in_a_batch_undo_only_their_own_unit(
 
     plan = ["bad-0", "ok-1", "bad-2", "bad-3", "ok-4", "ok-5", "bad-6"]
     try:
-        gate, gate_task = await _hold(writer)
-        tasks = [
-            asyncio.create_task(writer.run(failing(who) if who.startswith("bad") else _insert(who)))  # type: ignore[arg-type]
-            for who in plan
-        ]
-        await asyncio.sleep(0)
-        gate.release.set()
-        await gate_task
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        results = await _in_one_batch(
+            writer, [failing(who) if who.startswith("bad") else _insert(who) for who in plan]
+        )
         for who, result in zip(plan, results, strict=True):
             assert isinstance(result, ValueError) if who.startswith("bad") else result == who
         assert writer.stats.sizes == [1, len(plan)]
@@ -413,16 +400,7 @@ async def test_sqlite_a_stray_orm_call_in_a_unit_fails_loudly(sqlite_db: Admin) 
         await session.exec(_INSERT, params=_row("stray-orm"))  # type: ignore[call-overload]
 
     try:
-        gate, gate_task = await _hold(writer)
-        tasks = [
-            asyncio.create_task(writer.run(_insert("s0"))),  # type: ignore[arg-type]
-            asyncio.create_task(writer.run(stray)),
-            asyncio.create_task(writer.run(_insert("s2"))),  # type: ignore[arg-type]
-        ]
-        await asyncio.sleep(0)
-        gate.release.set()
-        await gate_task
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        results = await _in_one_batch(writer, [_insert("s0"), stray, _insert("s2")])
         assert results[0] == "s0" and results[2] == "s2"
         assert isinstance(results[1], StrayStatement)
         assert await _stored(sqlite_db) == {"s0", "s2"}
@@ -459,16 +437,7 @@ async def test_sqlite_a_failed_commit_fails_every_caller_of_the_batch(sqlite_db:
         return "orphan"
 
     try:
-        gate, gate_task = await _hold(writer)
-        tasks = [
-            asyncio.create_task(writer.run(_insert("f0"))),  # type: ignore[arg-type]
-            asyncio.create_task(writer.run(orphan_hold)),
-            asyncio.create_task(writer.run(_insert("f2"))),  # type: ignore[arg-type]
-        ]
-        await asyncio.sleep(0)
-        gate.release.set()
-        await gate_task
-        results = await asyncio.gather(*tasks, return_exceptions=True)
+        results = await _in_one_batch(writer, [_insert("f0"), orphan_hold, _insert("f2")])
         assert all(isinstance(r, sqlite3.IntegrityError) for r in results), results
         assert writer.stats.failed_batches == 1
         assert await _stored(sqlite_db) == set()
