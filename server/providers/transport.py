@@ -180,8 +180,8 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
     async def _flush(self, seconds: float | None) -> None:
         """Hand what was written to the transport (one send when it is small), then wait
         while the transport's buffer is above its high-water mark."""
-        pending, self._pending = self._pending, []
-        self._pending_bytes = 0
+        pending, size = self._pending, self._pending_bytes
+        self._pending, self._pending_bytes = [], 0
         connection = self._connection
         transport = self._transport()
         if connection.lost or transport.is_closing():
@@ -189,7 +189,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         connection.active_at = connection.loop.time()
         if len(pending) == 1:
             transport.write(pending[0])
-        elif sum(map(len, pending)) < self._coalesce_bytes:
+        elif size < self._coalesce_bytes:
             transport.write(b"".join(pending))
         else:
             for buffer in pending:  # large: no copy to join them
