@@ -386,3 +386,25 @@ async def test_finish_uncancelled_completes_its_work_through_cancellations() -> 
         await task
     assert done == ["released"]
     assert await finish_uncancelled(release()) == "ok"
+
+
+async def test_finish_uncancelled_passes_the_cancellation_on_chained_from_a_failure() -> None:
+    """Work that fails after the caller was cancelled: the caller still gets its
+    cancellation, with the failure as its cause (as Writer.run(finish_within=...) does), not
+    the failure in its place."""
+
+    async def failing_release() -> str:
+        await asyncio.sleep(0.1)
+        raise ValueError("the release failed")
+
+    async def request() -> str:
+        return await finish_uncancelled(failing_release())
+
+    task = asyncio.create_task(request())
+    await asyncio.sleep(0.03)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError) as cancelled:
+        await task
+    assert isinstance(cancelled.value.__cause__, ValueError)
+    with pytest.raises(ValueError):  # not cancelled: the failure itself
+        await finish_uncancelled(failing_release())

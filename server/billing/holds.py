@@ -21,6 +21,7 @@ from server.billing.periods import EPOCH, PERIODS, period_starts
 from server.billing.usage import ACCOUNT, KEY
 from server.db.driver import LOCKED_IN_BATCH, execute_many, fetch_rows, insert_statement
 from server.db.models import Account, ApiKey, CreditHold, UsageCounter, UtcDateTime
+from server.db.writer import wait_uncancelled
 from server.errors import GatewayError
 
 DEFAULT_HOLD_TTL = timedelta(minutes=15)
@@ -495,23 +496,9 @@ async def finish_uncancelled(work: Awaitable[T], bound: float = FINISH_TIMEOUT_S
     cancelled meanwhile — a gRPC deadline, a client cancel, a REST client that went away
     cancel the rpc's task, possibly more than once. The caller's cancellation is re-raised
     once the work is done; the work itself is bounded by `bound` seconds."""
-    # One task (wait_for would add a second, a waiter future and a callback).
-    task = asyncio.ensure_future(_bounded(work, bound))
-    cancelled = False
-    # Each pass ends with the task done or with one more cancellation of the caller; the
-    # task ends within `bound` seconds, so the loop does too.
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.done() and task.cancelled():
-                raise  # the work itself was cancelled (the loop is shutting down)
-            cancelled = True
-    if cancelled:
-        if not task.cancelled() and task.exception() is not None:
-            raise asyncio.CancelledError from task.exception()
-        raise asyncio.CancelledError
-    return task.result()
+    # One task (wait_for would add a second, a waiter future and a callback); it ends within
+    # `bound` seconds, so the wait does too.
+    return await wait_uncancelled(asyncio.ensure_future(_bounded(work, bound)))
 
 
 async def _bounded(work: Awaitable[T], bound: float) -> T:

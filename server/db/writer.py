@@ -128,6 +128,29 @@ class WriterStats:
     sizes: list[int] = field(default_factory=list)  # the last batches' sizes (bounded)
 
 
+async def wait_uncancelled(future: asyncio.Future[T]) -> T:
+    """Await `future` to its end through the caller's cancellations (one or more), then
+    re-raise the cancellation, chained (`__cause__`) from the future's failure if it failed;
+    never cancelled: its result, or what it raised. The future itself cancelled (the loop
+    shutting down): CancelledError at once."""
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if future.cancelled():
+                raise
+            cancelled = True
+        except Exception:  # the future's failure: raised below
+            pass
+    if cancelled:
+        error = future.exception()
+        if error is not None:
+            raise asyncio.CancelledError from error
+        raise asyncio.CancelledError
+    return future.result()
+
+
 class Writer:
     """The process's group-commit writer over `sessions` (see the module docstring)."""
 
@@ -191,23 +214,10 @@ class Writer:
                     self._queue.remove(queued)
                 raise
         expiry = loop.call_later(finish_within, _expire, self._queue, queued)
-        cancelled = False
         try:
-            while not future.done():
-                try:
-                    await asyncio.shield(future)
-                except asyncio.CancelledError:
-                    cancelled = True
-                except Exception:  # the unit's or the batch's failure: raised below
-                    pass
+            return await wait_uncancelled(future)
         finally:
             expiry.cancel()
-        if cancelled:
-            error = future.exception()
-            if error is not None:
-                raise asyncio.CancelledError from error
-            raise asyncio.CancelledError
-        return future.result()
 
     async def close(self) -> None:
         """Commit what is queued, then stop."""
