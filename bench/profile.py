@@ -2,7 +2,8 @@
 through the gateway (issue 17's "before" picture for the hot-path redesign).
 
 Starts the fast fake provider and a gateway (`gateway up`, one server process, SQLite, a
-funded key), then for each path runs a bounded load (concurrency 4, `--requests`, a time
+funded key), then for each path runs a bounded load (`--concurrency`, 4 by default; `--requests`, a
+time
 cap) while `py-spy record --format raw --subprocesses` samples the server process (and its
 decode workers). Each sampled stack is put in one phase by the deepest frame that names one
 (the rules below: auth/principal lookup, admission, audio decode/probe, provider call,
@@ -249,7 +250,7 @@ class PathProfile:
 
 
 async def _load(call: Call, path: str, args: argparse.Namespace) -> CaseResult:
-    return await measure(path, call, CONCURRENCY, args.requests, 0, args.time_cap)
+    return await measure(path, call, args.concurrency, args.requests, 0, args.time_cap)
 
 
 def profile_path(
@@ -310,7 +311,7 @@ def profile_path(
     )
 
 
-def report(profiles: Sequence[PathProfile]) -> str:
+def report(profiles: Sequence[PathProfile], concurrency: int) -> str:
     blocks: list[str] = []
     for p in profiles:
         rows: list[list[object]] = [["Envoy (whole process)", "-", f"{p.envoy_cpu_ms:.2f}", "-"]]
@@ -333,7 +334,7 @@ def report(profiles: Sequence[PathProfile]) -> str:
             ]
         )
         blocks.append(
-            f"{p.path}: {p.load.requests} requests at concurrency {CONCURRENCY}, "
+            f"{p.path}: {p.load.requests} requests at concurrency {concurrency}, "
             f"{p.load.requests_per_second:.0f} req/s, p50 {p.load.p50_ms} ms, "
             f"{p.load.errors} errors\n\n"
             + markdown_table(
@@ -348,6 +349,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
     parser.add_argument("--requests", type=positive_int, default=600)
     parser.add_argument("--time-cap", type=float, default=30.0)
+    parser.add_argument(
+        "--concurrency", type=positive_int, default=CONCURRENCY, help=f"({CONCURRENCY})"
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--raw-dir", type=Path, help="keep py-spy's raw stacks here")
     args = parser.parse_args(argv)
@@ -373,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         upload = multipart_upload(BENCH_MODEL, audio)
 
         async def get_key(path: str) -> CaseResult:
-            async with loopback_client(gateway.base_url, bearer(key), CONCURRENCY) as client:
+            async with loopback_client(gateway.base_url, bearer(key), args.concurrency) as client:
 
                 async def call() -> str | None:
                     response = await client.get("/key")
@@ -403,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.raw_dir.mkdir(parents=True, exist_ok=True)
             for name in ("key.txt", "stt.txt"):
                 shutil.copy(tmp / name, args.raw_dir / name)
-    print(report(profiles))
+    print(report(profiles, args.concurrency))
     if args.json is not None:
         args.json.write_text(
             json.dumps(

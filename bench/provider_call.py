@@ -33,15 +33,14 @@ from server.providers.http import (
 )
 from server.providers.openai_stt import MIME, OpenAISttAdapter, form, parse
 from server.providers.stt import SttCall, Transcript, reading_answer
-from server.providers.transport import AsyncioBackend
 from tests.support.catalog import FAKE_KEY_ENV
 
 AUDIO_BYTES = 32 * 1024
 TIMEOUT, LIMITS = PROVIDER_TIMEOUT, PROVIDER_LIMITS
 
 
-def anyio_client() -> httpx.AsyncClient:
-    """httpx's own transport (httpcore over anyio), the jar of today."""
+def httpx_client() -> httpx.AsyncClient:
+    """httpx's own transport (httpcore's pool, h11, anyio) with the gateway's settings."""
     return httpx.AsyncClient(
         verify=ssl.create_default_context(),
         timeout=TIMEOUT,
@@ -81,21 +80,15 @@ class BeforeAdapter(OpenAISttAdapter):
             return parse(response.json(), call.verbose)
 
 
-def asyncio_client() -> httpx.AsyncClient:
+def gateway_client() -> httpx.AsyncClient:
     """The client build_core makes now: server/providers/transport.py."""
     return provider_client(ssl.create_default_context())
 
 
-def split_writes_client() -> httpx.AsyncClient:
-    """As build_core's, but each write sent at once (head and body in two sends)."""
-    return provider_client(ssl.create_default_context(), AsyncioBackend(coalesce_bytes=0))
-
-
 VARIANTS: dict[str, tuple[Callable[[], httpx.AsyncClient], type[OpenAISttAdapter]]] = {
-    "before": (before_client, BeforeAdapter),  # main before this branch
-    "anyio": (anyio_client, OpenAISttAdapter),  # this branch with httpx's own transport
-    "asyncio": (asyncio_client, OpenAISttAdapter),  # this branch as build_core wires it
-    "split": (split_writes_client, OpenAISttAdapter),  # the same without coalesced writes
+    "before": (before_client, BeforeAdapter),  # main before issue 17
+    "httpx": (httpx_client, OpenAISttAdapter),  # today's adapter on httpx's own transport
+    "gateway": (gateway_client, OpenAISttAdapter),  # today's adapter as build_core wires it
 }
 
 

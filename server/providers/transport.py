@@ -1,49 +1,68 @@
-"""The pooled provider client's transport: httpcore's connection pool (HTTP/1.1 over h11,
-keep-alive, limits, pool timeouts, cancellation handling: all httpcore's own) over a network
-backend written on asyncio's own protocols instead of httpcore's default, anyio.
+"""The pooled provider client's transport: HTTP/1.1 over asyncio's own protocols, answers
+parsed by llhttp (`httptools`, the parser uvicorn serves with), connections kept alive in a
+pool per origin under httpx's limits and timeouts. An `httpx.AsyncBaseTransport` (httpx's
+documented extension point), so callers keep the one httpx client and its exception types.
 
-Why: this path costs about 0.2 ms less CPU per provider call than anyio's, over plain HTTP
-or TLS (bench/provider_call.py, paired rounds: x0.67 at concurrency 1 and 4). Every
-read and write enters a cancel scope (`fail_after`) and yields to the event loop once before
-doing anything (anyio's checkpoint), and the pool asks every idle connection per request
-whether its socket is readable with a poll(2) syscall. Here a read of data already received
-returns at once, a wait is one future with one timer, the request's head and a body up to
-64 KiB leave in one send (httpcore writes them separately), and whether an idle connection
-was closed by the server is known from what the event loop has already delivered (the kernel
-is asked only about connections quiet for a second).
+Why not httpx's own transport (httpcore's pool, the h11 state machine, anyio): a provider call
+of a transcription (a 32 KB upload, a small JSON answer) cost about 310 us of CPU in it,
+against about 60 us for the same bytes written and read on a bare asyncio connection; the
+provider call was the largest piece of the gateway's CPU per transcription left above its
+floor (issue 17; `python -m bench.provider_call`). Here a request's head and body up to
+64 KiB leave in one send, a read of bytes already received returns at once, a wait is one
+future with one timer, the answer is parsed in C, and whether an idle connection was closed
+by the server is known from what the event loop has already delivered (the kernel is asked
+only about connections quiet for a second).
 
-Both are documented extension points: httpcore's `AsyncNetworkBackend` /
-`AsyncNetworkStream` (passed as `network_backend=` to `httpcore.AsyncConnectionPool`) and
-httpx's custom transports (`httpx.AsyncBaseTransport`). Failures are httpcore's exceptions
-(ConnectTimeout, ReadTimeout, WriteTimeout, ConnectError, ReadError, WriteError), mapped to
-httpx's as httpx's own transport maps them, so callers see the same httpx exception types.
+What it does, as httpx's own transport does: HTTP/1.1 keep-alive (an answer read to its end
+on a connection both sides keep open puts it back in the pool; anything else closes it);
+`max_connections` (a request past it waits for a connection up to its pool timeout:
+httpx.PoolTimeout), `max_keepalive_connections` and `keepalive_expiry`; connect, read, write
+and pool timeouts per request (httpx's `timeout` extension); TLS verified with the given
+context, with SNI (the `sni_hostname` extension when given: a DNS-pinned request's name);
+request bodies with Content-Length or chunked, as httpx framed them; answers with
+Content-Length, chunked, or read to the end of the stream; informational (1xx) answers
+skipped; a request cancelled mid-way closes its connection. Refused: a header name or value
+that could split the request (httpx.LocalProtocolError), an answer llhttp does not accept
+(httpx.RemoteProtocolError). No proxies, no HTTP/2, no upgrades: the provider client uses
+none of them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import select
 import ssl
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-import httpcore
+import httptools
 import httpx
 
 # Reading stops (the kernel's buffer and TCP flow control take over) while this much is
 # received and not yet read, and resumes below the low mark: bounded memory per connection.
 _READ_HIGH = 256 * 1024
 _READ_LOW = 64 * 1024
-# Writes are held and sent together, at the latest when the response is first read, while
-# they stay under this size (asyncio's default high-water mark for a transport's buffer).
+# A request's head and body leave in one send while together under this size (asyncio's
+# default high-water mark for a transport's buffer); larger bodies are written as they are.
 _COALESCE_BYTES = 64 * 1024
 # A connection quiet this long is also asked the kernel whether it is readable (a close the
 # event loop has not delivered yet): only the ones a server may have closed for idleness pay
 # the syscall, not every idle connection on every request.
 _QUIET_SECONDS = 1.0
-# anyio's connect_tcp default: a second address family is tried after this long.
+# anyio's connect_tcp default (httpx's own transport): a second address family is tried after
+# this long.
 _HAPPY_EYEBALLS_DELAY = 0.25
+# Idle connections past their keep-alive expiry are closed at most this often.
+_SWEEP_SECONDS = 1.0
+
+# RFC 9110: a method and a header name are tokens; a header value holds no CR, LF or NUL
+# (what could end the field or the head early); a request target has no space or control.
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FIELD_VALUE = re.compile(rb"[^\x00\r\n]*")
+_TARGET = re.compile(rb"[^\x00-\x20\x7f]+")
 
 _EXPIRED = False  # a waiter's result when its timer fired first
 _WOKEN = True
@@ -59,14 +78,17 @@ def _wake(waiter: asyncio.Future[bool] | None) -> None:
         waiter.set_result(_WOKEN)
 
 
+Origin = tuple[str, str, int, str | None]  # scheme, host, port, TLS server name
+
+
 class _Connection(asyncio.Protocol):
     """What the event loop delivers on one connection: received bytes, end of stream, loss,
-    and write flow control; one reader and one writer wait on it at a time (httpcore's
-    HTTP/1.1 connection reads and writes in turn)."""
+    and write flow control; one reader and one writer wait on it at a time."""
 
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.active_at = self.loop.time()  # when bytes last came or went
+        self.idle_since = 0.0
         self.transport: asyncio.Transport | None = None
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
@@ -109,161 +131,34 @@ class _Connection(asyncio.Protocol):
         self.write_paused = False
         _wake(self.writer)
 
-    def take(self, max_bytes: int) -> bytes:
+    def take(self) -> bytes:
         chunk = self.chunks.popleft()
-        if len(chunk) > max_bytes:
-            self.chunks.appendleft(chunk[max_bytes:])
-            chunk = chunk[:max_bytes]
         self.buffered -= len(chunk)
         if self.read_paused and self.buffered <= _READ_LOW and self.transport is not None:
             self.read_paused = False
             self.transport.resume_reading()
         return chunk
 
+    def usable(self, now: float) -> bool:
+        """Whether an idle connection can carry the next request: nothing arrived since its
+        last answer and the server has not closed it."""
+        transport = self.transport
+        if self.chunks or self.eof or self.lost or transport is None or transport.is_closing():
+            return False
+        if now - self.active_at < _QUIET_SECONDS:
+            return True
+        return not _socket_readable(transport)
 
-async def _wait(slot: str, connection: _Connection, seconds: float | None) -> bool:
-    """Wait until the connection wakes the `slot` waiter ("reader" or "writer"); False when
-    `seconds` passed first. A cancelled wait leaves nothing behind."""
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[bool] = loop.create_future()
-    setattr(connection, slot, waiter)
-    timer = loop.call_later(seconds, _expire, waiter) if seconds is not None else None
-    try:
-        return await waiter
-    finally:
-        setattr(connection, slot, None)
-        if timer is not None:
-            timer.cancel()
-
-
-class AsyncioStream(httpcore.AsyncNetworkStream):
-    """One connection as httpcore reads and writes it (its `timeout` arguments are
-    httpcore's interface, hence the noqa on them)."""
-
-    def __init__(self, connection: _Connection, coalesce_bytes: int = _COALESCE_BYTES) -> None:
-        self._connection = connection
-        self._coalesce_bytes = coalesce_bytes
-        self._pending: list[bytes] = []  # written, not yet handed to the transport
-        self._pending_bytes = 0
-        self._pending_timeout: float | None = None
-
-    def _transport(self) -> asyncio.Transport:
-        transport = self._connection.transport
-        assert transport is not None
-        return transport
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109
-        connection = self._connection
-        if self._pending:
-            await self._flush(self._pending_timeout)
-        while not connection.chunks:
-            if connection.eof or connection.lost:
-                if connection.error is not None:
-                    raise httpcore.ReadError(str(connection.error)) from connection.error
-                return b""
-            if not await _wait("reader", connection, timeout):
-                raise httpcore.ReadTimeout("timed out reading")
-        return connection.take(max_bytes)
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        if not buffer:
-            return
-        connection = self._connection
-        if connection.lost or self._transport().is_closing():
-            raise httpcore.WriteError(str(connection.error or "connection closed"))
-        self._pending.append(buffer)
-        self._pending_bytes += len(buffer)
-        self._pending_timeout = timeout
-        if self._pending_bytes >= self._coalesce_bytes:
-            await self._flush(timeout)
-
-    async def _flush(self, seconds: float | None) -> None:
-        """Hand what was written to the transport (one send when it is small), then wait
-        while the transport's buffer is above its high-water mark."""
-        pending, size = self._pending, self._pending_bytes
-        self._pending, self._pending_bytes = [], 0
-        connection = self._connection
-        transport = self._transport()
-        if connection.lost or transport.is_closing():
-            return  # reading will tell why (httpcore reads the answer after a write error)
-        connection.active_at = connection.loop.time()
-        if len(pending) == 1:
-            transport.write(pending[0])
-        elif size < self._coalesce_bytes:
-            transport.write(b"".join(pending))
-        else:
-            for buffer in pending:  # large: no copy to join them
-                transport.write(buffer)
-        while connection.write_paused and not connection.lost:
-            if not await _wait("writer", connection, seconds):
-                raise httpcore.WriteTimeout("timed out writing")
-
-    async def aclose(self) -> None:
-        self._pending = []
-        self._pending_bytes = 0
-        transport = self._connection.transport
+    def close(self) -> None:
+        transport = self.transport
         if transport is None or transport.is_closing():
             return
-        # No TLS close_notify (httpcore's anyio backend sends none either) and nothing
-        # unsent kept waiting for a peer that may never read it.
+        # No TLS close_notify (httpx's own transport sends none either) and nothing unsent
+        # kept waiting for a peer that may never read it.
         if transport.get_extra_info("ssl_object") is not None or transport.get_write_buffer_size():
             transport.abort()
         else:
             transport.close()
-
-    async def start_tls(
-        self,
-        ssl_context: ssl.SSLContext,
-        server_hostname: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> httpcore.AsyncNetworkStream:
-        if self._pending:
-            await self._flush(timeout)
-        loop = asyncio.get_running_loop()
-        connection = self._connection
-        try:
-            async with asyncio.timeout(timeout):
-                transport = await loop.start_tls(
-                    self._transport(),
-                    connection,
-                    ssl_context,
-                    server_hostname=server_hostname,
-                    # asyncio's own 60 s default would end a longer `timeout` early.
-                    ssl_handshake_timeout=None if timeout is None else timeout + 1.0,
-                )
-        except TimeoutError as exc:
-            self._transport().abort()
-            raise httpcore.ConnectTimeout("timed out during the TLS handshake") from exc
-        except OSError as exc:  # ssl.SSLError (a refused certificate) is one
-            self._transport().abort()
-            raise httpcore.ConnectError(str(exc)) from exc
-        if transport is None:  # the connection was lost during the handshake
-            raise httpcore.ConnectError("connection lost during the TLS handshake")
-        connection.transport = transport
-        return self
-
-    def get_extra_info(self, info: str) -> Any:
-        connection = self._connection
-        transport = connection.transport
-        if info == "is_readable":
-            # Whether a read would not block: an idle connection that is readable was closed
-            # (or spoken to out of turn) by the server, and the pool drops it.
-            if connection.chunks or connection.eof or connection.lost or transport is None:
-                return True
-            if connection.loop.time() - connection.active_at < _QUIET_SECONDS:
-                return False
-            return _socket_readable(transport)
-        if transport is None:
-            return None
-        if info == "ssl_object":
-            return transport.get_extra_info("ssl_object")
-        if info == "client_addr":
-            return transport.get_extra_info("sockname")
-        if info == "server_addr":
-            return transport.get_extra_info("peername")
-        if info == "socket":
-            return transport.get_extra_info("socket")
-        return None
 
 
 def _socket_readable(transport: asyncio.Transport) -> bool:
@@ -276,159 +171,576 @@ def _socket_readable(transport: asyncio.Transport) -> bool:
     return bool(poller.poll(0))
 
 
-class AsyncioBackend(httpcore.AsyncNetworkBackend):
-    """`coalesce_bytes`: writes held and sent together while under this size (0: none)."""
+async def _wait(slot: str, connection: _Connection, seconds: float | None) -> bool:
+    """Wait until the connection wakes the `slot` waiter ("reader" or "writer"); False when
+    `seconds` passed first. A cancelled wait leaves nothing behind."""
+    waiter: asyncio.Future[bool] = connection.loop.create_future()
+    setattr(connection, slot, waiter)
+    timer = connection.loop.call_later(seconds, _expire, waiter) if seconds is not None else None
+    try:
+        return await waiter
+    finally:
+        setattr(connection, slot, None)
+        if timer is not None:
+            timer.cancel()
 
-    def __init__(self, coalesce_bytes: int = _COALESCE_BYTES) -> None:
-        self._coalesce_bytes = coalesce_bytes
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,  # noqa: ASYNC109
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        loop = asyncio.get_running_loop()
+@dataclass(eq=False)
+class _Answer:
+    """llhttp's callbacks for one answer (httptools calls these methods by name)."""
+
+    request: httpx.Request
+    head_only: bool  # an answer to HEAD: no body follows its head
+    parser: Any = None  # httptools.HttpResponseParser(self)
+    status: int = 0
+    reason: bytes = b""
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: deque[bytes] = field(default_factory=deque)
+    head_done: bool = False
+    complete: bool = False
+    until_eof: bool = False  # no Content-Length, not chunked: the body ends with the stream
+    extra: bool = False  # bytes beyond the answer: the connection is not clean
+    keep_alive: bool = False  # both sides keep the connection (read as the answer ends)
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.extra = True
+
+    def on_status(self, reason: bytes) -> None:
+        self.reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:
+                raise httpx.RemoteProtocolError(
+                    "the server switched protocols unasked", request=self.request
+                )
+            self.headers = []  # informational: the real answer follows
+            self.reason = b""
+            return
+        self.status = status
+        self.head_done = True
+        if self.head_only:  # a fresh parser reads the next answer: none of this one is left
+            self.complete = True
+            self.keep_alive = self.parser.should_keep_alive()
+            return
+        framed = status in (204, 304)
+        for name, value in self.headers:
+            lowered = name.lower()
+            if lowered == b"content-length" or (
+                lowered == b"transfer-encoding" and b"chunked" in value.lower()
+            ):
+                framed = True
+        self.until_eof = not framed
+
+    def on_body(self, body: bytes) -> None:
+        if self.head_done and not self.complete:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.head_done and not self.complete:
+            self.complete = True
+            # llhttp resets its flags once the message ends: ask while it is ending.
+            self.keep_alive = self.parser.should_keep_alive()
+
+
+def _head(request: httpx.Request) -> tuple[bytes, bool, int | None]:
+    """The request's head, and how its body is framed (chunked, Content-Length); refuses
+    what could split it (httpx.LocalProtocolError)."""
+    method = request.method.encode("ascii", "replace")
+    target = request.url.raw_path
+    if not _TOKEN.fullmatch(method) or not _TARGET.fullmatch(target):
+        raise httpx.LocalProtocolError("Illegal request method or target", request=request)
+    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
+    chunked = False
+    length: int | None = None
+    host = False
+    for name, value in request.headers.raw:
+        if not _TOKEN.fullmatch(name) or not _FIELD_VALUE.fullmatch(value):
+            raise httpx.LocalProtocolError("Illegal header name or value", request=request)
+        lowered = name.lower()
+        if lowered == b"host":
+            host = True
+        elif lowered == b"content-length":
+            try:
+                length = int(value)
+            except ValueError:
+                raise httpx.LocalProtocolError("Illegal Content-Length", request=request) from None
+        elif lowered == b"transfer-encoding":
+            chunked = value.strip().lower() == b"chunked"
+            if not chunked:
+                raise httpx.LocalProtocolError(
+                    "Transfer-Encoding other than chunked", request=request
+                )
+        parts += (name, b": ", value, b"\r\n")
+    if not host:
+        parts[4:4] = (b"Host: ", request.url.netloc, b"\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts), chunked, length
+
+
+class _WriteFailed(Exception):
+    """The connection went away while the request was written: its answer may still be
+    readable (a server that refuses an upload answers, then closes)."""
+
+
+@dataclass(eq=False)
+class _SlotWaiter:
+    origin: Origin
+    future: asyncio.Future[_Connection | None]
+
+
+class Http11Transport(httpx.AsyncBaseTransport):
+    """The provider client's transport (the module docstring): `ssl_context` verifies TLS;
+    `limits` as httpx's own transport takes them."""
+
+    def __init__(self, ssl_context: ssl.SSLContext, limits: httpx.Limits) -> None:
+        self._tls = ssl_context
+        self._max_connections = limits.max_connections
+        self._max_idle = limits.max_keepalive_connections
+        self._expiry = limits.keepalive_expiry
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._idle_count = 0
+        self._open = 0  # connections open or being opened, idle ones included
+        self._waiters: deque[_SlotWaiter] = deque()
+        self._swept_at = 0.0
+        self._closed = False
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    @property
+    def idle_connections(self) -> int:
+        return self._idle_count
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        scheme = url.scheme
+        if scheme not in ("http", "https"):
+            raise httpx.UnsupportedProtocol(
+                f"Request URL has an unsupported protocol '{scheme}://'", request=request
+            )
+        if self._closed:
+            raise RuntimeError("the transport is closed")
+        extensions = request.extensions
+        timeouts: Mapping[str, float | None] = extensions.get("timeout", {})
+        host = url.raw_host.decode("ascii")
+        sni = None
+        if scheme == "https":
+            sni = extensions.get("sni_hostname") or host
+        origin: Origin = (scheme, host, url.port or (443 if scheme == "https" else 80), sni)
+        head, chunked, length = _head(request)
+        connection = await self._acquire(origin, timeouts, request)
+        answer = _Answer(request, request.method == "HEAD")
+        answer.parser = httptools.HttpResponseParser(answer)
         try:
-            async with asyncio.timeout(timeout):
+            written = await self._write(connection, request, head, chunked, length, timeouts)
+            await self._read_head(connection, answer, timeouts.get("read"), written)
+        except BaseException:
+            self._discard(connection)
+            raise
+        body = _Body(self, origin, connection, answer, written, timeouts.get("read"))
+        if answer.complete:  # the whole answer is in: the connection can serve another now
+            body.finish()
+        return httpx.Response(
+            status_code=answer.status,
+            headers=answer.headers,
+            stream=body,
+            extensions={
+                "http_version": b"HTTP/" + answer.parser.get_http_version().encode("ascii"),
+                "reason_phrase": answer.reason,
+            },
+        )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for idle in self._idle.values():
+            for connection in idle:
+                connection.close()
+        self._open -= self._idle_count
+        self._idle.clear()
+        self._idle_count = 0
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.future.done():
+                waiter.future.set_exception(RuntimeError("the transport is closed"))
+
+    # --- the pool ---------------------------------------------------------------------------
+
+    async def _acquire(
+        self, origin: Origin, timeouts: Mapping[str, float | None], request: httpx.Request
+    ) -> _Connection:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        idle = self._idle.get(origin)
+        while idle:
+            connection = idle.pop()
+            self._idle_count -= 1
+            if self._fresh(connection, now) and connection.usable(now):
+                return connection
+            self._drop(connection)
+        limit = self._max_connections
+        if limit is not None and self._open >= limit:
+            if self._idle_count:  # an idle connection elsewhere gives its place up
+                self._close_oldest_idle()
+            else:
+                handed = await self._wait_for_slot(origin, timeouts.get("pool"), request)
+                if handed is not None:
+                    return handed
+                return await self._connect_counted(origin, timeouts.get("connect"), request)
+        self._open += 1
+        return await self._connect_counted(origin, timeouts.get("connect"), request)
+
+    async def _connect_counted(
+        self, origin: Origin, seconds: float | None, request: httpx.Request
+    ) -> _Connection:
+        """Open a connection for a place already counted in `_open` (given back on failure)."""
+        try:
+            return await self._connect(origin, seconds, request)
+        except BaseException:
+            self._free_slot()
+            raise
+
+    async def _wait_for_slot(
+        self, origin: Origin, seconds: float | None, request: httpx.Request
+    ) -> _Connection | None:
+        """Wait for a place in the pool: an idle connection to `origin` handed over, or None:
+        a place counted for this request, to connect in."""
+        loop = asyncio.get_running_loop()
+        waiter = _SlotWaiter(origin, loop.create_future())
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(seconds):
+                return await waiter.future
+        except TimeoutError:
+            raise httpx.PoolTimeout("timed out waiting for a connection", request=request) from None
+        except BaseException:
+            future = waiter.future
+            if future.done() and not future.cancelled() and future.exception() is None:
+                handed = future.result()  # granted just as the wait ended: give it back
+                if handed is not None:
+                    self._put_back(origin, handed)
+                else:
+                    self._free_slot()
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    async def _connect(
+        self, origin: Origin, seconds: float | None, request: httpx.Request
+    ) -> _Connection:
+        scheme, host, port, sni = origin
+        loop = asyncio.get_running_loop()
+        tls = scheme == "https"
+        try:
+            async with asyncio.timeout(seconds):
                 _, connection = await loop.create_connection(
                     _Connection,
                     host,
                     port,
-                    local_addr=(local_address, 0) if local_address else None,
+                    ssl=self._tls if tls else None,
+                    server_hostname=sni if tls else None,
                     happy_eyeballs_delay=_HAPPY_EYEBALLS_DELAY,
+                    # asyncio's own 60 s default would end a longer `seconds` early.
+                    ssl_handshake_timeout=(None if seconds is None else seconds + 1.0)
+                    if tls
+                    else None,
                 )
         except TimeoutError as exc:  # before OSError: TimeoutError is one
-            raise httpcore.ConnectTimeout(str(exc) or "timed out connecting") from exc
-        except OSError as exc:
-            raise httpcore.ConnectError(str(exc)) from exc
-        return self._stream(connection, socket_options)
+            raise httpx.ConnectTimeout(str(exc) or "timed out connecting", request=request) from exc
+        except OSError as exc:  # ssl.SSLError (a refused certificate) is one
+            raise httpx.ConnectError(str(exc), request=request) from exc
+        return connection
 
-    async def connect_unix_socket(
+    def _fresh(self, connection: _Connection, now: float) -> bool:
+        return self._expiry is None or now - connection.idle_since <= self._expiry
+
+    def _release(self, origin: Origin, connection: _Connection, reusable: bool) -> None:
+        """An exchange ended: its connection goes back to the pool, or is closed."""
+        if reusable and not self._closed and connection.usable(connection.loop.time()):
+            self._put_back(origin, connection)
+        else:
+            self._discard(connection)
+
+    def _put_back(self, origin: Origin, connection: _Connection) -> None:
+        for waiter in self._waiters:  # a request waiting for this origin takes it over
+            if waiter.origin == origin and not waiter.future.done():
+                waiter.future.set_result(connection)
+                return
+        if self._waiters or (self._max_idle is not None and self._idle_count >= self._max_idle):
+            self._discard(connection)  # its place goes to a waiter for another origin
+            return
+        now = connection.loop.time()
+        connection.idle_since = now
+        self._idle.setdefault(origin, []).append(connection)
+        self._idle_count += 1
+        if now - self._swept_at > _SWEEP_SECONDS:
+            self._sweep(now)
+
+    def _discard(self, connection: _Connection) -> None:
+        """Close a connection that is not idle (in use, or just taken) and free its place."""
+        connection.close()
+        self._free_slot()
+
+    def _drop(self, connection: _Connection) -> None:
+        """Close a connection taken off the idle lists (its place counted as open)."""
+        self._discard(connection)
+
+    def _free_slot(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.future.done():
+                waiter.future.set_result(None)  # the place passes to it
+                return
+        self._open -= 1
+
+    def _close_oldest_idle(self) -> None:
+        oldest: tuple[Origin, _Connection] | None = None
+        for origin, idle in self._idle.items():
+            if idle and (oldest is None or idle[0].idle_since < oldest[1].idle_since):
+                oldest = (origin, idle[0])
+        assert oldest is not None
+        origin, connection = oldest
+        self._idle[origin].remove(connection)
+        self._idle_count -= 1
+        connection.close()
+        self._open -= 1
+
+    def _sweep(self, now: float) -> None:
+        self._swept_at = now
+        for origin in list(self._idle):
+            idle = self._idle[origin]
+            keep = [c for c in idle if self._fresh(c, now) and not (c.eof or c.lost)]
+            for connection in idle:
+                if connection not in keep:
+                    connection.close()
+                    self._open -= 1
+            self._idle_count -= len(idle) - len(keep)
+            if keep:
+                self._idle[origin] = keep
+            else:
+                del self._idle[origin]
+
+    # --- one exchange -----------------------------------------------------------------------
+
+    async def _write(
         self,
-        path: str,
-        timeout: float | None = None,  # noqa: ASYNC109
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        loop = asyncio.get_running_loop()
+        connection: _Connection,
+        request: httpx.Request,
+        head: bytes,
+        chunked: bool,
+        length: int | None,
+        timeouts: Mapping[str, float | None],
+    ) -> bool:
+        """Send the request; False when the connection went away before all of it left (the
+        answer may still be read)."""
+        seconds = timeouts.get("write")
         try:
-            async with asyncio.timeout(timeout):
-                _, connection = await loop.create_unix_connection(_Connection, path)
-        except TimeoutError as exc:
-            raise httpcore.ConnectTimeout(str(exc) or "timed out connecting") from exc
-        except OSError as exc:
-            raise httpcore.ConnectError(str(exc)) from exc
-        return self._stream(connection, socket_options)
+            try:
+                content = request.content  # a request of bytes is read when it is built
+            except httpx.RequestNotRead:
+                await self._write_stream(connection, request, head, chunked, length, seconds)
+                return True
+            if length is not None and len(content) != length:
+                raise httpx.LocalProtocolError(
+                    "Content-Length does not match the body", request=request
+                )
+            if chunked and content:
+                content = b"%x\r\n%b\r\n0\r\n\r\n" % (len(content), content)
+            elif chunked:
+                content = b"0\r\n\r\n"
+            if len(head) + len(content) <= _COALESCE_BYTES:
+                await self._send(connection, (head + content,), seconds, request)
+            else:
+                await self._send(connection, (head, content), seconds, request)
+        except _WriteFailed:
+            return False
+        return True
 
-    def _stream(
-        self, connection: _Connection, socket_options: Iterable[httpcore.SOCKET_OPTION] | None
-    ) -> AsyncioStream:
-        # asyncio sets TCP_NODELAY on TCP connections itself, as anyio does.
-        if socket_options:
-            assert connection.transport is not None
-            sock = connection.transport.get_extra_info("socket")
-            for option in socket_options:
-                sock.setsockopt(*option)
-        return AsyncioStream(connection, self._coalesce_bytes)
+    async def _write_stream(
+        self,
+        connection: _Connection,
+        request: httpx.Request,
+        head: bytes,
+        chunked: bool,
+        length: int | None,
+        seconds: float | None,
+    ) -> None:
+        stream = request.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        pending = [head]
+        size = len(head)
+        sent = 0
+        async for part in stream:
+            if not part:
+                continue
+            sent += len(part)
+            if length is not None and sent > length:
+                raise httpx.LocalProtocolError(
+                    "the body is longer than its Content-Length", request=request
+                )
+            if chunked:
+                pending.append(b"%x\r\n" % len(part))
+                pending.append(part)
+                pending.append(b"\r\n")
+            else:
+                pending.append(part)
+            size += len(part)
+            if size >= _COALESCE_BYTES:
+                await self._send(connection, pending, seconds, request)
+                pending, size = [], 0
+        if length is not None and sent != length:
+            raise httpx.LocalProtocolError(
+                "the body is shorter than its Content-Length", request=request
+            )
+        if chunked:
+            pending.append(b"0\r\n\r\n")
+        if pending:
+            await self._send(connection, pending, seconds, request)
 
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+    @staticmethod
+    async def _send(
+        connection: _Connection,
+        buffers: tuple[bytes, ...] | list[bytes],
+        seconds: float | None,
+        request: httpx.Request,
+    ) -> None:
+        transport = connection.transport
+        if connection.lost or transport is None or transport.is_closing():
+            raise _WriteFailed
+        connection.active_at = connection.loop.time()
+        if len(buffers) == 1:
+            transport.write(buffers[0])
+        else:
+            for buffer in buffers:  # large: no copy to join them (3.11's writelines joins)
+                transport.write(buffer)
+        while connection.write_paused and not connection.lost:
+            if not await _wait("writer", connection, seconds):
+                raise httpx.WriteTimeout("timed out writing", request=request)
+        if connection.lost:
+            raise _WriteFailed
 
-
-# httpcore's exceptions as httpx's, the most specific first (httpx's own transport maps
-# them so: httpx/_transports/default.py).
-_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
-    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
-    (httpcore.ReadTimeout, httpx.ReadTimeout),
-    (httpcore.WriteTimeout, httpx.WriteTimeout),
-    (httpcore.PoolTimeout, httpx.PoolTimeout),
-    (httpcore.ConnectError, httpx.ConnectError),
-    (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError),
-    (httpcore.ProxyError, httpx.ProxyError),
-    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
-    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
-    (httpcore.TimeoutException, httpx.TimeoutException),
-    (httpcore.NetworkError, httpx.NetworkError),
-    (httpcore.ProtocolError, httpx.ProtocolError),
-)
-
-
-def _as_httpx(exc: Exception) -> Exception | None:
-    for core, mapped in _ERRORS:
-        if isinstance(exc, core):
-            return mapped(str(exc))
-    return None
-
-
-class _ResponseStream(httpx.AsyncByteStream):
-    def __init__(self, stream: AsyncIterable[bytes]) -> None:
-        self._stream = stream
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    @staticmethod
+    def _feed(answer: _Answer, data: bytes) -> None:
         try:
-            async for part in self._stream:
-                yield part
-        except Exception as exc:
-            mapped = _as_httpx(exc)
-            if mapped is None:
+            answer.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, httpx.HTTPError):
+                raise cause from None
+            raise httpx.RemoteProtocolError(str(exc), request=answer.request) from exc
+        except httptools.HttpParserError as exc:
+            raise httpx.RemoteProtocolError(
+                f"the server's answer is not valid HTTP/1.1: {exc}", request=answer.request
+            ) from exc
+
+    @staticmethod
+    async def _receive(
+        connection: _Connection, seconds: float | None, request: httpx.Request
+    ) -> bytes:
+        """The next bytes received; b"" at the end of the stream."""
+        while not connection.chunks:
+            if connection.eof or connection.lost:
+                if connection.error is not None:
+                    raise httpx.ReadError(str(connection.error), request=request)
+                return b""
+            if not await _wait("reader", connection, seconds):
+                raise httpx.ReadTimeout("timed out reading", request=request)
+        return connection.take()
+
+    async def _read_head(
+        self, connection: _Connection, answer: _Answer, seconds: float | None, written: bool
+    ) -> None:
+        while not answer.head_done:
+            try:
+                data = await self._receive(connection, seconds, answer.request)
+            except httpx.ReadError:
+                if not written:
+                    raise httpx.WriteError(
+                        "the connection closed while the request was sent", request=answer.request
+                    ) from None
                 raise
-            raise mapped from exc
+            if not data:
+                if not written:
+                    raise httpx.WriteError(
+                        "the connection closed while the request was sent", request=answer.request
+                    )
+                raise httpx.RemoteProtocolError(
+                    "Server disconnected without sending a response.", request=answer.request
+                )
+            self._feed(answer, data)
 
-    async def aclose(self) -> None:
-        aclose = getattr(self._stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
-
-class PooledTransport(httpx.AsyncBaseTransport):
-    """httpx's AsyncHTTPTransport without a proxy, over `network_backend`."""
+class _Body(httpx.AsyncByteStream):
+    """An answer's body as it arrives; at its end the connection goes back to the pool (or
+    is closed); closed early, the connection is closed."""
 
     def __init__(
         self,
-        ssl_context: ssl.SSLContext,
-        limits: httpx.Limits,
-        network_backend: httpcore.AsyncNetworkBackend | None = None,
+        transport: Http11Transport,
+        origin: Origin,
+        connection: _Connection,
+        answer: _Answer,
+        written: bool,
+        seconds: float | None,
     ) -> None:
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            http1=True,
-            http2=False,
-            network_backend=network_backend or AsyncioBackend(),
-        )
+        self._transport = transport
+        self._origin = origin
+        self._connection: _Connection | None = connection
+        self._answer = answer
+        self._written = written
+        self._seconds = seconds
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        assert isinstance(request.stream, httpx.AsyncByteStream)
-        url = request.url
-        core_request = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(
-                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
-            ),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
-        )
-        try:
-            response = await self._pool.handle_async_request(core_request)
-        except Exception as exc:
-            mapped = _as_httpx(exc)
-            if mapped is None:
+    def finish(self) -> None:
+        """The answer is complete: give the connection back, kept alive when both sides
+        keep it."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        answer = self._answer
+        reusable = self._written and not answer.until_eof and not answer.extra and answer.keep_alive
+        self._transport._release(self._origin, connection, reusable)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        answer = self._answer
+        body = answer.body
+        while True:
+            while body:
+                yield body.popleft()
+            if answer.complete:
+                self.finish()
+                return
+            connection = self._connection
+            if connection is None:
+                raise httpx.StreamClosed()
+            try:
+                data = await Http11Transport._receive(connection, self._seconds, answer.request)
+                if data:
+                    Http11Transport._feed(answer, data)
+                elif answer.until_eof:
+                    answer.complete = True
+                else:
+                    raise httpx.RemoteProtocolError(
+                        "peer closed connection without sending complete message body",
+                        request=answer.request,
+                    )
+            except BaseException:
+                self._abandon()
                 raise
-            raise mapped from exc
-        assert isinstance(response.stream, AsyncIterable)
-        return httpx.Response(
-            status_code=response.status,
-            headers=response.headers,
-            stream=_ResponseStream(response.stream),
-            extensions=response.extensions,
-        )
+
+    def _abandon(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._transport._discard(connection)
 
     async def aclose(self) -> None:
-        await self._pool.aclose()
+        if self._answer.complete and not self._answer.body:
+            self.finish()
+        else:
+            self._abandon()

@@ -1,8 +1,9 @@
-"""The pooled client's transport (server/providers/transport.py: httpcore's pool over an
-asyncio network backend) behaves as httpx's own transport does: every test runs against both
-and expects the same answers and the same httpx exception types — which
+"""The pooled client's transport (server/providers/transport.py: the gateway's HTTP/1.1 pool,
+answers parsed by llhttp) behaves as httpx's own transport (httpcore + h11) does: every test
+runs against both and expects the same answers and the same httpx exception types — which
 server/providers/http.py's `send` turns into the gateway's failures — with TLS verified by the
-configured context, keep-alive, limits, timeouts and cancellation."""
+configured context, keep-alive, limits, timeouts, cancellation, every framing of an answer,
+and requests that could be split refused."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import trustme
 from server.providers.endpoint import Endpoint
 from server.providers.failures import TIMEOUT, UNREACHABLE, ProviderFailure
 from server.providers.http import call, no_cookies
-from server.providers.transport import AsyncioBackend, AsyncioStream, PooledTransport
+from server.providers.transport import Http11Transport, _Connection
 
 LOOPBACK = "127.0.0.1"
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -116,7 +117,7 @@ async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
     await asyncio.sleep(3600)
 
 
-@pytest.fixture(params=["httpx", "asyncio"])
+@pytest.fixture(params=["httpx", "http11"])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -128,10 +129,10 @@ async def client_of(
     limits: httpx.Limits | None = None,
     seconds: float = 5.0,
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """The pooled client as build_core makes it ("asyncio"), or with httpx's own transport."""
+    """The pooled client as build_core makes it ("http11"), or with httpx's own transport."""
     tls = tls or ssl.create_default_context()
     limits = limits or httpx.Limits(max_connections=256, max_keepalive_connections=64)
-    transport = PooledTransport(tls, limits) if kind == "asyncio" else None
+    transport = Http11Transport(tls, limits) if kind == "http11" else None
     async with httpx.AsyncClient(
         verify=tls,
         timeout=seconds,
@@ -312,25 +313,242 @@ async def test_cookies_are_still_refused(kind: str) -> None:
 
 
 async def test_the_jar_stores_nothing_even_when_asked() -> None:
-    async with client_of("asyncio") as client:
+    async with client_of("http11") as client:
         client.cookies.set("session", "a", domain="provider.test")
         assert len(client.cookies.jar) == 0
 
 
 async def test_a_quiet_connection_asks_the_kernel_whether_it_was_closed() -> None:
     """A close the event loop has not delivered yet (reading paused here to hold it back)
-    still marks a connection quiet for a second as readable, so the pool drops it."""
+    still makes a connection quiet for a second unusable, so the pool drops it."""
+    loop = asyncio.get_running_loop()
     async with Server(never_answer) as server:
-        stream = await AsyncioBackend().connect_tcp(LOOPBACK, server.port, timeout=2.0)
-        assert isinstance(stream, AsyncioStream)
-        assert stream.get_extra_info("socket") is not None
-        assert stream.get_extra_info("is_readable") is False
-        connection = stream._connection
+        _, connection = await loop.create_connection(_Connection, LOOPBACK, server.port)
+        assert connection.usable(loop.time())
         assert connection.transport is not None
         connection.transport.pause_reading()
         await server.close_connections()
         await asyncio.sleep(0.05)
-        assert stream.get_extra_info("is_readable") is False  # active a moment ago: not asked
+        assert connection.usable(loop.time())  # active a moment ago: the kernel is not asked
         connection.active_at -= 2.0
-        assert stream.get_extra_info("is_readable") is True
-        await stream.aclose()
+        assert not connection.usable(loop.time())
+        connection.close()
+
+
+def raw_server(*answers: bytes, close_after: bool = False) -> Handler:
+    """Answers the connection's requests with `answers` in turn (raw bytes, as written),
+    then keeps echoing (or closes, `close_after`)."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for raw in answers:
+            if await read_request(reader) is None:
+                return
+            writer.write(raw)
+            await writer.drain()
+        if not close_after:
+            await echo(reader, writer)
+
+    return handler
+
+
+async def test_a_chunked_answer_is_read_and_the_connection_kept(kind: str) -> None:
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n1;ext=1\r\n \r\n5\r\nworld\r\n0\r\nX-Trailer: t\r\n\r\n"
+    )
+    async with Server(raw_server(chunked)) as server, client_of(kind) as client:
+        assert (await client.post(server.url(), content=b"a")).content == b"hello world"
+        assert (await client.post(server.url(), content=b"next")).content == b"next"
+        assert server.connections == 1
+
+
+async def test_an_answer_ending_with_the_stream_is_read_to_its_end(kind: str) -> None:
+    """No Content-Length and not chunked: the body is what comes until the server closes,
+    and that connection is not reused."""
+    until_close = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"z" * 100_000
+    async with Server(raw_server(until_close, close_after=True)) as server:
+        async with client_of(kind) as client:
+            assert (await client.post(server.url(), content=b"a")).content == b"z" * 100_000
+            response = await client.post(server.url(), content=b"b")
+            assert response.content == b"z" * 100_000
+        assert server.connections == 2
+
+
+async def test_http_1_0_and_connection_close_answers_are_not_kept(kind: str) -> None:
+    old = b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    closing = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
+    for raw in (old, closing):
+        async with Server(raw_server(raw, close_after=True)) as server:
+            async with client_of(kind) as client:
+                for _ in range(2):
+                    response = await client.post(server.url(), content=b"a")
+                    assert response.content == b"ok"
+            assert server.connections == 2
+    async with Server(raw_server(old)) as server, client_of(kind) as client:
+        assert (await client.post(server.url(), content=b"a")).http_version == "HTTP/1.0"
+
+
+async def test_informational_answers_are_skipped(kind: str) -> None:
+    early = (
+        b"HTTP/1.1 100 Continue\r\n\r\n"
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n"
+        b"HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\ndone"
+    )
+    async with Server(raw_server(early)) as server, client_of(kind) as client:
+        response = await client.post(server.url(), content=b"a")
+        assert (response.status_code, response.content) == (201, b"done")
+        assert "link" not in response.headers
+        assert response.reason_phrase == "Created"
+        assert (await client.post(server.url(), content=b"again")).content == b"again"
+
+
+async def test_answers_without_a_body(kind: str) -> None:
+    """204 and 304 carry no body whatever they say; HEAD's answer has none either."""
+    no_content = b"HTTP/1.1 204 No Content\r\n\r\n"
+    not_modified = b"HTTP/1.1 304 Not Modified\r\nETag: x\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n"
+    async with (
+        Server(raw_server(no_content, not_modified, head)) as server,
+        client_of(kind) as client,
+    ):
+        assert (await client.post(server.url(), content=b"a")).status_code == 204
+        assert (await client.get(server.url())).status_code == 304
+        response = await client.head(server.url())
+        assert (response.status_code, response.content) == (200, b"")
+        assert response.headers["content-length"] == "1000"
+        assert (await client.post(server.url(), content=b"still")).content == b"still"
+
+
+async def test_an_answer_that_is_not_http_is_a_protocol_error(kind: str) -> None:
+    endpoint = Endpoint(provider="p", adapter="openai", timeout_seconds=2.0)
+    for raw in (
+        b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc",
+        b"HTTP/1.1 200 OK\r\nBad Header\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ):
+        async with Server(raw_server(raw, close_after=True)) as server, client_of(kind) as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.post(server.url(), content=b"a")
+            with pytest.raises(ProviderFailure) as failure:
+                await call(client, endpoint, "POST", server.url(), content=b"a")
+            assert failure.value.kind == UNREACHABLE
+
+
+async def test_a_body_cut_short_is_a_protocol_error(kind: str) -> None:
+    short = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"
+    async with Server(raw_server(short, close_after=True)) as server, client_of(kind) as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.post(server.url(), content=b"a")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-injected": "a\r\nX-Evil: 1"},
+        {"x-injected": "a\nb"},
+        {"x-injected": "a\x00b"},
+        {"bad name": "a"},
+        {"x:colon": "a"},
+    ],
+)
+async def test_a_header_that_could_split_the_request_is_refused(
+    kind: str, headers: dict[str, str]
+) -> None:
+    """A header value from somewhere else (a BYOK key, a provider's token) with CR, LF or NUL
+    never reaches the wire."""
+    async with Server(echo) as server, client_of(kind) as client:
+        with pytest.raises(httpx.LocalProtocolError):
+            await client.post(server.url(), content=b"a", headers=headers)
+        assert (await client.post(server.url(), content=b"ok")).content == b"ok"
+
+
+async def test_an_early_answer_to_an_unread_upload_is_returned(kind: str) -> None:
+    """A server that refuses an upload answers and closes before reading it: the answer is
+    what the caller gets (a 413 the adapter can read), not a write error: what arrived
+    before the reset was already read by the event loop."""
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 413 Too Large\r\nConnection: close\r\nContent-Length: 3\r\n\r\nbig")
+        await writer.drain()
+        writer.transport.abort()
+
+    async with Server(refuse) as server, client_of(kind) as client:
+        if kind == "httpx":  # httpcore reads after the reset, which lost what was received
+            with pytest.raises(httpx.TransportError):
+                await client.post(server.url(), content=b"x" * (8 * 1024 * 1024))
+            return
+        response = await client.post(server.url(), content=b"x" * (8 * 1024 * 1024))
+        assert (response.status_code, response.content) == (413, b"big")
+
+
+async def test_a_full_pool_hands_connections_over(kind: str) -> None:
+    """One connection allowed: concurrent requests take turns on it, to one origin or two."""
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with (
+        Server(echo) as first,
+        Server(echo) as second,
+        client_of(kind, limits=limits) as client,
+    ):
+        bodies = [f"{index}".encode() * 1000 for index in range(12)]
+        answers = await asyncio.gather(
+            *(
+                client.post((first if index % 3 else second).url(), content=body)
+                for index, body in enumerate(bodies)
+            )
+        )
+        assert [answer.content for answer in answers] == bodies
+        assert first.connections >= 1 and second.connections >= 1
+
+
+async def test_a_stream_closed_early_does_not_leave_its_connection_in_the_pool(kind: str) -> None:
+    body = b"y" * (2 * 1024 * 1024)
+    async with Server(echo) as server, client_of(kind) as client:
+        async with client.stream("POST", server.url(), content=body) as response:
+            async for _ in response.aiter_raw():
+                break
+        assert (await client.post(server.url(), content=b"fresh")).content == b"fresh"
+        assert server.connections == 2
+
+
+async def test_keep_alive_limits_are_honoured(kind: str) -> None:
+    none_kept = httpx.Limits(max_connections=10, max_keepalive_connections=0)
+    async with Server(echo) as server, client_of(kind, limits=none_kept) as client:
+        for _ in range(2):
+            assert (await client.post(server.url(), content=b"a")).content == b"a"
+        assert server.connections == 2
+    expiring = httpx.Limits(max_connections=10, max_keepalive_connections=10, keepalive_expiry=0.1)
+    async with Server(echo) as server, client_of(kind, limits=expiring) as client:
+        assert (await client.post(server.url(), content=b"a")).content == b"a"
+        assert (await client.post(server.url(), content=b"b")).content == b"b"
+        assert server.connections == 1
+        await asyncio.sleep(0.3)
+        assert (await client.post(server.url(), content=b"c")).content == b"c"
+        assert server.connections == 2
+
+
+async def test_the_pool_counts_every_connection_back() -> None:
+    """After successes, failures, cancellations and early closes, the pool's count of open
+    connections is what is really open: a request later still gets a place."""
+    limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
+    transport = Http11Transport(ssl.create_default_context(), limits)
+    async with (
+        Server(echo) as server,
+        Server(never_answer) as silent,
+        httpx.AsyncClient(transport=transport, timeout=5.0) as client,
+    ):
+        for _ in range(3):
+            await client.post(server.url(), content=b"a")
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(silent.url(), content=b"a", timeout=0.05)
+            pending = asyncio.create_task(client.post(silent.url(), content=b"a"))
+            await asyncio.sleep(0.02)
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
+            async with client.stream("POST", server.url(), content=b"b" * 500_000) as response:
+                async for _ in response.aiter_raw():
+                    break
+        assert transport.open_connections == transport.idle_connections <= 2
+        assert (await client.post(server.url(), content=b"end")).content == b"end"
