@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
+import secrets
 import sys
 import tempfile
 import time
@@ -176,6 +178,32 @@ async def main(iterations: int) -> dict[str, float]:
         leases.released(held)
 
     results["leases.admit + released"] = await _time_async(admit_release, n)
+
+    async def settle_alone() -> None:
+        """A charge as a request makes it with nothing else queued (concurrency 1): its own
+        batch through the writer, committed."""
+        held = await leases.admit(principal, cost)
+        assert held is not None
+        generation_id = f"gen_{secrets.token_hex(12)}"
+        unit = functools.partial(
+            transcriber._settle,
+            holds=(held, None),
+            principal=principal,
+            request=parsed,
+            model=model,
+            generation_id=generation_id,
+            provider="alpha",
+            is_byok=False,
+            cost=cost,
+            seconds=audio.seconds,
+            started=time.perf_counter(),
+            started_at=clock.now(),
+        )
+        await transcriber._settle_through(unit, held)
+
+    results["settlement alone (writer batch + commit)"] = await _time_async(
+        settle_alone, min(n, 2000)
+    )
     results["_call (SttCall)"] = _time_sync(lambda: transcriber._call(parsed, model, planned[0]), n)
     result = TranscriptionResult(
         request=parsed,

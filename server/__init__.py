@@ -9,6 +9,7 @@ if _os.environ.get("GRPC_TRACE"):
     _os.environ["GRPC_TRACE"] = ",".join(
         t
         for t in _os.environ["GRPC_TRACE"].split(",")
-        if t.strip() and t.strip().lstrip("-") not in _HEADER_TRACERS
+        if t.strip()
+        and t.strip().lstrip("-") not in _HEADER_TRACERS
         and not t.strip().startswith(("http2", "chttp2"))
     )

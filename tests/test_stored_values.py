@@ -165,9 +165,7 @@ async def test_grpc_forms_refuse_nul_and_nan(stack: Stack, funded: IssuedKey) ->
     for message, param in cases:
 
         async def transcribe(channel: grpc.aio.Channel, metadata: Any, m: Any = message) -> Any:
-            return await audio_pb2_grpc.AudioStub(channel).CreateTranscription(
-                m, metadata=metadata
-            )
+            return await audio_pb2_grpc.AudioStub(channel).CreateTranscription(m, metadata=metadata)
 
         error = await _grpc_failure(stack, funded, transcribe)
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()

@@ -133,7 +133,7 @@ async def add_workspace_credits(
 
 
 def _refused(param: str, error: AmountError) -> GatewayError:
-    """"amount must be ...", "amount would take ...", "amount: not an amount of money"."""
+    """ "amount must be ...", "amount would take ...", "amount: not an amount of money"."""
     reason = str(error)
     joined = " " if reason.startswith(("must", "would")) else ": "
     return bad_request(f"{param}{joined}{reason}", param=param)

@@ -113,6 +113,4 @@ def _refusal(error: GatewayError) -> str:
     if error.status == 429:
         return "free_model_limit"
     # The label keeps its short name (credits, key_limit, in_flight_budget).
-    return str((error.metadata or {}).get("limit_source", error.status)).removeprefix(
-        "openrouter_"
-    )
+    return str((error.metadata or {}).get("limit_source", error.status)).removeprefix("openrouter_")

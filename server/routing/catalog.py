@@ -161,9 +161,7 @@ class _ModelTable(_Table):
     # ("1080p") or size ("1024x1792"); every other output pays price_per_second.
     output_prices: dict[
         str,
-        Annotated[
-            Decimal, BeforeValidator(_price), Field(strict=False, ge=0, allow_inf_nan=False)
-        ],
+        Annotated[Decimal, BeforeValidator(_price), Field(strict=False, ge=0, allow_inf_nan=False)],
     ] = {}
     verbose_json: bool = False
     endpoints: list[_EndpointTable] = Field(min_length=1)

@@ -171,4 +171,3 @@ def probe_in_worker(data: bytes, claimed_format: str | None, param: str) -> Prob
         return probe(data, claimed_format, param)
     except GatewayError as exc:
         return Refusal(exc.status, exc.message, dict(exc.metadata or {}) or None)
-

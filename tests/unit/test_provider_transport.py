@@ -18,7 +18,7 @@ import trustme
 
 from server.providers.endpoint import Endpoint
 from server.providers.failures import TIMEOUT, UNREACHABLE, ProviderFailure
-from server.providers.http import call, no_cookies
+from server.providers.http import call, no_cookies, provider_client
 from server.providers.transport import Http11Transport, _Connection
 
 LOOPBACK = "127.0.0.1"
@@ -129,18 +129,21 @@ async def client_of(
     limits: httpx.Limits | None = None,
     seconds: float = 5.0,
 ) -> AsyncIterator[httpx.AsyncClient]:
-    """The pooled client as build_core makes it ("http11"), or with httpx's own transport."""
+    """The pooled client as build_core makes it ("http11": `provider_client`), or the same
+    settings on httpx's own client and transport."""
     tls = tls or ssl.create_default_context()
     limits = limits or httpx.Limits(max_connections=256, max_keepalive_connections=64)
-    transport = Http11Transport(tls, limits) if kind == "http11" else None
-    async with httpx.AsyncClient(
-        verify=tls,
-        timeout=seconds,
-        limits=limits,
-        follow_redirects=False,
-        cookies=no_cookies(),
-        transport=transport,
-    ) as client:
+    if kind == "http11":
+        client = provider_client(tls, limits=limits, timeout=seconds)
+    else:
+        client = httpx.AsyncClient(
+            verify=tls,
+            timeout=seconds,
+            limits=limits,
+            follow_redirects=False,
+            cookies=no_cookies(),
+        )
+    async with client:
         yield client
 
 
@@ -315,6 +318,8 @@ async def test_cookies_are_still_refused(kind: str) -> None:
 async def test_the_jar_stores_nothing_even_when_asked() -> None:
     async with client_of("http11") as client:
         client.cookies.set("session", "a", domain="provider.test")
+        assert len(client.cookies.jar) == 0
+        client.cookies = {"session": "b"}
         assert len(client.cookies.jar) == 0
 
 
