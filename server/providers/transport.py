@@ -383,7 +383,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
             self._idle_count -= 1
             if self._fresh(connection, now) and connection.usable(now):
                 return connection
-            self._drop(connection)
+            self._discard(connection)
         limit = self._max_connections
         if limit is not None and self._open >= limit:
             if self._idle_count:  # an idle connection elsewhere gives its place up
@@ -484,13 +484,10 @@ class Http11Transport(httpx.AsyncBaseTransport):
             self._sweep(now)
 
     def _discard(self, connection: _Connection) -> None:
-        """Close a connection that is not idle (in use, or just taken) and free its place."""
+        """Close a connection that is not on the idle lists (in use, or just taken off them)
+        and free its place: to a request waiting for one, or in the count."""
         connection.close()
         self._free_slot()
-
-    def _drop(self, connection: _Connection) -> None:
-        """Close a connection taken off the idle lists (its place counted as open)."""
-        self._discard(connection)
 
     def _free_slot(self) -> None:
         while self._waiters:
