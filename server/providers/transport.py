@@ -55,6 +55,10 @@ _QUIET_SECONDS = 1.0
 # anyio's connect_tcp default (httpx's own transport): a second address family is tried after
 # this long.
 _HAPPY_EYEBALLS_DELAY = 0.25
+# The most an answer's head (with any 1xx answers before it) may take: a server sending
+# endless headers (a URL someone else named is fetched too) is refused, not buffered
+# (httpcore's limit for h11).
+_MAX_HEAD_BYTES = 100 * 1024
 # Idle connections past their keep-alive expiry are closed at most this often.
 _SWEEP_SECONDS = 1.0
 
@@ -654,6 +658,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
     async def _read_head(
         self, connection: _Connection, answer: _Answer, seconds: float | None, written: bool
     ) -> None:
+        received = 0  # bytes of an answer's head (and of 1xx answers before it) so far
         while not answer.head_done:
             try:
                 data = await self._receive(connection, seconds, answer.request)
@@ -672,6 +677,13 @@ class Http11Transport(httpx.AsyncBaseTransport):
                     "Server disconnected without sending a response.", request=answer.request
                 )
             self._feed(answer, data)
+            if not answer.head_done:
+                received += len(data)
+                if received > _MAX_HEAD_BYTES:
+                    raise httpx.RemoteProtocolError(
+                        "the server's answer has a head larger than 100 KiB",
+                        request=answer.request,
+                    )
 
 
 class _Body(httpx.AsyncByteStream):

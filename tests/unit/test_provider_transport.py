@@ -440,6 +440,30 @@ async def test_an_answer_that_is_not_http_is_a_protocol_error(kind: str) -> None
             assert failure.value.kind == UNREACHABLE
 
 
+async def test_an_endless_head_is_refused_not_buffered(kind: str) -> None:
+    """A server (or a URL someone else named) sending header after header, or 1xx answer
+    after 1xx answer, without end: the request fails instead of buffering it all."""
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for index in range(20_000):
+            writer.write(b"X-Filler-%d: %s\r\n" % (index, b"f" * 100))
+            await writer.drain()
+        writer.write(b"Content-Length: 0\r\n\r\n")
+
+    async def informational(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        for _ in range(20_000):
+            writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")
+            await writer.drain()
+
+    for handler in (endless, informational):
+        async with Server(handler) as server, client_of(kind, seconds=10.0) as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.post(server.url(), content=b"a")
+
+
 async def test_a_body_cut_short_is_a_protocol_error(kind: str) -> None:
     short = b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"
     async with Server(raw_server(short, close_after=True)) as server, client_of(kind) as client:
