@@ -1,7 +1,9 @@
 """CPU per provider call through the pooled httpx client, A/B: one OpenAI-compatible
 transcription (`transcribe_form`, a 32 KB upload) against the fast fake provider
 (bench/harness/stt.py, a process of its own), timed with this process's CPU clock, the
-variants interleaved round by round so that the noise of a shared machine falls on all.
+variants interleaved round by round so that the noise of a shared machine falls on all:
+the adapter before issue 17, today's adapter on httpx's own transport and on the gateway's
+(server/providers/transport.py), and the floor — the same bytes on a bare asyncio stream.
 
     python -m bench.provider_call --rounds 8 --calls 400 --concurrency 1 --concurrency 16
 """
@@ -11,7 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.cookiejar
+import json
 import os
+import re
 import ssl
 import statistics
 import sys
@@ -33,6 +37,7 @@ from server.providers.http import (
 )
 from server.providers.openai_stt import MIME, OpenAISttAdapter, form, parse
 from server.providers.stt import SttCall, Transcript, reading_answer
+from server.providers.transport import _head
 from tests.support.catalog import FAKE_KEY_ENV
 
 AUDIO_BYTES = 32 * 1024
@@ -85,10 +90,55 @@ def gateway_client() -> httpx.AsyncClient:
     return provider_client(ssl.create_default_context())
 
 
+class BareAdapter(OpenAISttAdapter):
+    """The floor: the bytes the gateway's client sends for this call (built once by it),
+    written on a bare asyncio stream, and the answer read by its Content-Length and parsed
+    as the adapter does. No pool, no timeouts, no checks: what a provider call cannot go
+    below in this process."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        super().__init__(http)
+        self._payload: bytes | None = None
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
+        if self._payload is None:
+            request = self._http.build_request(
+                "POST",
+                f"{endpoint.base_url}/audio/transcriptions",
+                data=form(call),
+                files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
+                headers=authorized(endpoint),
+            )
+            request.read()
+            self._payload = _head(request)[0] + request.content
+        assert endpoint.base_url is not None
+        url = httpx.URL(endpoint.base_url)
+        if self._idle:
+            reader, writer = self._idle.pop()
+        else:
+            reader, writer = await asyncio.open_connection(url.host, url.port)
+        writer.write(self._payload)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = _CONTENT_LENGTH.search(head)
+        assert length is not None
+        body = await reader.readexactly(int(length.group(1)))
+        self._idle.append((reader, writer))
+        return parse(json.loads(body), call.verbose)
+
+    async def close(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+
+
+_CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
+
+
 VARIANTS: dict[str, tuple[Callable[[], httpx.AsyncClient], type[OpenAISttAdapter]]] = {
     "before": (before_client, BeforeAdapter),  # main before issue 17
     "httpx": (httpx_client, OpenAISttAdapter),  # today's adapter on httpx's own transport
     "gateway": (gateway_client, OpenAISttAdapter),  # today's adapter as build_core wires it
+    "bare": (gateway_client, BareAdapter),  # the floor: the same bytes, a bare connection
 }
 
 
@@ -133,6 +183,9 @@ async def measure(
                     await _calls(adapters[name], endpoint, call, calls, concurrency)
                 )
     finally:
+        for adapter in adapters.values():
+            if isinstance(adapter, BareAdapter):
+                await adapter.close()
         for client in clients.values():
             await client.aclose()
     return results
