@@ -206,17 +206,29 @@ class _Answer:
     extra: bool = False  # bytes beyond the answer: the connection is not clean
     keep_alive: bool = False  # both sides keep the connection (read as the answer ends)
 
+    # Bytes after the answer, in the same read, are parsed on as the next message: they
+    # change nothing of this answer and only mark the connection as not clean.
+
     def on_message_begin(self) -> None:
         if self.complete:
             self.extra = True
 
     def on_status(self, reason: bytes) -> None:
-        self.reason += reason
+        if not self.complete:
+            self.reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
+        if self.complete:
+            self.extra = True
+        elif not self.head_done:  # after the head: a chunked answer's trailer, not a header
+            # llhttp drops the whitespace before a value, not after (RFC 9110 5.5: neither
+            # is part of it).
+            self.headers.append((name, value.rstrip(b" \t")))
 
     def on_headers_complete(self) -> None:
+        if self.complete:
+            self.extra = True
+            return
         status = self.parser.get_status_code()
         if 100 <= status < 200:
             if status == 101:
@@ -230,7 +242,7 @@ class _Answer:
         self.head_done = True
         if self.head_only:  # a fresh parser reads the next answer: none of this one is left
             self.complete = True
-            self.keep_alive = self.parser.should_keep_alive()
+            self.keep_alive = self._keeps_alive()
             return
         framed = status in (204, 304)
         for name, value in self.headers:
@@ -249,7 +261,22 @@ class _Answer:
         if self.head_done and not self.complete:
             self.complete = True
             # llhttp resets its flags once the message ends: ask while it is ending.
-            self.keep_alive = self.parser.should_keep_alive()
+            self.keep_alive = (
+                self.parser.should_keep_alive() and self.parser.get_http_version() == "1.1"
+            )
+
+    def _keeps_alive(self) -> bool:
+        """An answer to HEAD (llhttp, not told the request was HEAD, would expect a body):
+        HTTP/1.1 without `Connection: close`. HTTP/1.0 connections are not kept (nor are they
+        by httpx's own transport)."""
+        if self.parser.get_http_version() != "1.1":
+            return False
+        for name, value in self.headers:
+            if name.lower() == b"connection" and b"close" in (
+                token.strip().lower() for token in value.split(b",")
+            ):
+                return False
+        return True
 
 
 def _head(request: httpx.Request) -> tuple[bytes, bool, int | None]:
@@ -637,6 +664,9 @@ class Http11Transport(httpx.AsyncBaseTransport):
                 raise cause from None
             raise httpx.RemoteProtocolError(str(exc), request=answer.request) from exc
         except httptools.HttpParserError as exc:
+            if answer.complete:  # what follows the answer is not HTTP: the answer stands
+                answer.extra = True
+                return
             raise httpx.RemoteProtocolError(
                 f"the server's answer is not valid HTTP/1.1: {exc}", request=answer.request
             ) from exc
