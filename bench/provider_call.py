@@ -67,19 +67,26 @@ def before_client() -> httpx.AsyncClient:
     )
 
 
+def _upload(http: httpx.AsyncClient, endpoint: Endpoint, call: SttCall) -> httpx.Request:
+    """The transcription's request as transcribe_form built it before issue 17 (the URL
+    parsed by httpx on every call), read."""
+    request = http.build_request(
+        "POST",
+        f"{endpoint.base_url}/audio/transcriptions",
+        data=form(call),
+        files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
+        headers=authorized(endpoint),
+        timeout=endpoint.timeout_seconds,
+    )
+    request.read()
+    return request
+
+
 class BeforeAdapter(OpenAISttAdapter):
     """transcribe_form as it was before issue 17: the URL parsed by httpx on every call."""
 
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
-        request = self._http.build_request(
-            "POST",
-            f"{endpoint.base_url}/audio/transcriptions",
-            data=form(call),
-            files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
-            headers=authorized(endpoint),
-            timeout=endpoint.timeout_seconds,
-        )
-        request.read()
+        request = _upload(self._http, endpoint, call)
         response = await send(self._http, request)
         with reading_answer():
             return parse(response.json(), call.verbose)
@@ -103,14 +110,7 @@ class BareAdapter(OpenAISttAdapter):
 
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
         if self._payload is None:
-            request = self._http.build_request(
-                "POST",
-                f"{endpoint.base_url}/audio/transcriptions",
-                data=form(call),
-                files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
-                headers=authorized(endpoint),
-            )
-            request.read()
+            request = _upload(self._http, endpoint, call)
             self._payload = _head(request)[0] + request.content
         assert endpoint.base_url is not None
         url = httpx.URL(endpoint.base_url)
