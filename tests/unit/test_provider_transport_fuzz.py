@@ -725,7 +725,7 @@ async def test_request_bodies_reach_the_server_exactly(
             await drained(server)
 
 
-# --- what the fuzzers found -----------------------------------------------------------------
+# --- what the fuzzers found (each was a bug of Http11Transport, fixed; kept as regressions) ---
 
 
 def answering(raw: bytes) -> Callable[..., Awaitable[None]]:
@@ -750,12 +750,6 @@ async def twice(kind: str, raw: bytes, method: str = "GET") -> tuple[httpx.Respo
     return first, server.connections
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Http11Transport keeps a header value's trailing whitespace (llhttp reports it; "
-    "_Answer.on_header stores the value as given); RFC 9110 5.5 and httpx's own transport "
-    "trim it",
-)
 async def test_trailing_whitespace_is_not_part_of_a_header_value() -> None:
     raw = b"HTTP/1.1 200 OK\r\nX-A: 1 \r\nX-B: 2\t\r\nContent-Length: 0\r\n\r\n"
     for kind in ("httpx", "http11"):
@@ -763,13 +757,6 @@ async def test_trailing_whitespace_is_not_part_of_a_header_value() -> None:
         assert (response.headers["x-a"], response.headers["x-b"]) == ("1", "2"), kind
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Http11Transport adds a chunked answer's trailer fields to its headers when they "
-    "arrive in the same read as the head (_Answer.on_header appends after head_done; the "
-    "Response is built after the whole read was parsed): a trailer can change the headers "
-    "the body is decoded by; httpx's own transport drops trailers",
-)
 async def test_trailer_fields_are_not_headers() -> None:
     raw = (
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
@@ -782,13 +769,6 @@ async def test_trailer_fields_are_not_headers() -> None:
         assert response.content == b"{}", kind
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Http11Transport closes a kept-alive connection after an answer to HEAD that has "
-    "neither Content-Length nor chunked: _Answer.on_headers_complete asks llhttp's "
-    "should_keep_alive(), which (not knowing the request was HEAD) expects a body read to "
-    "the end of the stream; httpx's own transport reuses the connection",
-)
 async def test_a_head_answer_without_length_keeps_its_connection() -> None:
     raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n"
     for kind in ("httpx", "http11"):
@@ -797,28 +777,12 @@ async def test_a_head_answer_without_length_keeps_its_connection() -> None:
         assert connections == 1, kind
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Http11Transport fails a complete answer (httpx.RemoteProtocolError: Expected "
-    "HTTP/) when bytes that cannot begin an answer arrive with it: _feed passes the whole "
-    "read to llhttp, which rejects the bytes after the message; on_message_begin's `extra` "
-    "flag (do not reuse the connection) is never reached. httpx's own transport returns "
-    "the answer and fails the next request on that connection",
-)
 async def test_bytes_after_an_answer_that_are_not_http_do_not_fail_it() -> None:
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     outcome = await exchange("http11", scripted(answer + b"xx", [], False, True), "GET")
     assert (outcome.error, outcome.status, outcome.body) == (None, 200, b"ok")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Http11Transport lets bytes after a complete answer, in the same read, change it: "
-    "llhttp goes on parsing them as the next message and _Answer.on_status, on_header and "
-    "on_headers_complete do not check `complete`: the status becomes the next answer's "
-    "(404), its headers are appended, and the reason phrase gets the start of the next "
-    "status line's reason appended (b'OKN')",
-)
 @pytest.mark.parametrize(
     "after",
     [
