@@ -18,10 +18,11 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.holds import Hold, place_hold
+from server.db import writer as writer_module
 from server.db.driver import fetch_rows, insert_statement
 from server.db.engine import create_engine, session_factory
 from server.db.models import CreditHold, RateWindow
-from server.db.writer import StrayStatement, Writer
+from server.db.writer import GUARDED_AFTER_FAILURE, StrayStatement, Writer, on_outcome
 from server.errors import GatewayError
 from tests.conftest import Databases
 from tests.support.admin import Admin
@@ -148,6 +149,37 @@ async def test_one_failing_unit_fails_alone_and_writes_nothing(
             assert isinstance(results[1], Exception) and not isinstance(results[1], ValueError)
         assert writer.stats.sizes == [1, 3] and writer.stats.failed_units == 1
         assert await peek() == {"ok-0", "ok-2"}  # nothing of the failed unit
+    finally:
+        await writer.close()
+
+
+async def test_what_a_unit_does_after_its_outcome_is_done_once(admin_db: Admin) -> None:
+    """on_outcome: a unit's action (a metric) is done once its outcome is final — after the
+    commit, or with its failure — however many times the unit ran (on PostgreSQL the batch
+    first runs with no savepoint, and runs again when a unit fails); outside the writer, at
+    once."""
+    writer = Writer(admin_db.sessions)
+    done: list[str] = []
+
+    def unit(who: str, fails: bool = False) -> Callable[[AsyncSession], Awaitable[str]]:
+        async def run(session: AsyncSession) -> str:
+            await fetch_rows(session, _INSERT, _row(who))
+            on_outcome(session, lambda: done.append(who))
+            if fails:
+                raise ValueError("refused")
+            return who
+
+        return run
+
+    try:
+        results = await _in_one_batch(writer, [unit("a"), unit("b", fails=True), unit("c")])
+        assert results[0] == "a" and isinstance(results[1], ValueError) and results[2] == "c"
+        assert sorted(done) == ["a", "b", "c"]
+        assert await writer.run(unit("d")) == "d"  # type: ignore[arg-type]
+        assert sorted(done) == ["a", "b", "c", "d"]
+        async with admin_db.sessions() as session:
+            on_outcome(session, lambda: done.append("now"))
+            assert done[-1] == "now"
     finally:
         await writer.close()
 
@@ -653,7 +685,10 @@ async def test_postgres_a_deadlock_victim_runs_again_in_the_next_batch(
         ]
         done = await asyncio.wait_for(asyncio.gather(*runs), timeout=30)
         assert done == ["r1", "r2", "r2", "r1"]
-        assert first.stats.lock_race_retries + second.stats.lock_race_retries == 1
+        # The victim's batch ran with no savepoints (rolled back whole, then run again a
+        # savepoint per unit), or with them (its unit alone rolled back and retried).
+        stats = (first.stats, second.stats)
+        assert sum(s.lock_race_retries + s.unguarded_reruns for s in stats) >= 1
         assert first.stats.failed_units == second.stats.failed_units == 0
         async with session_factory(engines[0])() as session:
             counts = dict(
@@ -665,3 +700,50 @@ async def test_postgres_a_deadlock_victim_runs_again_in_the_next_batch(
             await writer.close()
         for engine in engines:
             await engine.dispose()
+
+
+async def test_postgres_a_batch_takes_savepoints_only_after_a_unit_failed(
+    databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a savepoint is a round trip: a batch runs its units with none. A unit
+    that fails there takes the transaction with it: the batch is rolled back whole and run
+    again with a savepoint per unit, where the failure stays its own; the next batches take
+    savepoints at once, then go back to none."""
+    url = await databases.new("postgres")
+    engine = create_engine(url)
+    writer = Writer(session_factory(engine))
+    savepoints = 0
+    real_next_unit = writer_module.next_unit
+
+    async def counted(session: AsyncSession, index: int) -> None:
+        nonlocal savepoints
+        savepoints += 1
+        await real_next_unit(session, index)
+
+    monkeypatch.setattr(writer_module, "next_unit", counted)
+
+    async def failing(session: AsyncSession) -> None:
+        await fetch_rows(session, _INSERT, _row("bad"))  # written, then undone
+        await fetch_rows(session, _INSERT, _row("a0"))  # a duplicate key: a database error
+
+    async def stored() -> set[str]:
+        async with engine.connect() as connection:
+            return {r[0] for r in await connection.execute(sa.select(_WINDOWS.c.subject_id))}
+
+    try:
+        assert await _in_one_batch(writer, [_insert("a0"), _insert("a1")]) == ["a0", "a1"]
+        assert savepoints == 0 and writer.stats.unguarded_reruns == 0
+        results = await _in_one_batch(writer, [_insert("b0"), failing, _insert("b2")])
+        assert results[0] == "b0" and results[2] == "b2"
+        assert isinstance(results[1], Exception)
+        assert writer.stats.unguarded_reruns == 1 and writer.stats.failed_units == 1
+        assert savepoints == 3  # the batch again, a savepoint per unit
+        assert await stored() == {"a0", "a1", "b0", "b2"}  # nothing of the failed unit
+        for batch in range(GUARDED_AFTER_FAILURE):
+            assert await _in_one_batch(writer, [_insert(f"c{batch}"), _insert(f"d{batch}")])
+        assert savepoints == 3 + 2 * GUARDED_AFTER_FAILURE
+        assert await _in_one_batch(writer, [_insert("e0"), _insert("e1")]) == ["e0", "e1"]
+        assert savepoints == 3 + 2 * GUARDED_AFTER_FAILURE  # none again
+    finally:
+        await writer.close()
+        await engine.dispose()

@@ -10,6 +10,12 @@ round trip) serves many requests.
 
 - A unit that raises is rolled back to its savepoint and its caller gets the exception at
   once (nothing of it is written); the other units of the batch go on and commit.
+- On PostgreSQL (and a pooled SQLite) a savepoint costs a round trip, as much as a unit's
+  own statement: a batch first runs with none (`_run_unguarded`). Should a unit raise, that
+  transaction is rolled back whole and the batch runs again with a savepoint per unit, as
+  above (and so do the next GUARDED_AFTER_FAILURE batches). Units are run again anyway
+  after a lock race, so each must be a function of the session only: what it computes
+  outside the database (a metric it counts) may count twice.
 - A unit PostgreSQL picks as a deadlock's victim (two processes' batches locking an account
   and its counters in opposite orders) is rolled back to its savepoint and run again in the
   next batch, after this one committed and let the other side go on (LOCK_RACE_RETRIES).
@@ -82,6 +88,47 @@ def _lost_a_lock_race(error: BaseException) -> bool:
 
 # The most units one transaction takes; the rest wait for the next commit.
 DEFAULT_MAX_BATCH = 256
+# After a batch had to be run again (a unit failed with no savepoint to roll back to), this
+# many batches run a savepoint per unit from the start: a run of refusals (a key at its
+# cap) does not run every batch twice.
+GUARDED_AFTER_FAILURE = 16
+
+
+# session.info key of the unit running in the batch's session: what it asked to do once its
+# outcome is final (on_outcome).
+_UNIT_ACTIONS = "gateway.unit_actions"
+
+
+def on_outcome(session: AsyncSession, action: Callable[[], None]) -> None:
+    """Do `action` (count a metric, say) once the outcome of the work it belongs to is final.
+    In a unit of the writer's batch: once the batch committed, or once the unit's failure is
+    given to its caller; a run of the unit that is thrown away (rolled back to run again,
+    after a lost lock race or in a batch run again) drops it, so a unit run twice does it
+    once. Outside the writer: at once."""
+    actions: list[Callable[[], None]] | None = session.info.get(_UNIT_ACTIONS)
+    if actions is None:
+        action()
+    else:
+        actions.append(action)
+
+
+async def _run_unit(session: AsyncSession, queued: _Queued[Any]) -> None:
+    queued.actions = []
+    session.info[_UNIT_ACTIONS] = queued.actions
+    try:
+        queued.result = await queued.unit(session)
+    finally:
+        del session.info[_UNIT_ACTIONS]
+
+
+def _act(queued: _Queued[Any]) -> None:
+    """Do what the unit's kept run asked (on_outcome), once."""
+    actions, queued.actions = queued.actions, []
+    for action in actions:
+        try:
+            action()
+        except Exception:  # a metric that failed must not fail a committed unit
+            log.exception("an action after a group commit failed")
 
 
 class StrayStatement(RuntimeError):
@@ -104,6 +151,8 @@ class _Queued(Generic[T]):
     error: BaseException | None = None
     attempts: int = 0  # runs that lost a lock race and were rolled back (retried later)
     retry: bool = False  # lost one in the current batch: runs again in the next
+    # What the unit's current run asked to do once its outcome is final (`on_outcome`).
+    actions: list[Callable[[], None]] = field(default_factory=list)
 
 
 def _expire(queue: list[_Queued[Any]], queued: _Queued[Any]) -> None:
@@ -125,6 +174,7 @@ class WriterStats:
     failed_batches: int = 0
     largest_batch: int = 0
     lock_race_retries: int = 0  # units run again after losing a deadlock (PostgreSQL)
+    unguarded_reruns: int = 0  # batches run again with savepoints after a unit failed
     sizes: list[int] = field(default_factory=list)  # the last batches' sizes (bounded)
 
 
@@ -181,6 +231,8 @@ class Writer:
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # Batches left to run a savepoint per unit at once (see _run_unguarded).
+        self._guarded_batches = 0
         self.stats = WriterStats()
 
     async def run(self, unit: Unit[T], *, finish_within: float | None = None) -> T:
@@ -282,32 +334,70 @@ class Writer:
                 if self.inline is not None:  # autocommit connection: begin explicitly
                     await begin_batch(session)
                 try:
-                    queued.result = await queued.unit(session)
+                    await _run_unit(session, queued)
                 except Exception as error:
                     await rollback_batch(session)
-                    if self._retry_later(queued, error):
-                        return
-                    stats.failed_units += 1
-                    queued.error = error
+                    self._failed(queued, error)
                     return
                 await commit_batch(session)
+                _act(queued)
                 return
             await begin_batch(session)
+            if self.inline is None:
+                if self._guarded_batches:
+                    self._guarded_batches -= 1
+                elif await self._run_unguarded(session, batch):
+                    return
+                else:  # nothing of the batch was written: again, a savepoint per unit
+                    await begin_batch(session)
             for index, queued in enumerate(batch):
                 await next_unit(session, index)
                 try:
-                    queued.result = await queued.unit(session)
+                    await _run_unit(session, queued)
                 except Exception as error:
                     # Only this unit's writes go; a failed ROLLBACK TO fails the batch.
                     await rollback_unit(session, index)
-                    if self._retry_later(queued, error):
-                        continue
-                    stats.failed_units += 1
-                    queued.error = error
-                    # Answer at once: nothing of it will be written.
-                    if not queued.future.done():
+                    if self._failed(queued, error) and not queued.future.done():
+                        # Answer at once: nothing of it will be written.
                         queued.future.set_exception(error)
             await commit_batch(session)
+            for queued in batch:
+                if queued.error is None and not queued.retry:
+                    _act(queued)
+
+    async def _run_unguarded(self, session: AsyncSession, batch: list[_Queued[Any]]) -> bool:
+        """Run the batch's units with no savepoint between them, and commit: on PostgreSQL
+        a savepoint is a round trip per unit, as many as the units' own statements. True:
+        committed. False: a unit raised — which, with no savepoint to roll back to, takes the
+        transaction with it: it is rolled back whole (nothing of the batch written, no caller
+        answered) for the caller to run the batch again, a savepoint per unit, where that
+        unit fails alone; the next GUARDED_AFTER_FAILURE batches take savepoints at once."""
+        for queued in batch:
+            try:
+                await _run_unit(session, queued)
+            except Exception:
+                await rollback_batch(session)
+                for dropped in batch:  # these runs are thrown away, and what they asked
+                    dropped.actions = []
+                self.stats.unguarded_reruns += 1
+                self._guarded_batches = GUARDED_AFTER_FAILURE
+                return False
+        await commit_batch(session)
+        for queued in batch:
+            _act(queued)
+        return True
+
+    def _failed(self, queued: _Queued[Any], error: Exception) -> bool:
+        """A unit raised (and was rolled back): True when that is its outcome — its actions
+        run, its caller gets `error`; False when it runs again in the next batch (a lost
+        lock race): this run's actions are dropped."""
+        if self._retry_later(queued, error):
+            queued.actions = []
+            return False
+        self.stats.failed_units += 1
+        queued.error = error
+        _act(queued)
+        return True
 
     @contextlib.asynccontextmanager
     async def _batch_session(self) -> AsyncIterator[AsyncSession]:

@@ -4,6 +4,7 @@ with a zero estimate holds nothing: its count checks the balance)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -12,6 +13,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
 from server.billing.holds import DEFAULT_HOLD_TTL, Hold, place_hold
+from server.db.writer import on_outcome
 from server.errors import GatewayError
 from server.limits.free_models import admit_free_request, is_free_model
 from server.limits.guardrail_budgets import GuardrailBudget, check_budgets
@@ -101,9 +103,10 @@ class EnforcedLimits:
                     ttl=ttl,
                 )
         except GatewayError as refused:
-            self._metrics.admission(_refusal(refused))
+            # Counted once the decision is final: a writer unit may run more than once.
+            on_outcome(session, functools.partial(self._metrics.admission, _refusal(refused)))
             raise
-        self._metrics.admission("admitted")
+        on_outcome(session, functools.partial(self._metrics.admission, "admitted"))
         return hold
 
 

@@ -18,6 +18,7 @@ from server.byok.routing import BillingPlan
 from server.clock import rfc3339
 from server.db.driver import fetch_rows, insert_statement
 from server.db.models import VideoJob, WebhookDelivery
+from server.db.writer import on_outcome
 from server.errors import GatewayError, bad_request, not_found
 from server.limits.admission import Limits, is_plain_credit_hold
 from server.limits.guardrail_budgets import GuardrailBudget
@@ -197,7 +198,7 @@ async def store_job(
             ttl=ttl,
         )
         if hold is not None:
-            admitted()
+            on_outcome(session, admitted)  # once committed (the unit may run again)
             row["hold_id"] = hold.id
             return row
         # Refused (nothing written): the limits say why, with the refusal's metric.
