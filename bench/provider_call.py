@@ -111,7 +111,7 @@ class BareAdapter(OpenAISttAdapter):
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
         if self._payload is None:
             request = _upload(self._http, endpoint, call)
-            self._payload = _head(request)[0] + request.content
+            self._payload = _head(request).head + request.content
         assert endpoint.base_url is not None
         url = httpx.URL(endpoint.base_url)
         if self._idle:

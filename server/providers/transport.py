@@ -36,7 +36,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import httptools
 import httpx
@@ -279,7 +279,15 @@ class _Answer:
         return True
 
 
-def _head(request: httpx.Request) -> tuple[bytes, bool, int | None]:
+class _Framing(NamedTuple):
+    """A request's head, and how its body is framed."""
+
+    head: bytes
+    chunked: bool
+    length: int | None  # its Content-Length
+
+
+def _head(request: httpx.Request) -> _Framing:
     """The request's head, and how its body is framed (chunked, Content-Length); refuses
     what could split it (httpx.LocalProtocolError)."""
     method = request.method.encode("ascii", "replace")
@@ -311,7 +319,7 @@ def _head(request: httpx.Request) -> tuple[bytes, bool, int | None]:
     if not host:
         parts[4:4] = (b"Host: ", request.url.netloc, b"\r\n")
     parts.append(b"\r\n")
-    return b"".join(parts), chunked, length
+    return _Framing(b"".join(parts), chunked, length)
 
 
 class _WriteFailed(Exception):
@@ -365,12 +373,12 @@ class Http11Transport(httpx.AsyncBaseTransport):
         if scheme == "https":
             sni = extensions.get("sni_hostname") or host
         origin: Origin = (scheme, host, url.port or (443 if scheme == "https" else 80), sni)
-        head, chunked, length = _head(request)
+        framing = _head(request)
         connection = await self._acquire(origin, timeouts, request)
         answer = _Answer(request, request.method == "HEAD")
         answer.parser = httptools.HttpResponseParser(answer)
         try:
-            written = await self._write(connection, request, head, chunked, length, timeouts)
+            written = await self._write(connection, request, framing, timeouts.get("write"))
             await self._read_head(connection, answer, timeouts.get("read"), written)
         except BaseException:
             self._discard(connection)
@@ -561,19 +569,17 @@ class Http11Transport(httpx.AsyncBaseTransport):
         self,
         connection: _Connection,
         request: httpx.Request,
-        head: bytes,
-        chunked: bool,
-        length: int | None,
-        timeouts: Mapping[str, float | None],
+        framing: _Framing,
+        seconds: float | None,
     ) -> bool:
-        """Send the request; False when the connection went away before all of it left (the
-        answer may still be read)."""
-        seconds = timeouts.get("write")
+        """Send the request (`seconds`: the write timeout); False when the connection went
+        away before all of it left (the answer may still be read)."""
+        head, chunked, length = framing
         try:
             try:
                 content = request.content  # a request of bytes is read when it is built
             except httpx.RequestNotRead:
-                await self._write_stream(connection, request, head, chunked, length, seconds)
+                await self._write_stream(connection, request, framing, seconds)
                 return True
             if length is not None and len(content) != length:
                 raise httpx.LocalProtocolError(
@@ -595,11 +601,10 @@ class Http11Transport(httpx.AsyncBaseTransport):
         self,
         connection: _Connection,
         request: httpx.Request,
-        head: bytes,
-        chunked: bool,
-        length: int | None,
+        framing: _Framing,
         seconds: float | None,
     ) -> None:
+        head, chunked, length = framing
         stream = request.stream
         assert isinstance(stream, httpx.AsyncByteStream)
         pending = [head]
