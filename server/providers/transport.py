@@ -456,9 +456,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
         try:
             async with asyncio.timeout(seconds):
                 return await waiter.future
-        except TimeoutError:
-            raise httpx.PoolTimeout("timed out waiting for a connection", request=request) from None
-        except BaseException:
+        except BaseException as ended:  # timed out, cancelled
             future = waiter.future
             if future.done() and not future.cancelled() and future.exception() is None:
                 handed = future.result()  # granted just as the wait ended: give it back
@@ -466,6 +464,10 @@ class Http11Transport(httpx.AsyncBaseTransport):
                     self._put_back(origin, handed)
                 else:
                     self._free_slot()
+            if isinstance(ended, TimeoutError):
+                raise httpx.PoolTimeout(
+                    "timed out waiting for a connection", request=request
+                ) from None
             raise
         finally:
             if waiter in self._waiters:
