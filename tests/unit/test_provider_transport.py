@@ -581,3 +581,22 @@ async def test_the_pool_counts_every_connection_back() -> None:
                     break
         assert transport.open_connections == transport.idle_connections <= 2
         assert (await client.post(server.url(), content=b"end")).content == b"end"
+
+
+async def test_a_pool_wait_ended_just_as_it_was_granted_gives_the_place_back() -> None:
+    """A request waiting for a place at max_connections is granted one (a connection freed)
+    in the same moment as it is cancelled (or its pool timeout fires): the place goes back to
+    the pool, not lost with the request."""
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    transport = Http11Transport(ssl.create_default_context(), limits)
+    request = httpx.Request("GET", "http://127.0.0.1:9/")
+    origin = ("http", "127.0.0.1", 9, None)
+    transport._open = 1  # the one place is taken by a request in flight
+    waiting = asyncio.create_task(transport._wait_for_slot(origin, 5.0, request))
+    await asyncio.sleep(0)
+    transport._free_slot()  # the request in flight ends: its place passes to the waiter...
+    waiting.cancel()  # ...which is cancelled before it runs again
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert transport.open_connections == 0
+    assert not transport._waiters
