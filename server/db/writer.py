@@ -13,9 +13,9 @@ round trip) serves many requests.
 - On PostgreSQL (and a pooled SQLite) a savepoint costs a round trip, as much as a unit's
   own statement: a batch first runs with none (`_run_unguarded`). Should a unit raise, that
   transaction is rolled back whole and the batch runs again with a savepoint per unit, as
-  above (and so do the next GUARDED_AFTER_FAILURE batches). Units are run again anyway
-  after a lock race, so each must be a function of the session only: what it computes
-  outside the database (a metric it counts) may count twice.
+  above (and so do the next GUARDED_AFTER_FAILURE batches). A unit may so run more than
+  once (as after a lock race): what it does outside the database (a metric it counts) goes
+  through `on_outcome`, done once its outcome is final.
 - A unit PostgreSQL picks as a deadlock's victim (two processes' batches locking an account
   and its counters in opposite orders) is rolled back to its savepoint and run again in the
   next batch, after this one committed and let the other side go on (LOCK_RACE_RETRIES).
@@ -361,9 +361,8 @@ class Writer:
                         # Answer at once: nothing of it will be written.
                         queued.future.set_exception(error)
             await commit_batch(session)
-            for queued in batch:
-                if queued.error is None and not queued.retry:
-                    _act(queued)
+            for queued in batch:  # a failed unit acted already, a retried one has nothing
+                _act(queued)
 
     async def _run_unguarded(self, session: AsyncSession, batch: list[_Queued[Any]]) -> bool:
         """Run the batch's units with no savepoint between them, and commit: on PostgreSQL
