@@ -385,17 +385,30 @@ class Http11Transport(httpx.AsyncBaseTransport):
             self._discard(connection)
             raise
         body = _Body(self, origin, connection, answer, written, timeouts.get("read"))
-        if answer.complete:  # the whole answer is in: the connection can serve another now
-            body.finish()
-        return httpx.Response(
+        extensions = {
+            "http_version": b"HTTP/" + answer.parser.get_http_version().encode("ascii"),
+            "reason_phrase": answer.reason,
+        }
+        if not answer.complete:
+            return httpx.Response(
+                status_code=answer.status,
+                headers=answer.headers,
+                stream=body,
+                extensions=extensions,
+            )
+        body.finish()  # the whole answer is in: the connection can serve another now
+        response = httpx.Response(
             status_code=answer.status,
             headers=answer.headers,
-            stream=body,
-            extensions={
-                "http_version": b"HTTP/" + answer.parser.get_http_version().encode("ascii"),
-                "reason_phrase": answer.reason,
-            },
+            stream=httpx.ByteStream(b"".join(answer.body)),
+            extensions=extensions,
         )
+        if "content-encoding" not in response.headers:
+            # Read now: the client's own read would walk its stream machinery for bytes
+            # that are all here. A compressed body stays for the caller's read (and its
+            # size checks), decoded as it goes.
+            response.read()
+        return response
 
     async def aclose(self) -> None:
         self._closed = True

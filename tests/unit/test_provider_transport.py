@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -600,3 +601,33 @@ async def test_a_pool_wait_ended_just_as_it_was_granted_gives_the_place_back() -
         await waiting
     assert transport.open_connections == 0
     assert not transport._waiters
+
+
+async def test_a_complete_answer_reads_and_streams_as_before(kind: str) -> None:
+    """An answer that arrived whole with its head (read at once by the gateway's transport)
+    still streams, and a compressed one is decoded as the caller reads it."""
+    packed = gzip.compress(b'{"text": "' + b"a" * 5000 + b'"}')
+
+    async def both(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (request := await read_request(reader)) is not None:
+            if request[0].startswith(b"POST /gzip"):
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: "
+                    + str(len(packed)).encode()
+                    + b"\r\n\r\n"
+                    + packed
+                )
+            else:
+                writer.write(answer(request[1]))
+            await writer.drain()
+
+    async with Server(both) as server, client_of(kind) as client:
+        response = await client.post(server.url("/plain"), content=b'{"text": "hi"}')
+        assert response.json() == {"text": "hi"}
+        async with client.stream("POST", server.url("/plain"), content=b"0123456789") as streamed:
+            assert b"".join([chunk async for chunk in streamed.aiter_bytes()]) == b"0123456789"
+        async with client.stream("POST", server.url("/gzip"), content=b"x") as streamed:
+            assert "content-encoding" in streamed.headers
+            text = b"".join([chunk async for chunk in streamed.aiter_bytes()])
+        assert text == gzip.decompress(packed)
+        assert server.connections == 1
