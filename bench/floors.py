@@ -6,6 +6,10 @@
 - F2: the same stack, plus gateway.v1.Audio/Transcribe passing the request's body (the
   multipart upload as it arrived) to the fake provider with one `httpx` call and returning
   its answer: no database, no auth, no admission, no decode, no ledger.
+- F2-bare (`--bare-provider-call`, a process of its own): F2 with the provider call written
+  on a bare asyncio stream (kept alive, the answer read by its Content-Length): no client,
+  no pool, no checks — the least any provider call from Python costs on this stack, so
+  what no gateway built on it can go below.
 
 One process serves both (the servicers are registered together; F1 only ever calls Keys,
 F2 only Audio), started by bench.hotpath as `python -m bench.floors --provider-url URL
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import signal
 import sys
 import tempfile
@@ -90,7 +95,47 @@ class PassThroughAudio(audio_pb2_grpc.AudioServicer):
         return httpbody_pb2.HttpBody(content_type="application/json", data=response.content)
 
 
-async def serve(provider_url: str, provider_key: str, http_port: int, work_dir: Path) -> None:
+_CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
+
+
+class BarePassThroughAudio(audio_pb2_grpc.AudioServicer):
+    """F2's pass-through with the provider call on a bare asyncio stream: the request's head
+    written by hand, the answer read by its Content-Length; idle connections kept."""
+
+    def __init__(self, provider_url: str, provider_key: str) -> None:
+        url = httpx.URL(provider_url.rstrip("/") + "/audio/transcriptions")
+        assert url.port is not None
+        self._host, self._port = url.host, url.port
+        self._head = (
+            f"POST {url.raw_path.decode('ascii')} HTTP/1.1\r\n"
+            f"Host: {url.host}:{url.port}\r\n"
+            f"Authorization: Bearer {provider_key}\r\n"
+        )
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def Transcribe(
+        self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
+    ) -> httpbody_pb2.HttpBody:
+        if self._idle:
+            reader, writer = self._idle.pop()
+        else:
+            reader, writer = await asyncio.open_connection(self._host, self._port)
+        head = (
+            f"{self._head}Content-Type: {request.content_type}\r\n"
+            f"Content-Length: {len(request.data)}\r\n\r\n"
+        )
+        writer.write(head.encode("latin-1") + request.data)
+        answer_head = await reader.readuntil(b"\r\n\r\n")
+        length = _CONTENT_LENGTH.search(answer_head)
+        assert length is not None, "the fake answers with a Content-Length"
+        body = await reader.readexactly(int(length.group(1)))
+        self._idle.append((reader, writer))
+        return httpbody_pb2.HttpBody(content_type="application/json", data=body)
+
+
+async def serve(
+    provider_url: str, provider_key: str, http_port: int, work_dir: Path, bare: bool = False
+) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -100,7 +145,10 @@ async def serve(provider_url: str, provider_key: str, http_port: int, work_dir: 
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT, trust_env=False) as http:
         keys_pb2_grpc.add_KeysServicer_to_server(FixedKeys(), server)
         audio_pb2_grpc.add_AudioServicer_to_server(
-            PassThroughAudio(http, provider_url, provider_key), server
+            BarePassThroughAudio(provider_url, provider_key)
+            if bare
+            else PassThroughAudio(http, provider_url, provider_key),
+            server,
         )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -134,12 +182,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--provider-url", required=True, help="the fake provider's …/v1 URL")
     parser.add_argument("--provider-key", required=True)
     parser.add_argument("--http-port", type=int, default=0, help="Envoy's port (0: a free one)")
+    parser.add_argument(
+        "--bare-provider-call",
+        action="store_true",
+        help="F2-bare: the provider call on a bare asyncio stream instead of httpx",
+    )
     args = parser.parse_args(argv)
     if not args.provider_url.startswith(f"http://{LOOPBACK}:"):
         parser.error(f"--provider-url must be on {LOOPBACK}")
     http_port = args.http_port or free_port()
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
-        asyncio.run(serve(args.provider_url, args.provider_key, http_port, Path(tmp)))
+        asyncio.run(
+            serve(
+                args.provider_url, args.provider_key, http_port, Path(tmp), args.bare_provider_call
+            )
+        )
     return 0
 
 

@@ -3,7 +3,9 @@
 One run starts, side by side on 127.0.0.1:
 - the fast fake provider (bench/harness/stt.py);
 - the floors (bench/floors.py): F1 = Envoy + JSON transcoder + a bare grpc.aio GET /key,
-  F2 = F1's stack + one httpx call to the fake with the request's audio;
+  F2 = F1's stack + one httpx call to the fake with the request's audio; F2-bare = F2 with
+  that call on a bare asyncio stream (not a target's floor: the least any provider call
+  costs on this stack, shown beside the LiteLLM latency target);
 - the gateway (`gateway up`, one server process, SQLite) with a funded key;
 - LiteLLM's proxy (bench/litellm.py: its own venv under .bench-cache/, one worker, no
   database) routing a transcription model to the same fake.
@@ -80,6 +82,7 @@ F1_KEY = "F1 GET /key"
 GW_KEY = "gateway GET /key"
 DIRECT_STT = "direct to fake"
 F2_STT = "F2 transcription"
+F2_BARE_STT = "F2-bare transcription"
 GW_STT = "gateway transcription"
 LITELLM_STT = "LiteLLM transcription"
 AUDIO_SECONDS = 1.0  # 16 kHz mono s16 WAV: 32,078 bytes
@@ -91,6 +94,7 @@ AUDIO_SECONDS = 1.0  # 16 kHz mono s16 WAV: 32,078 bytes
 @dataclass
 class FloorProcess:
     provider: FakeProviderProcess
+    bare: bool = False  # F2-bare: the provider call on a bare stream
     process: subprocess.Popen[str] | None = None
     port: int | None = None
 
@@ -108,6 +112,7 @@ class FloorProcess:
                 self.provider.base_url,
                 "--provider-key",
                 self.provider.api_key,
+                *(["--bare-provider-call"] if self.bare else []),
             ],
             cwd=REPO_ROOT,
             stdout=subprocess.PIPE,
@@ -445,6 +450,21 @@ def evaluate(
             "ms",
         )
     )
+    bare_added = added(F2_BARE_STT)
+    if bare_added is not None:
+        # Not a target: whether the stack itself, with the least possible provider call,
+        # is within the bound (if not, no gateway on this stack can meet it here).
+        ratio = _ratio(bare_added, ll_added)
+        targets.append(
+            Target(
+                "(not a target) F2-bare added p50 at 1 vs 1/3 of LiteLLM's",
+                bare_added,
+                ll_added,
+                ratio,
+                None,
+                "ms",
+            )
+        )
     for process, mib in rss.items():
         targets.append(
             Target(
@@ -604,10 +624,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         key = create_funded_key(tmp / "data", database.url)
         floor = FloorProcess(fake).start()
+        bare_floor = FloorProcess(fake, bare=True).start()
         proxy = None if args.no_litellm else litellm_proxy.LiteLLMProxy(fake, tmp).start()
         try:
             gateway_url = run.gateway.base_url
             assert floor.process is not None and run.gateway.process is not None
+            assert bare_floor.process is not None
             floor_pid, gateway_pid = floor.process.pid, run.gateway.process.pid
             fake_pid = None if fake.process is None else fake.process.pid
             cases = [
@@ -622,6 +644,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     fake_pid,
                 ),
                 post_case(F2_STT, floor.base_url + ROUTE, key, UPSTREAM_MODEL, audio, floor_pid),
+                post_case(
+                    F2_BARE_STT,
+                    bare_floor.base_url + ROUTE,
+                    key,
+                    UPSTREAM_MODEL,
+                    audio,
+                    bare_floor.process.pid,
+                ),
                 post_case(GW_STT, gateway_url + ROUTE, key, BENCH_MODEL, audio, gateway_pid),
             ]
             if proxy is not None:
@@ -647,6 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if proxy is not None:
                 proxy.stop()
             floor.stop()
+            bare_floor.stop()
     videos: dict[str, float | None] = {}
     if not args.no_videos:
         videos["SQLite"] = video_submissions(args, None)

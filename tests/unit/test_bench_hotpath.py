@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from bench.harness.load import CaseResult
-from bench.hotpath import DIRECT_STT, F1_KEY, F2_STT, GW_KEY, GW_STT, evaluate, summarise
+from bench.hotpath import (
+    DIRECT_STT,
+    F1_KEY,
+    F2_BARE_STT,
+    F2_STT,
+    GW_KEY,
+    GW_STT,
+    LITELLM_STT,
+    evaluate,
+    summarise,
+)
 from bench.profile import IDLE, ORM_UNATTRIBUTED, POOL_IPC, parse_raw, phase_of
 
 
@@ -55,6 +65,8 @@ def test_targets_are_ratios_of_medians_within_the_run() -> None:
         _result(DIRECT_STT, 1, 1000, 0.2),
         _result(F2_STT, 1, 300, 2.2),
         _result(GW_STT, 1, 100, 3.5),
+        _result(F2_BARE_STT, 1, 500, 1.2),
+        _result(LITELLM_STT, 1, 50, 9.2),
         _result(F2_STT, 16, 400, 30),
         _result(GW_STT, 16, 100, 90),
     ]
@@ -69,3 +81,8 @@ def test_targets_are_ratios_of_medians_within_the_run() -> None:
     assert targets["video submissions at 16 >= 500 accepted/s (SQLite)"].met is True
     assert targets["peak RSS <= 150 MiB (gateway)"].met is False
     assert targets["transcription req/s at 16 >= 3x LiteLLM's"].met is None  # not measured
+    latency = targets["transcription added p50 at 1 <= 1/3 of LiteLLM's"]
+    assert (latency.figure, latency.floor, latency.ratio, latency.met) == (3.3, 9.0, 0.367, False)
+    # The stack with a bare provider call, beside it: reported, never a target.
+    bare = targets["(not a target) F2-bare added p50 at 1 vs 1/3 of LiteLLM's"]
+    assert (bare.figure, bare.ratio, bare.met) == (1.0, 0.111, None)
