@@ -35,6 +35,7 @@ from server.providers.http import (
     failure_reading,
     json_object,
     json_or_none,
+    multipart_form,
     send,
 )
 from server.providers.openai_stt import MIME
@@ -114,15 +115,23 @@ class ElevenLabsSttAdapter:
 
     async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
         credential = endpoint.credential()
+        content_type, body = multipart_form(
+            form(call).items(),
+            "file",
+            call.filename,
+            call.audio,
+            MIME.get(call.format, "audio/wav"),
+        )
+        headers = {"Content-Type": content_type}
+        if credential:
+            headers["xi-api-key"] = credential
         request = self._http.build_request(
             "POST",
             f"{endpoint.base_url}/v1/speech-to-text",
-            data=form(call),
-            files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
-            headers={"xi-api-key": credential} if credential else {},
+            content=body,
+            headers=headers,
             timeout=endpoint.timeout_seconds,
         )
-        request.read()
         response = await send(self._http, request, failure_of)
         with reading_answer():
             return parse(json_object(response), call)

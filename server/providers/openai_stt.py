@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from server.providers.endpoint import Endpoint
-from server.providers.http import authorized, send
+from server.providers.http import authorized, multipart_form, send
 from server.providers.stt import Segment, SttCall, Transcript, Word, reading_answer, seconds
 
 MIME = {
@@ -30,20 +30,9 @@ _URLS_KEPT = 256
 _WORD_KEYS = ("word", "start", "end")
 
 
-def form(call: SttCall) -> dict[str, str | list[str]]:
-    """The multipart fields (also Azure OpenAI's); a repeated field (timestamp_granularities[])
-    is a list."""
-    form: dict[str, str | list[str]] = {}
-    for name, value in _fields(call):
-        existing = form.get(name)
-        if existing is None:
-            form[name] = value
-        else:
-            form[name] = [*([existing] if isinstance(existing, str) else existing), value]
-    return form
-
-
 def _fields(call: SttCall) -> list[tuple[str, str]]:
+    """The multipart fields (also Azure OpenAI's), in order; a repeated field
+    (timestamp_granularities[]) once per value."""
     fields: list[tuple[str, str]] = [
         ("model", call.model),
         ("response_format", "verbose_json" if call.verbose else "json"),
@@ -115,17 +104,17 @@ async def transcribe_form(
 ) -> Transcript:
     """POST OpenAI's multipart form (`form`) to `url` and read OpenAI's answer (`parse`):
     OpenAI-compatible servers and Azure OpenAI differ only in the URL and credential header."""
+    content_type, body = multipart_form(
+        _fields(call), "file", call.filename, call.audio, MIME.get(call.format, "audio/wav")
+    )
     request = http.build_request(
         "POST",
         _parsed(url),
         params=params,
-        data=form(call),
-        files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
-        headers=headers,
+        content=body,
+        headers={**headers, "Content-Type": content_type},
         timeout=endpoint.timeout_seconds,
     )
-    # Encoding the multipart body in one go costs half of streaming it in small chunks.
-    request.read()
     response = await send(http, request)
     with reading_answer():
         return parse(response.json(), call.verbose)
