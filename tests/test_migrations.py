@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import UTC, date, datetime
+from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -12,7 +16,7 @@ from sqlmodel import SQLModel
 
 from server.db import models  # noqa: F401
 from server.db.engine import create_engine
-from server.db.migrate import upgrade, upgrade_sync
+from server.db.migrate import MigrationFailed, upgrade, upgrade_sync
 from server.db.models import RateWindow, UtcDateTime
 
 
@@ -119,3 +123,43 @@ async def test_0007_moves_daily_free_counts_into_rate_windows_and_back(db_url: s
     finally:
         await engine.dispose()
         await asyncio.to_thread(upgrade_sync, db_url)
+
+
+def test_head_revision_is_alembic_s_head() -> None:
+    from alembic.script import ScriptDirectory
+
+    from server.db.migrate import HEAD_REVISION, alembic_config
+
+    assert (
+        ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head() == HEAD_REVISION
+    )
+
+
+def test_migrations_run_in_a_child_process_alembic_never_loads_here(tmp_path: Path) -> None:
+    """A new database is migrated by `python -m server.db.migrate`: the calling process (a
+    server) never imports alembic; a database at head costs one query."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}"
+    script = (
+        "import asyncio, sys\n"
+        "from server.db.migrate import HEAD_REVISION, current_revision, upgrade\n"
+        f"asyncio.run(upgrade({url!r}))\n"
+        f"assert asyncio.run(current_revision({url!r})) == HEAD_REVISION\n"
+        f"asyncio.run(upgrade({url!r}))  # at head: nothing to do\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+async def test_a_failed_migration_says_why(db_url: str) -> None:
+    engine = create_engine(db_url)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(sa.text("UPDATE alembic_version SET version_num = '9999_x'"))
+    finally:
+        await engine.dispose()
+    with pytest.raises(MigrationFailed, match=r"the database migrations failed: .*9999_x"):
+        await upgrade(db_url)
