@@ -206,13 +206,18 @@ def lua_error_table() -> str:
     ERROR_MESSAGES is each documented status's default message."""
     by_code = {code.value[0]: entry for entry in ERROR_STATUSES for code in entry.grpc_failures}
     failures = [f"  [{n}] = {_lua_failure(by_code[n])}," for n in sorted(by_code)]
-    messages = [f"  [{e.status}] = {_lua_string(e.message)}," for e in ERROR_STATUSES]
     return (
         "-- Rendered from the error table (server/errors.py).\n"
         "GRPC_FAILURES = {\n" + "\n".join(failures) + "\n}\n"
         f"UNEXPECTED_FAILURE = {_lua_failure(ERROR_STATUS[FALLBACK_STATUS])}\n"
-        "ERROR_MESSAGES = {\n" + "\n".join(messages) + "\n}\n"
+        + _lua_error_messages()
     )
+
+
+def _lua_error_messages() -> str:
+    """ERROR_MESSAGES of lua_error_table, alone (what the request side needs)."""
+    messages = [f"  [{e.status}] = {_lua_string(e.message)}," for e in ERROR_STATUSES]
+    return "ERROR_MESSAGES = {\n" + "\n".join(messages) + "\n}\n"
 
 
 def _lua_set(names: tuple[str, ...]) -> str:
@@ -247,7 +252,8 @@ def request_lua_source(options: EnvoyOptions) -> str:
     """The Lua filter of the requests that are not plain REST calls (edge protection)."""
     return (
         _lua_prelude(options.edge, options.max_request_bytes)
-        + lua_error_table()
+        + "-- Rendered from the error table (server/errors.py).\n"
+        + _lua_error_messages()
         + REQUEST_LUA.read_text()
     )
 
