@@ -20,14 +20,50 @@ from server.errors import (
 )
 
 LUA_FILTER = Path(__file__).resolve().parent / "error_rewrite.lua"
+REQUEST_LUA = Path(__file__).resolve().parent / "edge_request.lua"
 STREAMING_LUA = Path(__file__).resolve().parent / "streaming_rewrite.lua"
 # gRPC methods whose response body streams (after transcoding, routes match these paths).
 STREAMING_METHODS = ("/gateway.v1.Videos/GetVideoContent",)
 # Response headers a method's server sends as trailing metadata, with its status: initial
 # metadata of its own would be a separate gRPC operation (and HTTP/2 frame) per call. The
 # transcoder keeps trailers out of the headers, so the Lua filter of these methods' routes
-# moves them there (error_rewrite.lua, HEADERS_FROM_TRAILERS).
+# moves them there (error_rewrite.lua, HEADERS_FROM_TRAILERS); their routes mark the
+# responses with HEADERS_FROM_TRAILERS_MARK so the filter runs for them.
 HEADERS_FROM_TRAILERS = {"/gateway.v1.Audio/Transcribe": ("x-generation-id",)}
+HEADERS_FROM_TRAILERS_MARK = "x-gateway-headers-from-trailers"
+# The request headers that go on to the server (and the filters after the edge ones): what
+# the server reads (authorization, x-session-id, x-request-id, traceparent/tracestate), what
+# the transcoder and the cors filter read, and what Envoy itself set for this hop. Every
+# other client header is dropped at the edge: the server never sees a header it does not
+# use, and names or values gRPC refuses (grpc-*, *-bin, "x!y") cannot fail the call.
+FORWARDED_HEADERS = (
+    "authorization",
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "x-session-id",
+    "x-request-id",
+    "traceparent",
+    "tracestate",
+    "origin",
+    "access-control-request-method",
+    "access-control-request-headers",
+    "x-forwarded-for",
+    "x-forwarded-proto",
+)
+# What the server (and the transcoder) put in a response for the facade alone: stripped from
+# every response, headers and trailers, by a native filter after the Lua one.
+RESPONSE_INTERNALS = (
+    "grpc-status",
+    "grpc-message",
+    "grpc-status-details-bin",
+    "grpc-accept-encoding",
+    "x-http-status",
+    "x-error-body",
+    "x-envoy-upstream-service-time",
+    "x-gateway-transcoder-failure",
+    HEADERS_FROM_TRAILERS_MARK,
+)
 MIB = 1024 * 1024
 
 
@@ -75,11 +111,16 @@ def _cel(expression: str) -> dict[str, Any]:
 
 
 def _transcoder_failure_mapper() -> dict[str, Any]:
+    # The mark's value is the request's method, as the client sent it (the transcoder makes
+    # it a POST once it read the headers): a GET's failure is in its query string.
     return {
         "filter": _cel("response.code_details.contains('grpc_json_transcode_failure')"),
         "headers_to_add": [
             {
-                "header": {"key": TRANSCODER_FAILURE_HEADER, "value": "1"},
+                "header": {
+                    "key": TRANSCODER_FAILURE_HEADER,
+                    "value": "%REQ(X-ENVOY-ORIGINAL-METHOD?:METHOD)%",
+                },
                 "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
             }
         ],
@@ -165,17 +206,26 @@ def lua_error_table() -> str:
     ERROR_MESSAGES is each documented status's default message."""
     by_code = {code.value[0]: entry for entry in ERROR_STATUSES for code in entry.grpc_failures}
     failures = [f"  [{n}] = {_lua_failure(by_code[n])}," for n in sorted(by_code)]
-    messages = [f"  [{e.status}] = {_lua_string(e.message)}," for e in ERROR_STATUSES]
     return (
         "-- Rendered from the error table (server/errors.py).\n"
         "GRPC_FAILURES = {\n" + "\n".join(failures) + "\n}\n"
         f"UNEXPECTED_FAILURE = {_lua_failure(ERROR_STATUS[FALLBACK_STATUS])}\n"
-        "ERROR_MESSAGES = {\n" + "\n".join(messages) + "\n}\n"
+        + _lua_error_messages()
     )
 
 
+def _lua_error_messages() -> str:
+    """ERROR_MESSAGES of lua_error_table, alone (what the request side needs)."""
+    messages = [f"  [{e.status}] = {_lua_string(e.message)}," for e in ERROR_STATUSES]
+    return "ERROR_MESSAGES = {\n" + "\n".join(messages) + "\n}\n"
+
+
+def _lua_set(names: tuple[str, ...]) -> str:
+    return "{" + ", ".join(f"[{_lua_string(n)}] = true" for n in names) + "}"
+
+
 def _lua_prelude(edge: EdgePolicy, max_request_bytes: int) -> str:
-    """The operator's settings the Lua filter reads, as Lua globals."""
+    """The operator's settings the Lua filters read, as Lua globals."""
     if edge.any_origin:
         origins = "nil"
     else:
@@ -184,15 +234,27 @@ def _lua_prelude(edge: EdgePolicy, max_request_bytes: int) -> str:
         "-- Rendered from the operator's settings (facade/envoy_config.py).\n"
         f"ALLOWED_ORIGINS = {origins}\n"
         f"MAX_REQUEST_BYTES = {max_request_bytes}\n"
+        f"FORWARDED = {_lua_set(FORWARDED_HEADERS)}\n"
     )
 
 
 def lua_source(options: EnvoyOptions) -> str:
-    """The Lua filter, inlined so the config is self-contained."""
+    """The Lua filter of the responses (the error model), inlined so the config is
+    self-contained."""
     return (
         _lua_prelude(options.edge, options.max_request_bytes)
         + lua_error_table()
         + LUA_FILTER.read_text()
+    )
+
+
+def request_lua_source(options: EnvoyOptions) -> str:
+    """The Lua filter of the requests that are not plain REST calls (edge protection)."""
+    return (
+        _lua_prelude(options.edge, options.max_request_bytes)
+        + "-- Rendered from the error table (server/errors.py).\n"
+        + _lua_error_messages()
+        + REQUEST_LUA.read_text()
     )
 
 
@@ -210,6 +272,176 @@ def trailers_source(options: EnvoyOptions, names: tuple[str, ...]) -> str:
 
 def _trailers_source_name(method: str) -> str:
     return "trailers:" + method
+
+
+# --- Skipping the Lua filters when there is nothing for them to do -------------------------
+# A Lua filter costs a coroutine per request and per response, and a call into Lua for each
+# header read or written: tens of microseconds of Envoy's CPU per request. Each is wrapped in
+# a matcher (envoy.filters.http.match_delegate) that skips it for a plain request or a plain
+# success, whose handling native filters do: dropping the headers that are not forwarded
+# (header_mutation, _forwarded_only) and stripping the gRPC internals of a response
+# (header_mutation, _response_internals_removed).
+
+SKIP_FILTER = {
+    "name": "skip",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter"
+    },
+}
+
+
+def _header_is(input_type: str, name: str, match: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "single_predicate": {
+            "input": {
+                "name": name,
+                "typed_config": {
+                    "@type": f"type.googleapis.com/envoy.type.matcher.v3.{input_type}",
+                    "header_name": name,
+                },
+            },
+            "value_match": match,
+        }
+    }
+
+
+def _request_header_is(name: str, match: dict[str, Any]) -> dict[str, Any]:
+    return _header_is("HttpRequestHeaderMatchInput", name, match)
+
+
+def _response_header_is(name: str, match: dict[str, Any]) -> dict[str, Any]:
+    return _header_is("HttpResponseHeaderMatchInput", name, match)
+
+
+def _regex(regex: str) -> dict[str, Any]:
+    """An RE2 full match (xds StringMatcher)."""
+    return {"safe_regex": {"google_re2": {}, "regex": regex}}
+
+
+ANY_VALUE = _regex("(?s).*")
+
+
+def _not(predicate: dict[str, Any]) -> dict[str, Any]:
+    return {"not_matcher": predicate}
+
+
+def _any_of(*predicates: dict[str, Any]) -> dict[str, Any]:
+    return {"or_matcher": {"predicate": list(predicates)}}
+
+
+def _all_of(*predicates: dict[str, Any]) -> dict[str, Any]:
+    return {"and_matcher": {"predicate": list(predicates)}}
+
+
+def _absent(is_: Any, name: str) -> dict[str, Any]:
+    return _not(is_(name, ANY_VALUE))
+
+
+def _skipped_when(filter_config: dict[str, Any], predicate: dict[str, Any]) -> dict[str, Any]:
+    """`filter_config` (a filter's typed_config), skipped when `predicate` holds."""
+    return {
+        "@type": "type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher",
+        "extension_config": {"name": "gateway.skippable", "typed_config": filter_config},
+        "xds_matcher": {
+            "matcher_list": {
+                "matchers": [{"predicate": predicate, "on_match": {"action": SKIP_FILTER}}]
+            }
+        },
+    }
+
+
+def _at_most(limit: int) -> str:
+    """A regex of the decimal numbers that are surely not over `limit` (fewer digits)."""
+    digits = len(str(limit + 1)) - 1
+    return f"[0-9]{{1,{digits}}}" if digits > 0 else "0"
+
+
+def _plain_request(edge: EdgePolicy, max_request_bytes: int) -> dict[str, Any]:
+    """A request edge_request.lua would let through untouched but for the headers it drops:
+    an /api/v1/ path, no protocol upgrade, no CONNECT or OPTIONS, a Content-Length well
+    under the limit, printable forwarded headers, an allowed Origin (or none)."""
+    conditions = [
+        _request_header_is(":path", {"prefix": "/api/v1/"}),
+        _not(_request_header_is(":method", _regex("CONNECT|OPTIONS"))),
+        _absent(_request_header_is, "upgrade"),
+        _any_of(
+            _absent(_request_header_is, "content-length"),
+            _request_header_is("content-length", _regex(_at_most(max_request_bytes))),
+        ),
+    ]
+    conditions += [
+        _any_of(
+            _absent(_request_header_is, name),
+            _request_header_is(name, _regex("[\\t -~]*")),
+        )
+        for name in FORWARDED_HEADERS
+    ]
+    if not edge.any_origin:
+        conditions.append(
+            _any_of(
+                _absent(_request_header_is, "origin"),
+                *(_request_header_is("origin", {"exact": o}) for o in edge.cors_origins),
+            )
+        )
+    return _all_of(*conditions)
+
+
+def _plain_success() -> dict[str, Any]:
+    """A response error_rewrite.lua would only strip gRPC internals from."""
+    return _all_of(
+        _any_of(
+            _absent(_response_header_is, "grpc-status"),
+            _response_header_is("grpc-status", {"exact": "0"}),
+        ),
+        *(
+            _absent(_response_header_is, name)
+            for name in (
+                "x-http-status",
+                "x-ratelimit-window-ms",
+                TRANSCODER_FAILURE_HEADER,
+                HEADERS_FROM_TRAILERS_MARK,
+            )
+        ),
+    )
+
+
+def _regex_escape(char: str) -> str:
+    return char if char.isalnum() else "\\" + char
+
+
+def _none_of(words: tuple[str, ...]) -> str:
+    """An RE2 regex that matches any header name but `words` and the pseudo-headers (":…")."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}
+
+    def rest(node: dict[str, Any], first: bool) -> str:
+        chars = sorted(c for c in node if c)
+        excluded = "".join(_regex_escape(c) for c in ([":"] if first else []) + chars)
+        alternatives = [] if "" in node or first else [""]
+        alternatives.append(f"[^{excluded}].*" if excluded else ".+")
+        alternatives += [_regex_escape(c) + rest(node[c], False) for c in chars]
+        return "(?:" + "|".join(alternatives) + ")"
+
+    return "(?s)" + rest(trie, True)
+
+
+RE2_MAX_PROGRAM_SIZE = 4096
+
+
+def _forwarded_only() -> dict[str, Any]:
+    """Request headers not in FORWARDED_HEADERS are dropped (what edge_request.lua does for
+    the requests it sees)."""
+    return {
+        "remove_on_match": {"key_matcher": {"safe_regex": {"regex": _none_of(FORWARDED_HEADERS)}}}
+    }
+
+
+def _response_internals_removed() -> list[dict[str, Any]]:
+    return [{"remove": name} for name in RESPONSE_INTERNALS]
 
 
 def _seconds(value: float) -> str:
@@ -309,6 +541,13 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         {
             "match": {"path": method},
             "route": {"cluster": "gateway_grpc", "timeout": timeout},
+            # Added by the router, before the filters see the response: the Lua filter runs.
+            "response_headers_to_add": [
+                {
+                    "header": {"key": HEADERS_FROM_TRAILERS_MARK, "value": "1"},
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                }
+            ],
             "typed_per_filter_config": {
                 "envoy.filters.http.lua": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute",
@@ -377,37 +616,64 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
             ],
         },
         "local_reply_config": _local_reply_config(),
-        # Order: requests run top-down, responses bottom-up. Lua comes first so that it sees
-        # (and shapes) every response, Envoy's own replies included.
+        # Order: requests run top-down, responses bottom-up. The error model's Lua comes first
+        # so that it sees (and shapes) every response, Envoy's own replies included; only the
+        # stripping of the gRPC internals comes after it.
         "http_filters": [
             {
-                "name": "envoy.filters.http.lua",
+                "name": "gateway.response_internals",
                 "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
-                    "default_source_code": {"inline_string": lua_source(options)},
-                    "source_codes": {
-                        "streaming": {"inline_string": streaming_source(options)},
-                        **{
-                            _trailers_source_name(method): {
-                                "inline_string": trailers_source(options, names)
-                            }
-                            for method, names in HEADERS_FROM_TRAILERS.items()
-                        },
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation."
+                    "v3.HeaderMutation",
+                    "mutations": {
+                        "response_mutations": _response_internals_removed(),
+                        "response_trailers_mutations": _response_internals_removed(),
                     },
                 },
             },
             {
-                # Request trailers (HTTP/2 clients may send them) would reach the server as
-                # gRPC metadata, where names or values gRPC refuses fail the call: the API reads
-                # none, so none go on.
+                "name": "envoy.filters.http.lua",
+                "typed_config": _skipped_when(
+                    {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                        "default_source_code": {"inline_string": lua_source(options)},
+                        "source_codes": {
+                            "streaming": {"inline_string": streaming_source(options)},
+                            **{
+                                _trailers_source_name(method): {
+                                    "inline_string": trailers_source(options, names)
+                                }
+                                for method, names in HEADERS_FROM_TRAILERS.items()
+                            },
+                        },
+                    },
+                    _plain_success(),
+                ),
+            },
+            {
+                "name": "gateway.edge_request",
+                "typed_config": _skipped_when(
+                    {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                        "default_source_code": {"inline_string": request_lua_source(options)},
+                    },
+                    _plain_request(edge, options.max_request_bytes),
+                ),
+            },
+            {
+                # Only the forwarded headers go on (edge_request.lua drops the others from
+                # the requests it sees; a plain request skips it). Request trailers (HTTP/2
+                # clients may send them) would reach the server as gRPC metadata, where names
+                # or values gRPC refuses fail the call: the API reads none, so none go on.
                 "name": "envoy.filters.http.header_mutation",
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation."
                     "v3.HeaderMutation",
                     "mutations": {
+                        "request_mutations": [_forwarded_only()],
                         "request_trailers_mutations": [
                             {"remove_on_match": {"key_matcher": {"safe_regex": {"regex": ".*"}}}}
-                        ]
+                        ],
                     },
                 },
             },
@@ -501,6 +767,17 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         },
     }
     return {
+        "layered_runtime": {
+            "layers": [
+                {
+                    "name": "static",
+                    # _none_of's regex (the forwarded headers' complement) is a larger RE2
+                    # program than Envoy's default limit of 100 allows.
+                    "static_layer": {"re2.max_program_size.error_level": RE2_MAX_PROGRAM_SIZE},
+                },
+                {"name": "admin", "admin_layer": {}},
+            ]
+        },
         # Flood protection for connections: past this many open ones, new ones are refused.
         "overload_manager": {
             "resource_monitors": [

@@ -1,10 +1,11 @@
 -- Appended to error_rewrite.lua for routes that stream their body (video content): a
 -- failure before the first byte arrives as a trailers-only gRPC response and is rewritten
 -- as usual; a success is passed through as it streams — waiting for the trailers would
--- hold the whole video in memory.
+-- hold the whole video in memory. (The header_mutation filter strips the gRPC internals.)
 function envoy_on_response(handle)
-  if is_transcoder_failure(handle) then
-    rewrite_transcoder_failure(handle)
+  local method = transcoder_failure(handle)
+  if method ~= nil then
+    rewrite_transcoder_failure(handle, method)
     return
   end
   local h = handle:headers()
@@ -13,7 +14,5 @@ function envoy_on_response(handle)
     rewrite_error(handle, grpc_status)
     return
   end
-  h:remove("grpc-status"); h:remove("grpc-message"); h:remove("grpc-accept-encoding")
-  h:remove("grpc-status-details-bin"); h:remove("x-envoy-upstream-service-time")
   h:remove("x-http-status")
 end

@@ -19,6 +19,7 @@ from grpc_status import rpc_status
 from facade.compose import compose_envoy_options
 from facade.envoy_config import (
     LUA_FILTER,
+    REQUEST_LUA,
     STREAMING_LUA,
     EnvoyOptions,
     Upstream,
@@ -102,7 +103,7 @@ def test_the_lua_tables_are_rendered_from_the_table() -> None:
 
 
 def test_nothing_of_the_table_is_hand_written_in_lua() -> None:
-    hand_written = LUA_FILTER.read_text() + STREAMING_LUA.read_text()
+    hand_written = LUA_FILTER.read_text() + STREAMING_LUA.read_text() + REQUEST_LUA.read_text()
     for entry in ERROR_STATUSES:
         for message in (entry.message, entry.failure_message):
             assert f'"{message}"' not in hand_written, message
