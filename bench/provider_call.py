@@ -35,7 +35,7 @@ from server.providers.http import (
     provider_client,
     send,
 )
-from server.providers.openai_stt import MIME, OpenAISttAdapter, form, parse
+from server.providers.openai_stt import MIME, OpenAISttAdapter, _fields, parse
 from server.providers.stt import SttCall, Transcript, reading_answer
 from server.providers.transport import _head
 from tests.support.catalog import FAKE_KEY_ENV
@@ -67,13 +67,25 @@ def before_client() -> httpx.AsyncClient:
     )
 
 
+def _form(call: SttCall) -> dict[str, str | list[str]]:
+    """The fields as a dict, as transcribe_form gave them to httpx's encoder before."""
+    form: dict[str, str | list[str]] = {}
+    for name, value in _fields(call):
+        existing = form.get(name)
+        if existing is None:
+            form[name] = value
+        else:
+            form[name] = [*([existing] if isinstance(existing, str) else existing), value]
+    return form
+
+
 def _upload(http: httpx.AsyncClient, endpoint: Endpoint, call: SttCall) -> httpx.Request:
     """The transcription's request as transcribe_form built it before issue 17 (the URL
     parsed by httpx on every call), read."""
     request = http.build_request(
         "POST",
         f"{endpoint.base_url}/audio/transcriptions",
-        data=form(call),
+        data=_form(call),
         files={"file": (call.filename, call.audio, MIME.get(call.format, "audio/wav"))},
         headers=authorized(endpoint),
         timeout=endpoint.timeout_seconds,
