@@ -35,7 +35,7 @@ from server.providers.http import (
     provider_client,
     send,
 )
-from server.providers.openai_stt import MIME, OpenAISttAdapter, _fields, parse
+from server.providers.openai_stt import MIME, OpenAISttAdapter, form_fields, parse
 from server.providers.stt import SttCall, Transcript, reading_answer
 from server.providers.transport import _head
 from tests.support.catalog import FAKE_KEY_ENV
@@ -70,7 +70,7 @@ def before_client() -> httpx.AsyncClient:
 def _form(call: SttCall) -> dict[str, str | list[str]]:
     """The fields as a dict, as transcribe_form gave them to httpx's encoder before."""
     form: dict[str, str | list[str]] = {}
-    for name, value in _fields(call):
+    for name, value in form_fields(call):
         existing = form.get(name)
         if existing is None:
             form[name] = value

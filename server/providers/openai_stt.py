@@ -30,7 +30,7 @@ _URLS_KEPT = 256
 _WORD_KEYS = ("word", "start", "end")
 
 
-def _fields(call: SttCall) -> list[tuple[str, str]]:
+def form_fields(call: SttCall) -> list[tuple[str, str]]:
     """The multipart fields (also Azure OpenAI's), in order; a repeated field
     (timestamp_granularities[]) once per value."""
     fields: list[tuple[str, str]] = [
@@ -105,7 +105,7 @@ async def transcribe_form(
     """POST OpenAI's multipart form (`form`) to `url` and read OpenAI's answer (`parse`):
     OpenAI-compatible servers and Azure OpenAI differ only in the URL and credential header."""
     content_type, body = multipart_form(
-        _fields(call), "file", call.filename, call.audio, MIME.get(call.format, "audio/wav")
+        form_fields(call), "file", call.filename, call.audio, MIME.get(call.format, "audio/wav")
     )
     request = http.build_request(
         "POST",
