@@ -158,6 +158,8 @@ class Transcriber:
         self._adapters = adapters
         self._clock = clock
         self._limits = limits
+        # The limits when they can admit a lone `:free` count by themselves (_alone_engine).
+        self._alone = limits if isinstance(limits, AloneAdmission) else None
         self._metrics = metrics
         self._tracer = tracer
 
@@ -400,7 +402,7 @@ class Transcriber:
         chose this are in free_gate's docstring."""
         engine = session.bind
         if (
-            isinstance(self._limits, AloneAdmission)
+            self._alone is not None
             and isinstance(engine, AsyncEngine)
             and engine.dialect.name == "postgresql"
         ):
@@ -410,8 +412,8 @@ class Transcriber:
     async def _admit_alone(
         self, engine: AsyncEngine, principal: Principal, model_id: str
     ) -> tuple[Hold, Hold | None]:
-        assert isinstance(self._limits, AloneAdmission)
-        hold = await self._limits.admit_alone(
+        assert self._alone is not None
+        hold = await self._alone.admit_alone(
             engine, principal, model_id=model_id, now=self._clock.now()
         )
         return hold, None
