@@ -12,10 +12,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
+from bench.unlimited import NoLimits
 from server.db.models import RateWindow
 from server.errors import GatewayError
+from server.limits.admission import AloneAdmission, is_free_count_alone
 from server.limits.free_gate import FreeGate
 from server.limits.free_models import DAILY_LIMIT_LOW, REQUESTS_PER_MINUTE
+from server.limits.guardrail_budgets import GuardrailBudget
 from tests.support.admin import IssuedKey
 from tests.support.domain import Domain
 from tests.support.eventually import eventually
@@ -181,3 +184,24 @@ async def test_a_connection_lost_mid_count_is_a_connection_error(pg_domain: Doma
     with pytest.raises(ConnectionError):
         await _count(gate, issued)
     assert await _count(gate, issued) == "ok"
+
+
+def test_only_a_lone_free_count_is_admitted_alone() -> None:
+    budget = GuardrailBudget("g1", "cap", 1_000_000, "daily", include_byok=False)
+    assert is_free_count_alone("unit/chat:free", 0, (), byok=False)
+    assert not is_free_count_alone("unit/ok", 0, (), byok=False)  # paid
+    assert not is_free_count_alone("unit/chat:free", 5, (), byok=False)  # holds too
+    assert not is_free_count_alone("unit/chat:free", 0, (budget,), byok=False)
+    assert not is_free_count_alone("unit/chat:free", 0, (), byok=True)
+
+
+async def test_the_transcriber_admits_alone_on_postgresql_only(any_domain: Domain) -> None:
+    """On SQLite the count stays a unit of the writer's batch; limits that cannot admit
+    alone (bench/unlimited.py's) always go through the writer."""
+    transcriber = any_domain.transcriber()
+    async with any_domain.sessions() as session:
+        engine = transcriber._alone_engine(session)
+    assert (engine is not None) == (any_domain.dialect == "postgres")
+
+    assert isinstance(any_domain.limits, AloneAdmission)
+    assert not isinstance(NoLimits(), AloneAdmission)
