@@ -3,14 +3,16 @@
 committed when it answers — on a connection of the gate's own, beside the group-commit
 writer.
 
-Why (measured with bench.limits on PostgreSQL, one server process, 2026-11-27): a `:free`
-request was the only one with two units in the writer (its count before the provider call,
-its settlement after), and the writer runs its batch's units one after another on one
-connection, each statement a round trip that waits for the busy event loop to come back to
-it: the counts lengthened every batch (the writer is busy all the time at this load), and
-each request waited behind settlements twice. Here the count runs concurrently with the
-writer's batches and with other requests' counts, at about the CPU a writer unit costs
-(a held asyncpg connection: no pool checkout, no ping, no BEGIN/COMMIT round trips).
+Why (measured 2026-11-27 on PostgreSQL, one server process, a 2-core VM: bench.limits and
+the writer's counters): at concurrency 16 the writer is busy all the time, committing batches
+of about 8 units in 5.5-6.6 ms. A `:free` request was the only one with two units (its count
+before the provider call, its settlement after), and each unit's statement is a round trip
+that waits for the busy event loop: the counts lengthened every batch and each request
+waited behind settlements twice — p50 +3-6 ms and 17-24% of the throughput, while the
+server's CPU per request grew by only 0.1-0.2 ms. Here the count runs concurrently with the
+writer and with other counts, at about a writer unit's CPU (a held asyncpg connection: no
+pool checkout, no ping, no BEGIN or COMMIT round trip); PostgreSQL commits it on its own
+(about 0.1 ms more of its CPU per request).
 
 What keeps the guarantees (as when the count was a writer unit):
 - Exact: the statement's row locks (minute, then day: the order _GATES takes them) order it
@@ -24,6 +26,8 @@ What keeps the guarantees (as when the count was a writer unit):
   writer's commits). A crash before the commit: PostgreSQL rolls it back, nothing counted and
   nothing served; after it: the request is counted and never served, as before — a crash
   never lets more requests through than the limits.
+- A connection lost before the answer: ConnectionError (503), as for the writer's failed
+  batch; the count may have been committed — counted and never served, never the reverse.
 - A deadlock's victim (a writer batch holding the other window of a minute boundary) wrote
   nothing and is run again, like the writer's units (LOCK_RACE_RETRIES).
 
