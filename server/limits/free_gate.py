@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -77,36 +77,31 @@ _NOT_FOR_ASYNCPG = (
 
 @dataclass(frozen=True)
 class _Compiled:
-    """A statement as asyncpg runs it: its SQL ($1, $2 ...) and how its arguments are made
-    from the named parameters (the columns' conversions, values bound in the statement)."""
+    """A statement as asyncpg runs it: its SQL ($1, $2 ...) and, per argument, the name of
+    the parameter it is made from and that column's conversion — or, for a value bound in
+    the statement itself (a literal), None and the value, converted once."""
 
     sql: str
-    names: tuple[str, ...]
-    literals: Mapping[str, Any]
-    processors: Mapping[str, Callable[[Any], Any] | None]
+    arguments_from: tuple[tuple[str | None, Any], ...]
 
     def arguments(self, params: Mapping[str, Any]) -> list[Any]:
-        values = []
-        for name in self.names:
-            value = params[name] if name in params else self.literals[name]
-            processor = self.processors[name]
-            values.append(value if processor is None else processor(value))
-        return values
+        return [
+            value if name is None else params[name] if value is None else value(params[name])
+            for name, value in self.arguments_from
+        ]
 
 
 def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
     compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]  # every statement here has compile()
-    names = tuple(compiled.positiontup or ())
-    binds = {name: compiled.binds[name] for name in names}
-    return _Compiled(
-        sql=compiled.string,
-        names=names,
-        literals={name: bind.value for name, bind in binds.items()},
-        processors={
-            name: bind.type.dialect_impl(dialect).bind_processor(dialect)
-            for name, bind in binds.items()
-        },
-    )
+    arguments_from: list[tuple[str | None, Any]] = []
+    for name in compiled.positiontup or ():
+        bind = compiled.binds[name]
+        convert = bind.type.dialect_impl(dialect).bind_processor(dialect)
+        if bind.value is None:  # a parameter
+            arguments_from.append((name, convert))
+        else:
+            arguments_from.append((None, bind.value if convert is None else convert(bind.value)))
+    return _Compiled(sql=compiled.string, arguments_from=tuple(arguments_from))
 
 
 class FreeGate:
