@@ -225,6 +225,8 @@ class Writer:
         self._no_pool: AsyncEngine | None = None
         self._inline_session: AsyncSession | None = None  # the inline batches' (see below)
         engine = getattr(sessions, "kw", {}).get("bind")
+        # The engine its sessions are bound to (None: a factory of another kind).
+        self.engine: AsyncEngine | None = engine if isinstance(engine, AsyncEngine) else None
         path = sqlite_file(engine) if isinstance(engine, AsyncEngine) and inline_sqlite else None
         if engine is not None and path is not None:
             self.inline = InlineSqlite(path, engine.dialect, pool=pool_writes(engine))

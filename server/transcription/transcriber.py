@@ -158,8 +158,8 @@ class Transcriber:
         self._adapters = adapters
         self._clock = clock
         self._limits = limits
-        # The limits when they can admit a lone `:free` count by themselves (_alone_engine).
-        self._alone = limits if isinstance(limits, AloneAdmission) else None
+        # Where the limits admit a lone `:free` count by themselves (None: through the writer).
+        self._alone = self._alone_on(limits, writer)
         self._metrics = metrics
         self._tracer = tracer
 
@@ -271,7 +271,7 @@ class Transcriber:
         # End the caller's reads (on SQLite its session holds the process's only connection),
         # then admit: against this process's lease of the key's budget when it can (no
         # transaction); a `:free` count alone on PostgreSQL in a transaction of its own
-        # (_alone_engine); else through the group-commit writer: concurrent requests' holds
+        # (_alone_on); else through the group-commit writer: concurrent requests' holds
         # share one commit. Either way the provider is called only once it is durable.
         await _end_reads(session)
         byok = billing.byok_hold or billing.only_byok
@@ -282,7 +282,7 @@ class Transcriber:
             else None
         )
         alone = (
-            self._alone_engine(session)
+            self._alone
             if leased is None
             and is_free_count_alone(model.id, billing.credit_hold, guardrails.budgets, byok=byok)
             else None
@@ -291,7 +291,7 @@ class Transcriber:
             holds: tuple[Hold, Hold | None] = (leased, None)
         elif alone is not None:
             holds = await self._admit_through(
-                functools.partial(self._admit_alone, alone, principal, model.id), fail
+                functools.partial(self._admit_alone, *alone, principal, model.id), fail
             )
         else:
             holds = await self._admit_through(functools.partial(self._writer.run, admit), fail)
@@ -394,28 +394,27 @@ class Transcriber:
         )
         return hold, byok_hold
 
-    def _alone_engine(self, session: AsyncSession) -> AsyncEngine | None:
+    @staticmethod
+    def _alone_on(limits: Limits, writer: Writer) -> tuple[AloneAdmission, AsyncEngine] | None:
         """Where a request whose whole admission is its `:free` count (is_free_count_alone)
         is admitted in a transaction of its own (limits/free_gate.py: one statement, one
-        round trip, beside the writer), instead of as a unit of the writer's batch; None:
-        through the writer. PostgreSQL only; the guarantees and the measurements that
-        chose this are in free_gate's docstring."""
-        engine = session.bind
+        round trip, beside the writer), instead of as a unit of the writer's batch: the
+        limits that can, on the writer's engine if it is PostgreSQL; None: through the
+        writer. The guarantees, and the measurements that chose this, are in free_gate's
+        docstring. Found once: the request's session is made only if the request reads."""
+        engine = writer.engine
         if (
-            self._alone is not None
-            and isinstance(engine, AsyncEngine)
+            isinstance(limits, AloneAdmission)
+            and engine is not None
             and engine.dialect.name == "postgresql"
         ):
-            return engine
+            return limits, engine
         return None
 
     async def _admit_alone(
-        self, engine: AsyncEngine, principal: Principal, model_id: str
+        self, limits: AloneAdmission, engine: AsyncEngine, principal: Principal, model_id: str
     ) -> tuple[Hold, Hold | None]:
-        assert self._alone is not None
-        hold = await self._alone.admit_alone(
-            engine, principal, model_id=model_id, now=self._clock.now()
-        )
+        hold = await limits.admit_alone(engine, principal, model_id=model_id, now=self._clock.now())
         return hold, None
 
     @staticmethod

@@ -198,10 +198,8 @@ def test_only_a_lone_free_count_is_admitted_alone() -> None:
 async def test_the_transcriber_admits_alone_on_postgresql_only(any_domain: Domain) -> None:
     """On SQLite the count stays a unit of the writer's batch; limits that cannot admit
     alone (bench/unlimited.py's) always go through the writer."""
-    transcriber = any_domain.transcriber()
-    async with any_domain.sessions() as session:
-        engine = transcriber._alone_engine(session)
-    assert (engine is not None) == (any_domain.dialect == "postgres")
+    alone = any_domain.transcriber()._alone
+    assert (alone is not None) == (any_domain.dialect == "postgres")
 
     assert isinstance(any_domain.limits, AloneAdmission)
     assert not isinstance(NoLimits(), AloneAdmission)
