@@ -8,11 +8,12 @@ the writer's counters): at concurrency 16 the writer is busy all the time, commi
 of about 8 units in 5.5-6.6 ms. A `:free` request was the only one with two units (its count
 before the provider call, its settlement after), and each unit's statement is a round trip
 that waits for the busy event loop: the counts lengthened every batch and each request
-waited behind settlements twice — p50 +3-6 ms and 17-24% of the throughput, while the
-server's CPU per request grew by only 0.1-0.2 ms. Here the count runs concurrently with the
-writer and with other counts, at about a writer unit's CPU (a held asyncpg connection: no
-pool checkout, no ping, no BEGIN or COMMIT round trip); PostgreSQL commits it on its own
-(about 0.1 ms more of its CPU per request).
+waited behind settlements twice — p50 +3-6 ms, 9-24% of the throughput (17-19% in the
+README's runs), while the server's CPU per request grew by only 0.1-0.2 ms. Here the count
+runs concurrently with the writer and with other counts, at about a writer unit's CPU (a
+held asyncpg connection: no pool checkout, no ping, no BEGIN or COMMIT round trip);
+PostgreSQL commits it on its own (about 0.1 ms more of its CPU per request). After: 4-9%,
+p50 +2.7-3.7 ms, in runs interleaved with the code before it.
 
 What keeps the guarantees (as when the count was a writer unit):
 - Exact: the statement's row locks (minute, then day: the order _GATES takes them) order it
