@@ -77,7 +77,9 @@ LOCK_RACE_RETRIES = 3
 _LOCK_RACES = frozenset({"40P01", "40001"})
 
 
-def _lost_a_lock_race(error: BaseException) -> bool:
+def lost_a_lock_race(error: BaseException) -> bool:
+    """Whether PostgreSQL rolled `error`'s transaction back to break a deadlock (or keep a
+    snapshot serializable): nothing of it was written, and a later try can succeed."""
     # asyncpg's own exception (the driver path), or SQLAlchemy's wrapper of it.
     for candidate in (error, getattr(error, "orig", None), error.__cause__):
         code = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
@@ -223,6 +225,8 @@ class Writer:
         self._no_pool: AsyncEngine | None = None
         self._inline_session: AsyncSession | None = None  # the inline batches' (see below)
         engine = getattr(sessions, "kw", {}).get("bind")
+        # The engine its sessions are bound to (None: a factory of another kind).
+        self.engine: AsyncEngine | None = engine if isinstance(engine, AsyncEngine) else None
         path = sqlite_file(engine) if isinstance(engine, AsyncEngine) and inline_sqlite else None
         if engine is not None and path is not None:
             self.inline = InlineSqlite(path, engine.dialect, pool=pool_writes(engine))
@@ -428,7 +432,7 @@ class Writer:
         row this batch updated, or the other way round), or failed it to keep a snapshot
         serializable. Nothing of it was written, and once this batch commits the other side
         can go on, so a later try succeeds; its caller never sees the race."""
-        if queued.attempts >= LOCK_RACE_RETRIES or not _lost_a_lock_race(error):
+        if queued.attempts >= LOCK_RACE_RETRIES or not lost_a_lock_race(error):
             return False
         queued.attempts += 1
         queued.retry = True

@@ -7,14 +7,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
 from server.billing.holds import DEFAULT_HOLD_TTL, Hold, place_hold
 from server.db.writer import on_outcome
 from server.errors import GatewayError
+from server.limits.free_gate import FreeGate
 from server.limits.free_models import admit_free_request, is_free_model
 from server.limits.guardrail_budgets import GuardrailBudget, check_budgets
 from server.observability.metrics import Metrics
@@ -47,6 +49,26 @@ def is_plain_credit_hold(model_id: str, budgets: Sequence[GuardrailBudget], *, b
     return not byok and not budgets and not is_free_model(model_id)
 
 
+def is_free_count_alone(
+    model_id: str, estimate_micros: int, budgets: Sequence[GuardrailBudget], *, byok: bool
+) -> bool:
+    """Whether EnforcedLimits.admit comes down to the `:free` count alone — a `:free` model,
+    a zero estimate, no guardrail budget, nothing held or admitted as BYOK — so that it can
+    run as a transaction of its own (AloneAdmission). A new rule in `admit` must narrow this
+    too."""
+    return is_free_model(model_id) and estimate_micros == 0 and not budgets and not byok
+
+
+@runtime_checkable
+class AloneAdmission(Protocol):
+    async def admit_alone(
+        self, engine: AsyncEngine, principal: Principal, *, model_id: str, now: datetime
+    ) -> Hold:
+        """Admit a request for which is_free_count_alone holds, in a transaction of its own,
+        committed when this returns; or raise as `admit` would (nothing written)."""
+        ...
+
+
 class EnforcedLimits:
     """The limits of the API reference. The caller commits the hold (and the free-request
     count) with whatever else belongs to accepting the request; a later rollback takes both
@@ -54,6 +76,7 @@ class EnforcedLimits:
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
+        self._gates: dict[AsyncEngine, FreeGate] = {}  # admit_alone's, by engine
 
     async def admit(
         self,
@@ -108,6 +131,27 @@ class EnforcedLimits:
             raise
         on_outcome(session, functools.partial(self._metrics.admission, "admitted"))
         return hold
+
+    async def admit_alone(
+        self, engine: AsyncEngine, principal: Principal, *, model_id: str, now: datetime
+    ) -> Hold:
+        """AloneAdmission: what `admit` does for such a request (its count, which checks the
+        balance; no hold), in a transaction of its own (limits/free_gate.py; PostgreSQL)."""
+        gate = self._gates.get(engine)
+        if gate is None:
+            gate = self._gates[engine] = FreeGate(engine)
+        try:
+            await gate.count(
+                account_id=principal.account.id,
+                credits_purchased_micros=principal.account.credits_purchased_micros,
+                exempt=principal.account.exempt_free_limits or principal.key.exempt_free_limits,
+                now=now,
+            )
+        except GatewayError as refused:
+            self._metrics.admission(_refusal(refused))
+            raise
+        self._metrics.admission("admitted")
+        return Hold.unreserved(principal.account.id, principal.key.hash)
 
 
 def _refusal(error: GatewayError) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -12,7 +14,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.holds import funded, unfunded
 from server.billing.money import usd_to_micros
-from server.db.driver import fetch_rows
+from server.db.driver import Statement, fetch_rows
 from server.db.models import RateWindow, UtcDateTime
 from server.errors import GatewayError
 
@@ -129,6 +131,58 @@ def rate_limited(limit: int, resets_at: datetime, which: str) -> GatewayError:
     )
 
 
+# On PostgreSQL, for a count in a transaction of its own (limits/free_gate.py): the same
+# count, as ONE statement that counts both windows or neither. The minute is counted first
+# (only while the balance is positive and the minute below its cap), then the day, only if
+# the minute was counted; a day at its cap then makes the statement fail (the ELSE divides
+# by zero), which takes the minute's count back with it: nothing is written. Both rows are
+# locked minute first, then day, as _GATES locks them. RETURNING: both windows, or none.
+def _both_or_neither() -> sa.CompoundSelect[Any]:
+    columns = ["subject_id", "period", "window_start", "count"]
+    keys = ["subject_id", "period", "window_start"]
+    count = _WINDOWS.c.count
+    minute = (
+        postgresql.insert(_WINDOWS)
+        .from_select(columns, _window_row(MINUTE))
+        .on_conflict_do_update(
+            index_elements=keys,
+            set_={"count": count + 1},
+            where=count < sa.bindparam("minute_cap", type_=sa.Integer),
+        )
+        .returning(_WINDOWS.c.period)
+        .cte("minute_counted")
+    )
+    day_row = sa.select(
+        sa.bindparam("subject_id", type_=_WINDOWS.c.subject_id.type),
+        sa.literal(DAY, _WINDOWS.c.period.type),
+        sa.bindparam("day_start", type_=UtcDateTime),
+        sa.literal(1, sa.Integer),
+    ).where(sa.exists(sa.select(minute.c.period)))
+    day_full = count // sa.literal(0, sa.Integer)  # division_by_zero: the day is full
+    day = (
+        postgresql.insert(_WINDOWS)
+        .from_select(columns, day_row)
+        .on_conflict_do_update(
+            index_elements=keys,
+            set_={
+                "count": sa.case(
+                    (count < sa.bindparam("day_cap", type_=sa.Integer), count + 1),
+                    else_=day_full,
+                )
+            },
+        )
+        .returning(_WINDOWS.c.period)
+        .cte("day_counted")
+    )
+    return sa.select(minute.c.period).union_all(sa.select(day.c.period))
+
+
+BOTH_OR_NEITHER = _both_or_neither()
+DAY_FULL_SQLSTATE = "22012"  # division_by_zero, raised only by BOTH_OR_NEITHER's full day
+
+Rows = Callable[[Statement, Mapping[str, Any]], Awaitable[Sequence[Sequence[Any]]]]
+
+
 async def admit_free_request(
     session: AsyncSession,
     *,
@@ -142,32 +196,62 @@ async def admit_free_request(
     429; raise 402 (credits) when the account's balance is not positive. Runs in the caller's
     transaction: if the request is refused later, the caller's rollback takes the count back.
     A request with a zero estimate needs no credit hold after this."""
+    await count_free_request(
+        functools.partial(fetch_rows, session),
+        _GATES,
+        account_id=account_id,
+        credits_purchased_micros=credits_purchased_micros,
+        exempt=exempt,
+        now=now,
+        is_byok=is_byok,
+    )
+
+
+def _day_was_full(error: BaseException) -> bool:
+    return getattr(error, "sqlstate", None) == DAY_FULL_SQLSTATE
+
+
+async def count_free_request(
+    rows: Rows,
+    gate: Statement,
+    *,
+    account_id: str,
+    credits_purchased_micros: int,
+    exempt: bool,
+    now: datetime,
+    is_byok: bool = False,
+) -> None:
+    """admit_free_request with `rows` running the statements: `gate` is _GATES (in the
+    caller's transaction) or BOTH_OR_NEITHER (a transaction of its own)."""
     minute = now.astimezone(UTC).replace(second=0, microsecond=0)
     day = _day_start(now)
     limit = daily_limit(credits_purchased_micros)
     gated = not (exempt or is_byok)  # exempt and BYOK requests are counted, never refused
-    counted = {
-        row[0]
-        for row in await fetch_rows(
-            session,
-            _GATES,
-            {
-                "subject_id": account_id,
-                "minute_start": minute,
-                "day_start": day,
-                "minute_cap": REQUESTS_PER_MINUTE,
-                "day_cap": limit if gated else _UNCAPPED,
-            },
-        )
-    }
+    try:
+        counted = {
+            row[0]
+            for row in await rows(
+                gate,
+                {
+                    "subject_id": account_id,
+                    "minute_start": minute,
+                    "day_start": day,
+                    "minute_cap": REQUESTS_PER_MINUTE,
+                    "day_cap": limit if gated else _UNCAPPED,
+                },
+            )
+        }
+    except Exception as error:
+        if not _day_was_full(error):
+            raise
+        # BOTH_OR_NEITHER failed: nothing was counted.
+        raise rate_limited(limit, day + timedelta(days=1), "day") from None
     if MINUTE not in counted:
         if not counted:  # nothing counted: the minute is full, or the balance is not positive
-            rows = await fetch_rows(
-                session,
-                _COUNT,
-                {"subject_id": account_id, "period": MINUTE, "window_start": minute},
+            found = await rows(
+                _COUNT, {"subject_id": account_id, "period": MINUTE, "window_start": minute}
             )
-            if not rows or rows[0][0] < REQUESTS_PER_MINUTE:
+            if not found or found[0][0] < REQUESTS_PER_MINUTE:
                 raise unfunded()
         raise rate_limited(REQUESTS_PER_MINUTE, minute + timedelta(minutes=1), "minute")
     if DAY not in counted:  # the caller's rollback takes the minute's count back

@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from opentelemetry.trace import NoOpTracer, Tracer
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
@@ -37,7 +38,12 @@ from server.db.writer import Writer
 from server.errors import GatewayError, bad_request
 from server.guardrails.cache import GuardrailsCache
 from server.guardrails.policy import Guardrails, guardrails_of
-from server.limits.admission import Limits, is_plain_credit_hold
+from server.limits.admission import (
+    AloneAdmission,
+    Limits,
+    is_free_count_alone,
+    is_plain_credit_hold,
+)
 from server.limits.guardrail_budgets import GuardrailBudget
 from server.limits.leases import BudgetLeases
 from server.observability.generations import GENERATIONS, store_generation_row
@@ -152,6 +158,8 @@ class Transcriber:
         self._adapters = adapters
         self._clock = clock
         self._limits = limits
+        # Where the limits admit a lone `:free` count by themselves (None: through the writer).
+        self._alone = self._alone_on(limits, writer)
         self._metrics = metrics
         self._tracer = tracer
 
@@ -262,22 +270,31 @@ class Transcriber:
 
         # End the caller's reads (on SQLite its session holds the process's only connection),
         # then admit: against this process's lease of the key's budget when it can (no
-        # transaction), else through the group-commit writer: concurrent requests' holds
-        # share one commit, and the provider is called only once it is durable.
+        # transaction); a `:free` count alone on PostgreSQL in a transaction of its own
+        # (_alone_on); else through the group-commit writer: concurrent requests' holds
+        # share one commit. Either way the provider is called only once it is durable.
         await _end_reads(session)
+        byok = billing.byok_hold or billing.only_byok
         leased = (
             await self._leases.admit(principal, billing.credit_hold)
             if self._leases is not None
-            and is_plain_credit_hold(
-                model.id, guardrails.budgets, byok=billing.byok_hold or billing.only_byok
-            )
+            and is_plain_credit_hold(model.id, guardrails.budgets, byok=byok)
             else None
         )
-        holds = (
-            (leased, None)
-            if leased is not None
-            else await self._admit_through(self._writer, admit, fail)
+        alone = (
+            self._alone
+            if leased is None
+            and is_free_count_alone(model.id, billing.credit_hold, guardrails.budgets, byok=byok)
+            else None
         )
+        if leased is not None:
+            holds: tuple[Hold, Hold | None] = (leased, None)
+        elif alone is not None:
+            holds = await self._admit_through(
+                functools.partial(self._admit_alone, *alone, principal, model.id), fail
+            )
+        else:
+            holds = await self._admit_through(functools.partial(self._writer.run, admit), fail)
         budget = _budget(deadline)
         try:
             async with asyncio.timeout(budget):
@@ -378,17 +395,39 @@ class Transcriber:
         return hold, byok_hold
 
     @staticmethod
+    def _alone_on(limits: Limits, writer: Writer) -> tuple[AloneAdmission, AsyncEngine] | None:
+        """Where a request whose whole admission is its `:free` count (is_free_count_alone)
+        is admitted in a transaction of its own (limits/free_gate.py: one statement, one
+        round trip, beside the writer), instead of as a unit of the writer's batch: the
+        limits that can, on the writer's engine if it is PostgreSQL; None: through the
+        writer. The guarantees, and the measurements that chose this, are in free_gate's
+        docstring. Found once: the request's session is made only if the request reads."""
+        engine = writer.engine
+        if (
+            isinstance(limits, AloneAdmission)
+            and engine is not None
+            and engine.dialect.name == "postgresql"
+        ):
+            return limits, engine
+        return None
+
+    async def _admit_alone(
+        self, limits: AloneAdmission, engine: AsyncEngine, principal: Principal, model_id: str
+    ) -> tuple[Hold, Hold | None]:
+        hold = await limits.admit_alone(engine, principal, model_id=model_id, now=self._clock.now())
+        return hold, None
+
+    @staticmethod
     async def _admit_through(
-        writer: Writer,
-        admit: Callable[[AsyncSession], Awaitable[tuple[Hold, Hold | None]]],
+        admit: Callable[[], Awaitable[tuple[Hold, Hold | None]]],
         fail: Callable[[tuple[Hold, Hold | None], BaseException], Awaitable[None]],
     ) -> tuple[Hold, Hold | None]:
-        """Run `admit` as a unit of the writer's batch; return its holds once committed. A
-        caller cancelled meanwhile (a deadline, a client that went away) leaves nothing held:
-        its unit may already be part of a batch that commits, so the end of that batch is
-        awaited (bounded, not cut short by further cancellations) and what it held is given
-        back (`fail`: released, and the failure recorded)."""
-        admission = asyncio.ensure_future(writer.run(admit))
+        """Run `admit` (a unit of the writer's batch, or an admission alone); return its holds
+        once committed. A caller cancelled meanwhile (a deadline, a client that went away)
+        leaves nothing held: its admission may already be committing, so its end is awaited
+        (bounded, not cut short by further cancellations) and what it held is given back
+        (`fail`: released, and the failure recorded)."""
+        admission = asyncio.ensure_future(admit())
         try:
             return await asyncio.shield(admission)
         except asyncio.CancelledError as cancelled:

@@ -131,3 +131,11 @@ async def any_domain(
     built = await _domain(url, request.param, clock, tmp_path)
     yield built
     await _close(built)
+
+
+@pytest_asyncio.fixture
+async def pg_domain(unit_pg_url: str, clock: ManualClock, tmp_path: Path) -> AsyncIterator[Domain]:
+    """The domain on PostgreSQL only: for what only PostgreSQL does (limits/free_gate.py)."""
+    built = await _domain(await _emptied(unit_pg_url), "postgres", clock, tmp_path)
+    yield built
+    await _close(built)
