@@ -35,7 +35,7 @@ from server.db.engine import SQLITE_BUSY_TIMEOUT_MS, PoolWrites, connect_sqlite,
 from server.db.models import UtcDateTime
 
 # Raised by asyncpg when the connection or the server went away.
-_CONNECTION_LOST = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError)
+CONNECTION_LOST = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError)
 
 
 @dataclass(frozen=True)
@@ -181,6 +181,16 @@ async def fetch_rows(
     return await _run(session, statement, [params], many=False)
 
 
+async def fetch_on(
+    driver: Any, dialect: sa.Dialect, statement: Statement, params: Mapping[str, Any]
+) -> Sequence[Sequence[Any]]:
+    """Run `statement` (a module-level constant) on a PostgreSQL driver (asyncpg) connection
+    outside any transaction of ours: one round trip — for a write, an implicit transaction,
+    committed when it answers."""
+    compiled = _compile(_for_dialect(statement, dialect.name), dialect)
+    return list(await driver.fetch(compiled.sql, *compiled.arguments(params)))
+
+
 async def read_rows(
     engine: AsyncEngine, statement: Statement, params: Mapping[str, Any]
 ) -> Sequence[Sequence[Any]]:
@@ -190,15 +200,15 @@ async def read_rows(
     connection goes back to the pool as it came: nothing was begun on it."""
     async with engine.connect() as connection:
         dialect = connection.dialect
-        compiled = _compile(_for_dialect(statement, dialect.name), dialect)
         raw = await connection.get_raw_connection()
         driver: Any = raw.driver_connection
         if dialect.name == "sqlite":
+            compiled = _compile(_for_dialect(statement, dialect.name), dialect)
             return list(await driver.execute_fetchall(compiled.sql, compiled.arguments(params)))
         try:
-            return list(await driver.fetch(compiled.sql, *compiled.arguments(params)))
+            return await fetch_on(driver, dialect, statement, params)
         except Exception as error:
-            if isinstance(error, _CONNECTION_LOST):
+            if isinstance(error, CONNECTION_LOST):
                 await connection.invalidate()
                 raise ConnectionError("the database connection was lost") from error
             raise
@@ -286,7 +296,7 @@ async def _run(
                 return []
             return list(await driver.fetch(compiled.sql, *compiled.arguments(rows[0])))
         except Exception as error:
-            if isinstance(error, _CONNECTION_LOST):
+            if isinstance(error, CONNECTION_LOST):
                 # What SQLAlchemy does for its own statements: drop the connection, and
                 # report the database as unreachable (a 503), not as a bug.
                 await connection.invalidate()

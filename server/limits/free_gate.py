@@ -42,7 +42,6 @@ import asyncio
 import collections
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -51,7 +50,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.util.concurrency import await_only, in_greenlet
 
-from server.db.driver import Statement
+from server.db.driver import CONNECTION_LOST, Statement, fetch_on
 from server.db.engine import CONNECT_TIMEOUT_SECONDS
 from server.db.writer import LOCK_RACE_RETRIES, lost_a_lock_race
 from server.errors import GatewayError
@@ -60,49 +59,15 @@ from server.limits.free_models import BOTH_OR_NEITHER, count_free_request
 # The most connections the gate opens (one per count running at the same moment; a count
 # is one round trip, so a few serve hundreds of requests a second).
 MOST_CONNECTIONS = 4
-# Raised by asyncpg when the connection or the server went away (InternalClientError: a
-# connection whose server ended it before asyncpg read that).
-_CONNECTION_LOST = (
-    asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
-    asyncpg.PostgresConnectionError,
-    OSError,
-)
+# The driver's lost connections, and asyncpg's InternalClientError: on a connection of the
+# gate's own, one whose server ended it before asyncpg read that.
+_CONNECTION_LOST = (*CONNECTION_LOST, asyncpg.InternalClientError)
 # What SQLAlchemy's asyncpg dialect takes from the URL for itself, not for asyncpg.connect.
 _NOT_FOR_ASYNCPG = (
     "async_creator_fn",
     "prepared_statement_cache_size",
     "prepared_statement_name_func",
 )
-
-
-@dataclass(frozen=True)
-class _Compiled:
-    """A statement as asyncpg runs it: its SQL ($1, $2 ...) and, per argument, the name of
-    the parameter it is made from and that column's conversion — or, for a value bound in
-    the statement itself (a literal), None and the value, converted once."""
-
-    sql: str
-    arguments_from: tuple[tuple[str | None, Any], ...]
-
-    def arguments(self, params: Mapping[str, Any]) -> list[Any]:
-        return [
-            value if name is None else params[name] if value is None else value(params[name])
-            for name, value in self.arguments_from
-        ]
-
-
-def _compile(statement: sa.Executable, dialect: sa.Dialect) -> _Compiled:
-    compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]  # every statement here has compile()
-    arguments_from: list[tuple[str | None, Any]] = []
-    for name in compiled.positiontup or ():
-        bind = compiled.binds[name]
-        convert = bind.type.dialect_impl(dialect).bind_processor(dialect)
-        if bind.value is None:  # a parameter
-            arguments_from.append((name, convert))
-        else:
-            arguments_from.append((None, bind.value if convert is None else convert(bind.value)))
-    return _Compiled(sql=compiled.string, arguments_from=tuple(arguments_from))
 
 
 class FreeGate:
@@ -123,7 +88,6 @@ class FreeGate:
         self._waiting: collections.deque[asyncio.Future[asyncpg.Connection | None]] = (
             collections.deque()
         )
-        self._compiled: dict[int, _Compiled] = {}
         sa.event.listen(engine.sync_engine, "engine_disposed", self._disposed)
 
     async def count(
@@ -158,14 +122,7 @@ class FreeGate:
     async def _rows(
         self, connection: asyncpg.Connection, statement: Statement, params: Mapping[str, Any]
     ) -> Sequence[Sequence[Any]]:
-        assert not isinstance(statement, Mapping)  # PostgreSQL's own statements
-        compiled = self._compiled.get(id(statement))
-        if compiled is None:
-            compiled = self._compiled[id(statement)] = _compile(statement, self._engine.dialect)
-        rows: Sequence[Sequence[Any]] = await connection.fetch(
-            compiled.sql, *compiled.arguments(params)
-        )
-        return rows
+        return await fetch_on(connection, self._engine.dialect, statement, params)
 
     async def _acquire(self) -> asyncpg.Connection:
         while True:
