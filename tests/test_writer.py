@@ -583,7 +583,9 @@ async def test_sqlite_a_writer_stopped_during_a_lock_wait_leaves_no_transaction(
             queued = asyncio.create_task(writer.run(_insert("lost")))  # type: ignore[arg-type]
             await asyncio.sleep(0.05)
             assert writer.inline.stats.busy_waits == 1
-            task = writer._task  # the writer's loop, as shutdown cancels it
+            # The task running the batch (a lone unit's batch, begun at once in the caller's
+            # step, goes on in a task of its own once it has to wait), as shutdown cancels it.
+            task = writer._begun or writer._task
             assert task is not None
             task.cancel()
             with pytest.raises(ConnectionError):
@@ -596,6 +598,41 @@ async def test_sqlite_a_writer_stopped_during_a_lock_wait_leaves_no_transaction(
             await session.commit()
         assert await writer.run(_insert("next")) == "next"  # type: ignore[arg-type]
         assert await _stored(sqlite_db) == {"holder", "pool-after", "next"}
+    finally:
+        await writer.close()
+
+
+async def test_sqlite_a_unit_handed_to_an_idle_writer_commits_in_the_callers_own_step(
+    sqlite_db: Admin,
+) -> None:
+    """Nothing queued, no batch running, no other callback ready: the unit's batch runs and
+    commits at once, in the caller's step — the caller never suspends (no hand-off to the
+    writer's task and back). With another callback ready (it could queue a unit too) the
+    unit goes through the writer's task. A batch that has to wait (another connection holds
+    the write lock) goes on as a task of its own; what is queued meanwhile shares the next
+    batch, in order."""
+    writer = Writer(sqlite_db.sessions)
+    try:
+        run = writer.run(_insert("at-once"), finish_within=5)  # type: ignore[arg-type]
+        with pytest.raises(StopIteration) as ended:
+            run.send(None)  # one step, to its end
+        assert ended.value.value == "at-once"
+        assert writer._task is None  # the writer's task was never needed
+        assert await _stored(sqlite_db) == {"at-once"}
+
+        asyncio.get_running_loop().call_soon(lambda: None)
+        assert await writer.run(_insert("queued")) == "queued"  # type: ignore[arg-type]
+        assert writer._task is not None
+
+        async with _write_lock_held(sqlite_db, "other") as commit:
+            first = asyncio.create_task(writer.run(_insert("first")))  # type: ignore[arg-type]
+            await asyncio.sleep(0.05)  # its batch is waiting for the lock, in a thread
+            rest = [asyncio.create_task(writer.run(_insert(f"r{i}"))) for i in range(3)]  # type: ignore[arg-type]
+            await asyncio.sleep(0.01)
+            await commit()
+            assert await asyncio.wait_for(first, timeout=5) == "first"
+            assert await asyncio.wait_for(asyncio.gather(*rest), timeout=5) == ["r0", "r1", "r2"]
+        assert writer.stats.sizes == [1, 1, 1, 3]
     finally:
         await writer.close()
 
@@ -676,15 +713,30 @@ async def test_postgres_a_deadlock_victim_runs_again_in_the_next_batch(
 
         return unit
 
+    gate = asyncio.Event()
+
+    async def gated(session: AsyncSession) -> str:
+        await gate.wait()
+        return "gate"
+
     try:
+        # Each writer's first unit begins its batch at once and waits at the gate, so the
+        # two after it queue into one batch together.
         runs = [
-            first.run(bump("r1")),  # type: ignore[arg-type]
-            first.run(bump("r2", after="r2")),  # type: ignore[arg-type]
-            second.run(bump("r2")),  # type: ignore[arg-type]
-            second.run(bump("r1", after="r1")),  # type: ignore[arg-type]
+            asyncio.ensure_future(run)
+            for run in (
+                first.run(gated),
+                first.run(bump("r1")),  # type: ignore[arg-type]
+                first.run(bump("r2", after="r2")),  # type: ignore[arg-type]
+                second.run(gated),
+                second.run(bump("r2")),  # type: ignore[arg-type]
+                second.run(bump("r1", after="r1")),  # type: ignore[arg-type]
+            )
         ]
+        await asyncio.sleep(0.05)
+        gate.set()
         done = await asyncio.wait_for(asyncio.gather(*runs), timeout=30)
-        assert done == ["r1", "r2", "r2", "r1"]
+        assert done == ["gate", "r1", "r2", "gate", "r2", "r1"]
         # The victim's batch ran with no savepoints (rolled back whole, then run again a
         # savepoint per unit), or with them (its unit alone rolled back and retried).
         stats = (first.stats, second.stats)

@@ -40,6 +40,15 @@ A caller cancelled while its unit waits in the queue withdraws it (it never runs
 batch has begun, the cancellation does not stop it: the unit still commits with its batch
 (like a request whose client went away after its transaction began to commit).
 
+A unit handed to an idle writer (nothing queued, no batch running, and no other callback
+ready in this turn of the event loop: nothing that could still join the batch) begins its
+batch at once, in the caller's own step, rather than waking the writer's task and being
+woken back by it: at concurrency 1 those are two turns of the event loop per request. On a
+SQLite file the whole batch runs then, without suspending, and the caller goes on with its
+result; should the batch have to wait (the write lock, a checkpoint in a thread,
+PostgreSQL's round trips), its rest runs as a task of its own, exactly as the writer's task
+would have run it, and units queued meanwhile wait for it to end.
+
 One writer per process, created with the engine and passed to whoever writes through it.
 """
 
@@ -48,7 +57,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -180,6 +190,44 @@ class WriterStats:
     sizes: list[int] = field(default_factory=list)  # the last batches' sizes (bounded)
 
 
+@types.coroutine
+def _resumed(coro: Coroutine[Any, Any, None], blocked_on: Any) -> Generator[Any, Any, None]:
+    """The rest of `coro`, begun outside any task (`coro.send(None)`) and suspended on
+    `blocked_on`: driven as a task drives a coroutine — what `yield from coro` does, for a
+    coroutine already begun."""
+    pending = blocked_on
+    while True:
+        try:
+            sent = yield pending
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as error:  # the task's cancellation, passed on
+            try:
+                pending = coro.throw(error)
+            except StopIteration:
+                return
+        else:
+            try:
+                pending = coro.send(sent)
+            except StopIteration:
+                return
+
+
+def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether no other callback waits to run in this turn of the loop. Only then does a
+    batch begin at once: a unit handed over now would otherwise share its batch with what
+    the callbacks of this turn queue (under load, many requests'), as the writer's task runs
+    after them. asyncio's own loop keeps them in `_ready` (not public API: on a loop without
+    it, every batch goes through the writer's task)."""
+    ready = getattr(loop, "_ready", None)
+    return ready is not None and not ready
+
+
+async def _finish(coro: Coroutine[Any, Any, None], blocked_on: Any) -> None:
+    await _resumed(coro, blocked_on)
+
+
 async def wait_uncancelled(future: asyncio.Future[T]) -> T:
     """Await `future` to its end through the caller's cancellations (one or more), then
     re-raise the cancellation, chained (`__cause__`) from the future's failure if it failed;
@@ -234,6 +282,8 @@ class Writer:
         self._queue: list[_Queued[Any]] = []
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._busy = False  # a batch is running (the writer's task's, or one begun at once)
+        self._begun: asyncio.Task[None] | None = None  # the rest of a batch begun at once
         self._closed = False
         # Batches left to run a savepoint per unit at once (see _run_unguarded).
         self._guarded_batches = 0
@@ -256,10 +306,15 @@ class Writer:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         queued = _Queued(unit, future)
-        self._queue.append(queued)
-        self._ready.set()
-        if self._task is None or self._task.done():  # first use, or after a crash of its loop
-            self._task = asyncio.create_task(self._loop(), name="group-commit writer")
+        if not self._busy and not self._queue and _nothing_else_ready(loop):
+            self._begin_at_once(queued)
+            if future.done():  # committed (or failed) without suspending
+                return future.result()
+        else:
+            self._queue.append(queued)
+            self._ready.set()
+            if self._task is None or self._task.done():  # first use, or after its loop crashed
+                self._task = asyncio.create_task(self._loop(), name="group-commit writer")
         if finish_within is None:
             try:
                 # Not shielded: cancelling the future only drops the answer (the writer skips
@@ -278,6 +333,9 @@ class Writer:
     async def close(self) -> None:
         """Commit what is queued, then stop."""
         self._closed = True
+        begun, self._begun = self._begun, None
+        if begun is not None and not begun.done():  # a batch begun at once, still running
+            await begun
         task, self._task = self._task, None
         if task is not None:
             self._ready.set()
@@ -289,16 +347,32 @@ class Writer:
         if self._no_pool is not None:
             await self._no_pool.dispose()
 
+    def _begin_at_once(self, queued: _Queued[Any]) -> None:
+        """Run `queued`'s batch in the caller's step until it would wait (the module
+        docstring); the rest, if any, as a task of its own."""
+        batch = self._batch([queued])
+        try:
+            blocked_on = batch.send(None)
+        except StopIteration:
+            return
+        self._begun = asyncio.ensure_future(_finish(batch, blocked_on))
+
     async def _loop(self) -> None:
         while True:
-            if not self._queue:
-                if self._closed:
+            if not self._queue or self._busy:
+                if self._closed and not self._queue:
                     return
                 self._ready.clear()
                 await self._ready.wait()
                 continue
             batch = self._queue[: self._max_batch]
             del self._queue[: self._max_batch]
+            await self._batch(batch)
+
+    async def _batch(self, batch: list[_Queued[Any]]) -> None:
+        """Commit `batch` and answer its callers; units queued meanwhile wait for its end."""
+        self._busy = True
+        try:
             try:
                 await self._commit(batch)
             except asyncio.CancelledError:
@@ -324,6 +398,12 @@ class Writer:
                         future.set_exception(queued.error)
                     else:
                         future.set_result(queued.result)
+        finally:
+            self._busy = False
+            if self._queue:  # queued meanwhile (or to retry): the writer's task takes them
+                self._ready.set()
+                if self._task is None or self._task.done():
+                    self._task = asyncio.create_task(self._loop(), name="group-commit writer")
 
     async def _commit(self, batch: list[_Queued[Any]]) -> None:
         stats = self.stats
