@@ -24,6 +24,7 @@ from server.providers.http import (
     no_cookies,
     provider_client,
 )
+from server.providers.transport import Http11Transport
 
 LOOPBACK = "127.0.0.1"
 JSON_ANSWER = (
@@ -512,3 +513,53 @@ async def test_followed_redirects_and_streams_are_httpx_s(
         finally:
             await streamed.aclose()
     assert len(httpx_sends) == 2
+
+
+# The transport's own shortcuts -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", [JSON_ANSWER, b"HTTP/1.1 204 No Content\r\n\r\n"])
+async def test_an_answer_read_by_the_transport_is_as_httpx_reads_it(answer: bytes) -> None:
+    """The transport hands a whole answer over read (`transport._read`, not httpx's `read`):
+    the Response is left exactly as httpx's `read` leaves it."""
+    async with Recorder((answer,)) as recorder, gateway_client(recorder) as client:
+        request = client.build_request("GET", recorder.url("/v1/x"))
+        ours = await Http11Transport.handle_async_request(client._transport, request)
+    theirs = httpx.Response(
+        ours.status_code,
+        headers=ours.headers.raw,
+        stream=httpx.ByteStream(ours.content),
+        extensions=ours.extensions,
+    )
+    theirs.read()
+    assert vars(theirs).keys() - vars(ours).keys() == {"_decoder"}  # made on the way
+    for name, value in vars(theirs).items():
+        if name not in ("_decoder", "stream", "headers"):
+            assert vars(ours)[name] == value, name
+    assert ours.headers.raw == theirs.headers.raw
+    assert [part async for part in ours.aiter_bytes()] == [
+        part async for part in theirs.aiter_bytes()
+    ]
+    assert ours.num_bytes_downloaded == theirs.num_bytes_downloaded
+
+
+async def test_read_timeouts_hold_whatever_the_alarm_was_set_for() -> None:
+    """One alarm per connection times its waits: a wait after a shorter one (the alarm set
+    earlier) still runs to its own time, and one after a longer wait ends at its own."""
+
+    def answer(request: bytes) -> tuple[bytes, ...]:
+        return () if b" /silent " in request else (JSON_ANSWER,)
+
+    loop = asyncio.get_running_loop()
+    async with Recorder(answer) as recorder, gateway_client(recorder) as client:
+        await exchange(client, True, "GET", recorder.url("/v1/x"), timeout=0.05)
+        started = loop.time()
+        with pytest.raises(httpx.ReadTimeout):
+            await exchange(client, True, "GET", recorder.url("/silent"), timeout=0.4)
+        assert loop.time() - started >= 0.39
+
+        await exchange(client, True, "GET", recorder.url("/v1/x"), timeout=30.0)
+        started = loop.time()
+        with pytest.raises(httpx.ReadTimeout):
+            await exchange(client, True, "GET", recorder.url("/silent"), timeout=0.1)
+        assert 0.09 <= loop.time() - started < 5.0
