@@ -10,9 +10,10 @@ same bytes written and read on a bare asyncio connection; the provider call was 
 piece of the gateway's CPU per transcription left above its floor (issue 17; `python -m
 bench.provider_call`). Here a request's head and body up to
 64 KiB leave in one send, a read of bytes already received returns at once, a wait is one
-future with one timer, the answer is parsed in C, and whether an idle connection was closed
-by the server is known from what the event loop has already delivered (the kernel is asked
-only about connections quiet for a second).
+future timed by its connection's one alarm (not a timer scheduled and cancelled per wait),
+the answer is parsed in C and handed over already read, and whether an idle connection was
+closed by the server is known from what the event loop has already delivered (the kernel is
+asked only about connections quiet for a second).
 
 What it does, as httpx's own transport does: HTTP/1.1 keep-alive (an answer read to its end
 on a connection both sides keep open puts it back in the pool; anything else closes it);
@@ -31,6 +32,7 @@ none of them.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import select
 import ssl
@@ -69,13 +71,11 @@ _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _FIELD_VALUE = re.compile(rb"[^\x00\r\n]*")
 _TARGET = re.compile(rb"[^\x00-\x20\x7f]+")
 
-_EXPIRED = False  # a waiter's result when its timer fired first
+# llhttp's version of an answer as httpx's `http_version` extension names it.
+_VERSIONS = {"1.1": b"HTTP/1.1", "1.0": b"HTTP/1.0"}
+
+_EXPIRED = False  # a waiter's result when its time was up first
 _WOKEN = True
-
-
-def _expire(waiter: asyncio.Future[bool]) -> None:
-    if not waiter.done():
-        waiter.set_result(_EXPIRED)
 
 
 def _wake(waiter: asyncio.Future[bool] | None) -> None:
@@ -102,6 +102,14 @@ class _Connection(asyncio.Protocol):
         self.error: BaseException | None = None  # why the connection was lost, if not cleanly
         self.reader: asyncio.Future[bool] | None = None
         self.writer: asyncio.Future[bool] | None = None
+        # When each waiter's time is up (inf: never). One alarm per connection serves both:
+        # set for the earliest, left to ring when a wait ends early (then it finds nothing
+        # due and rests, or is set again for a later wait): a wait costs no timer of its
+        # own to schedule and cancel.
+        self.reader_due = math.inf
+        self.writer_due = math.inf
+        self.alarm: asyncio.TimerHandle | None = None
+        self.alarm_at = math.inf
         self.write_paused = False
         self.read_paused = False
 
@@ -128,6 +136,7 @@ class _Connection(asyncio.Protocol):
         self.error = exc
         _wake(self.reader)
         _wake(self.writer)
+        self._disarm()  # nothing left to time: the loop lets go of the connection
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -154,6 +163,35 @@ class _Connection(asyncio.Protocol):
             return True
         return not _socket_readable(transport)
 
+    def due(self, deadline: float) -> None:
+        """Have the alarm ring no later than `deadline`."""
+        if deadline < self.alarm_at:
+            if self.alarm is not None:
+                self.alarm.cancel()
+            self.alarm = self.loop.call_at(deadline, self._ring)
+            self.alarm_at = deadline
+
+    def _ring(self) -> None:
+        """The alarm: a waiter whose time is up gets _EXPIRED; the alarm is set again for
+        the earliest still to come."""
+        now = max(self.loop.time(), self.alarm_at)  # asyncio may ring a hair early
+        self.alarm, self.alarm_at = None, math.inf
+        if self.reader is not None and not self.reader.done():
+            if self.reader_due <= now:
+                self.reader.set_result(_EXPIRED)
+            else:
+                self.due(self.reader_due)
+        if self.writer is not None and not self.writer.done():
+            if self.writer_due <= now:
+                self.writer.set_result(_EXPIRED)
+            else:
+                self.due(self.writer_due)
+
+    def _disarm(self) -> None:
+        if self.alarm is not None:
+            self.alarm.cancel()
+            self.alarm, self.alarm_at = None, math.inf
+
     def close(self) -> None:
         transport = self.transport
         if transport is None or transport.is_closing():
@@ -176,18 +214,26 @@ def _socket_readable(transport: asyncio.Transport) -> bool:
     return bool(poller.poll(0))
 
 
-async def _wait(slot: str, connection: _Connection, seconds: float | None) -> bool:
-    """Wait until the connection wakes the `slot` waiter ("reader" or "writer"); False when
-    `seconds` passed first. A cancelled wait leaves nothing behind."""
-    waiter: asyncio.Future[bool] = connection.loop.create_future()
-    setattr(connection, slot, waiter)
-    timer = connection.loop.call_later(seconds, _expire, waiter) if seconds is not None else None
+async def _wait(reading: bool, connection: _Connection, seconds: float | None) -> bool:
+    """Wait until the connection wakes its reader (`reading`) or writer; False when
+    `seconds` passed first. A cancelled wait leaves no waiter behind (the connection's alarm
+    may still ring once, for nothing)."""
+    loop = connection.loop
+    waiter: asyncio.Future[bool] = loop.create_future()
+    due = math.inf if seconds is None else loop.time() + seconds
+    if reading:
+        connection.reader, connection.reader_due = waiter, due
+    else:
+        connection.writer, connection.writer_due = waiter, due
+    if seconds is not None:
+        connection.due(due)
     try:
         return await waiter
     finally:
-        setattr(connection, slot, None)
-        if timer is not None:
-            timer.cancel()
+        if reading:
+            connection.reader = None
+        else:
+            connection.writer = None
 
 
 @dataclass(eq=False)
@@ -204,6 +250,7 @@ class _Answer:
     head_done: bool = False
     complete: bool = False
     until_eof: bool = False  # no Content-Length, not chunked: the body ends with the stream
+    encoded: bool = False  # a Content-Encoding: the body is decoded by httpx as it is read
     extra: bool = False  # bytes beyond the answer: the connection is not clean
     keep_alive: bool = False  # both sides keep the connection (read as the answer ends)
 
@@ -241,10 +288,6 @@ class _Answer:
             return
         self.status = status
         self.head_done = True
-        if self.head_only:  # a fresh parser reads the next answer: none of this one is left
-            self.complete = True
-            self.keep_alive = self._keeps_alive()
-            return
         framed = status in (204, 304)
         for name, value in self.headers:
             lowered = name.lower()
@@ -252,6 +295,12 @@ class _Answer:
                 lowered == b"transfer-encoding" and b"chunked" in value.lower()
             ):
                 framed = True
+            elif lowered == b"content-encoding":
+                self.encoded = True
+        if self.head_only:  # a fresh parser reads the next answer: none of this one is left
+            self.complete = True
+            self.keep_alive = self._keeps_alive()
+            return
         self.until_eof = not framed
 
     def on_body(self, body: bytes) -> None:
@@ -323,6 +372,17 @@ def _head(request: httpx.Request) -> _Framing:
     return _Framing(b"".join(parts), chunked, length)
 
 
+def _read(response: httpx.Response, content: bytes) -> None:
+    """Leave a Response of a ByteStream of `content` (not encoded) as its `read()` would:
+    the content kept, the stream consumed and closed, its size counted. httpx's read takes
+    about 7 us for this through its generators of raw, decoded and chunked bytes (each in
+    its own exception context); tests/unit/test_lean_send.py holds the two states equal."""
+    response._content = content
+    response.is_stream_consumed = True
+    response.is_closed = True
+    response._num_bytes_downloaded = len(content)
+
+
 class _WriteFailed(Exception):
     """The connection went away while the request was written: its answer may still be
     readable (a server that refuses an upload answers, then closes)."""
@@ -385,8 +445,9 @@ class Http11Transport(httpx.AsyncBaseTransport):
             self._discard(connection)
             raise
         body = _Body(self, origin, connection, answer, written, timeouts.get("read"))
+        version = answer.parser.get_http_version()
         extensions = {
-            "http_version": b"HTTP/" + answer.parser.get_http_version().encode("ascii"),
+            "http_version": _VERSIONS.get(version) or b"HTTP/" + version.encode("ascii"),
             "reason_phrase": answer.reason,
         }
         if not answer.complete:
@@ -397,17 +458,18 @@ class Http11Transport(httpx.AsyncBaseTransport):
                 extensions=extensions,
             )
         body.finish()  # the whole answer is in: the connection can serve another now
+        content = b"".join(answer.body)
         response = httpx.Response(
             status_code=answer.status,
             headers=answer.headers,
-            stream=httpx.ByteStream(b"".join(answer.body)),
+            stream=httpx.ByteStream(content),
             extensions=extensions,
         )
-        if "content-encoding" not in response.headers:
+        if not answer.encoded:
             # Read now: the client's own read would walk its stream machinery for bytes
             # that are all here. A compressed body stays for the caller's read (and its
             # size checks), decoded as it goes.
-            response.read()
+            _read(response, content)
         return response
 
     async def aclose(self) -> None:
@@ -670,7 +732,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
             for buffer in buffers:  # large: no copy to join them (3.11's writelines joins)
                 transport.write(buffer)
         while connection.write_paused and not connection.lost:
-            if not await _wait("writer", connection, seconds):
+            if not await _wait(False, connection, seconds):
                 raise httpx.WriteTimeout("timed out writing", request=request)
         if connection.lost:
             raise _WriteFailed
@@ -702,7 +764,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
                 if connection.error is not None:
                     raise httpx.ReadError(str(connection.error), request=request)
                 return b""
-            if not await _wait("reader", connection, seconds):
+            if not await _wait(True, connection, seconds):
                 raise httpx.ReadTimeout("timed out reading", request=request)
         return connection.take()
 
