@@ -4,7 +4,6 @@ Fireworks, DeepInfra, self-hosted Whisper servers)."""
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from typing import Any
 
 import httpx
@@ -24,9 +23,6 @@ MIME = {
     "webm": "audio/webm",
 }
 _SEGMENT_KEYS = ("id", "start", "end", "text")
-# Distinct URLs are few (each endpoint's base URL and path): their parsed form is kept, as
-# parsing one costs httpx more than a fifth of building the whole multipart request.
-_URLS_KEPT = 256
 _WORD_KEYS = ("word", "start", "end")
 
 
@@ -89,11 +85,6 @@ def parse(body: Any, verbose: bool) -> Transcript:
     return transcript
 
 
-@lru_cache(maxsize=_URLS_KEPT)
-def _parsed(url: str) -> httpx.URL:
-    return httpx.URL(url)  # immutable: one serves every request
-
-
 async def transcribe_form(
     http: httpx.AsyncClient,
     endpoint: Endpoint,
@@ -109,7 +100,7 @@ async def transcribe_form(
     )
     request = http.build_request(
         "POST",
-        _parsed(url),
+        url,  # the client keeps a str URL's parsed form
         params=params,
         content=body,
         headers={**headers, "Content-Type": content_type},
