@@ -25,6 +25,7 @@ from server.providers.http import (
     provider_client,
 )
 from server.providers.transport import Http11Transport
+from tests.unit.test_provider_transport import Server
 
 LOOPBACK = "127.0.0.1"
 JSON_ANSWER = (
@@ -49,7 +50,6 @@ class Recorder:
         self.close = close  # the connection ends after each answer
         self.requests: list[bytes] = []
         self.server_names: list[str | None] = []
-        self.port = 0
         self.client_tls: ssl.SSLContext = ssl.create_default_context()
         self._tls: ssl.SSLContext | None = None
         if tls:
@@ -58,53 +58,42 @@ class Recorder:
             ca.issue_cert("provider.test", LOOPBACK).configure_cert(self._tls)
             self._tls.sni_callback = self._named
             ca.configure_trust(self.client_tls)
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._server = Server(self._serve, tls=self._tls)
 
     def _named(self, _sock: Any, name: str | None, _context: Any) -> None:
         self.server_names.append(name)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
-                    return
-                length = 0
-                for line in head.lower().split(b"\r\n"):
-                    if line.startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                request = head + await reader.readexactly(length)
-                self.requests.append(request)
-                answer = self.answer(request) if callable(self.answer) else self.answer
-                for index, piece in enumerate(answer):
-                    if index:
-                        await asyncio.sleep(0.02)  # the rest arrives in a later read
-                    writer.write(piece)
-                    await writer.drain()
-                if self.close:
-                    return
-        except (ConnectionError, ssl.SSLError, asyncio.CancelledError):
-            pass  # a client gone, or the server closing: nothing left to serve
-        finally:
-            writer.close()
-            self._tasks.discard(task)
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return
+            length = 0
+            for line in head.lower().split(b"\r\n"):
+                if line.startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            request = head + await reader.readexactly(length)
+            self.requests.append(request)
+            answer = self.answer(request) if callable(self.answer) else self.answer
+            for index, piece in enumerate(answer):
+                if index:
+                    await asyncio.sleep(0.02)  # the rest arrives in a later read
+                writer.write(piece)
+                await writer.drain()
+            if self.close:
+                return
+
+    @property
+    def port(self) -> int:
+        return self._server.port
 
     async def __aenter__(self) -> Recorder:
-        self._server = await asyncio.start_server(self._serve, LOOPBACK, 0, ssl=self._tls)
-        self.port = self._server.sockets[0].getsockname()[1]
+        await self._server.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.__aexit__(*exc)
 
     def url(self, path: str, scheme: str = "http") -> str:
         return f"{scheme}://{LOOPBACK}:{self.port}{path}"
@@ -524,7 +513,9 @@ async def test_an_answer_read_by_the_transport_is_as_httpx_reads_it(answer: byte
     the Response is left exactly as httpx's `read` leaves it."""
     async with Recorder((answer,)) as recorder, gateway_client(recorder) as client:
         request = client.build_request("GET", recorder.url("/v1/x"))
-        ours = await Http11Transport.handle_async_request(client._transport, request)
+        transport = client._transport
+        assert isinstance(transport, Http11Transport)
+        ours = await transport.handle_async_request(request)
     theirs = httpx.Response(
         ours.status_code,
         headers=ours.headers.raw,
