@@ -442,6 +442,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
             written = await self._write(connection, request, framing, timeouts.get("write"))
             await self._read_head(connection, answer, timeouts.get("read"), written)
         except BaseException:
+            answer.parser = None  # (the cycle _Body._abandon breaks)
             self._discard(connection)
             raise
         body = _Body(self, origin, connection, answer, written, timeouts.get("read"))
@@ -827,6 +828,7 @@ class _Body(httpx.AsyncByteStream):
             return
         answer = self._answer
         reusable = self._written and not answer.until_eof and not answer.extra and answer.keep_alive
+        answer.parser = None  # nothing more to parse (see _abandon)
         self._transport._release(self._origin, connection, reusable)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -858,6 +860,9 @@ class _Body(httpx.AsyncByteStream):
 
     def _abandon(self) -> None:
         connection, self._connection = self._connection, None
+        # The parser calls the answer's methods and the answer holds the parser: a cycle that
+        # would keep the answer, its request and body alive until the garbage collector runs.
+        self._answer.parser = None
         if connection is not None:
             self._transport._discard(connection)
 
