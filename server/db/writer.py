@@ -312,9 +312,7 @@ class Writer:
                 return future.result()
         else:
             self._queue.append(queued)
-            self._ready.set()
-            if self._task is None or self._task.done():  # first use, or after its loop crashed
-                self._task = asyncio.create_task(self._loop(), name="group-commit writer")
+            self._wake_loop()
         if finish_within is None:
             try:
                 # Not shielded: cancelling the future only drops the answer (the writer skips
@@ -401,9 +399,14 @@ class Writer:
         finally:
             self._busy = False
             if self._queue:  # queued meanwhile (or to retry): the writer's task takes them
-                self._ready.set()
-                if self._task is None or self._task.done():
-                    self._task = asyncio.create_task(self._loop(), name="group-commit writer")
+                self._wake_loop()
+
+    def _wake_loop(self) -> None:
+        """Have the writer's task take what is queued: woken, or started (first use, or
+        after its loop crashed)."""
+        self._ready.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name="group-commit writer")
 
     async def _commit(self, batch: list[_Queued[Any]]) -> None:
         stats = self.stats
