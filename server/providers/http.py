@@ -181,6 +181,23 @@ def _absolute_url(url: object) -> httpx.URL | None:
     return parsed if parsed.is_absolute_url else None
 
 
+def _text_headers(headers: object) -> list[tuple[bytes, bytes, bytes]] | None:
+    """A call's headers as httpx keeps them (name, lowercased name, value), when they are a
+    dict of text (or none); None for any other form (httpx's own build_request takes it).
+    ASCII only, as httpx encodes text headers: other text raises UnicodeEncodeError."""
+    if headers is None:
+        return []
+    if type(headers) is not dict:
+        return None
+    given: list[tuple[bytes, bytes, bytes]] = []
+    for name, value in headers.items():
+        if type(name) is not str or type(value) is not str:
+            return None
+        raw = name.encode("ascii")
+        given.append((raw, raw.lower(), value.encode("ascii")))
+    return given
+
+
 class _CookielessClient(httpx.AsyncClient):
     """httpx's client whose cookies are always `_NoCookies`, whatever is set; whose
     `build_request` builds the common request (an absolute URL, a body of bytes or JSON)
@@ -225,13 +242,14 @@ class _CookielessClient(httpx.AsyncClient):
         several times to merge and complete them. Anything else is httpx's own
         `build_request`. A str URL's parsed form is kept (`_absolute_url`)."""
         parsed = _absolute_url(url)
+        given = _text_headers(headers)
         if (
             parsed is None
+            or given is None
             or data is not None
             or files is not None
             or cookies is not None
             or self._params  # the client's own query parameters, merged by httpx
-            or not (headers is None or type(headers) is dict)
             or not (content is None or isinstance(content, bytes | str))
         ):
             return super().build_request(
@@ -249,47 +267,29 @@ class _CookielessClient(httpx.AsyncClient):
             )
         # The client's headers, read as they are now (a later change to `client.headers`
         # counts, as in httpx), less those the call names, then the call's in its order:
-        # httpx's `Headers.update`. Text only, ASCII only (httpx's own encoding of them).
+        # httpx's `Headers.update`.
         client_headers = self._headers._list  # (name, lowercased name, value), as httpx keeps
-        if headers:
-            given: list[tuple[bytes, bytes, bytes]] = []
-            for name, value in headers.items():
-                if type(name) is not str or type(value) is not str:
-                    return super().build_request(
-                        method,
-                        url,
-                        content=content,
-                        json=json,
-                        params=params,
-                        headers=headers,
-                        timeout=timeout,
-                        extensions=extensions,
-                    )
-                raw = name.encode("ascii")
-                given.append((raw, raw.lower(), value.encode("ascii")))
-            named = {lowered for _, lowered, _ in given}
-            merged = [item for item in client_headers if item[1] not in named]
-            merged += given
-        else:
-            merged = list(client_headers)
-        present = {lowered for _, lowered, _ in merged}
+        named = {lowered for _, lowered, _ in given}
+        merged = [item for item in client_headers if item[1] not in named] + given
         # The body and the headers httpx's encoder gives it, added when not given
         # (`Request._prepare`'s setdefault), then Host and an empty POST's length first.
         if content is not None:
             body = content.encode("utf-8") if isinstance(content, str) else content
-            if body and b"content-length" not in present:
-                merged.append((b"Content-Length", b"content-length", b"%d" % len(body)))
-                present.add(b"content-length")
+            encoded = [(b"Content-Length", b"%d" % len(body))] if body else []
         elif json is not None:
             text = json_dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
             body = text.encode("utf-8")
-            if b"content-length" not in present:
-                merged.append((b"Content-Length", b"content-length", b"%d" % len(body)))
-                present.add(b"content-length")
-            if b"content-type" not in present:
-                merged.append((b"Content-Type", b"content-type", b"application/json"))
+            encoded = [
+                (b"Content-Length", b"%d" % len(body)),
+                (b"Content-Type", b"application/json"),
+            ]
         else:
-            body = b""
+            body, encoded = b"", []
+        present = {lowered for _, lowered, _ in merged}
+        for name, value in encoded:
+            if name.lower() not in present:
+                merged.append((name, name.lower(), value))
+                present.add(name.lower())
         first: list[tuple[bytes, bytes, bytes]] = []
         if b"host" not in present and parsed.host:
             first.append((b"Host", b"host", parsed.netloc))

@@ -93,7 +93,7 @@ async def transcribe_form(
     headers: dict[str, str],
     params: dict[str, str] | None = None,
 ) -> Transcript:
-    """POST OpenAI's multipart form (`form`) to `url` and read OpenAI's answer (`parse`):
+    """POST OpenAI's multipart form (`form_fields`) to `url` and read OpenAI's answer (`parse`):
     OpenAI-compatible servers and Azure OpenAI differ only in the URL and credential header."""
     content_type, body = multipart_form(
         form_fields(call), "file", call.filename, call.audio, MIME.get(call.format, "audio/wav")
