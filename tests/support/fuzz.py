@@ -8,7 +8,6 @@ import json
 import os
 import re
 import socket
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,11 +40,10 @@ LEAKED_HEADER_PREFIXES = ("grpc-", "x-http-status", "x-error-body")
 REQUEST_TIMEOUT = 10.0
 
 REPO = Path(__file__).resolve().parents[2]
-# OpenRouter's published schemas live in the shared folder beside the repository (a fresh
-# clone has ../shared next to it); the test-side fragments in tests/openapi add what that file
-# lacks.
-SCHEMAS_FILE = Path("shared") / "reference" / "openrouter-api-schemas.yaml"
 TEST_FRAGMENTS = REPO / "tests" / "openapi"
+# OpenRouter's published schemas, kept in the repository (its header says where and when they
+# were taken); the other files in tests/openapi add what that file lacks.
+SCHEMAS_FILE = TEST_FRAGMENTS / "openrouter-api-schemas.yaml"
 
 # One fixed profile for every fuzz test: bounded example counts (the whole fuzz set runs in
 # about a minute on two cores), no per-example deadline (each example is a real HTTP request
@@ -72,33 +70,8 @@ def fuzz_settings(max_examples: int) -> hypothesis.settings:
     )
 
 
-def openrouter_schemas_path() -> Path:
-    """../shared beside the checkout; for a `git worktree` checkout, ../shared beside the
-    main checkout the worktree belongs to."""
-    candidates = [REPO.parent / SCHEMAS_FILE]
-    try:
-        common = subprocess.run(
-            ["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        candidates.append(Path(common).parent.parent / SCHEMAS_FILE)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"{SCHEMAS_FILE} not found beside the repository ({[str(c) for c in candidates]}): "
-        "the fuzz tests read OpenRouter's published schemas from the shared folder"
-    )
-
-
 def load_openrouter_schemas() -> dict[str, Any]:
-    return yaml.safe_load(openrouter_schemas_path().read_text())  # type: ignore[no-any-return]
+    return yaml.safe_load(SCHEMAS_FILE.read_text())  # type: ignore[no-any-return]
 
 
 def load_fragment(name: str) -> dict[str, Any]:
