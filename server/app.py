@@ -372,7 +372,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     )
     console_pb2_grpc.add_ConsoleServicer_to_server(ConsoleService(ConsoleAssets()), observed)
     models_pb2_grpc.add_ModelsServicer_to_server(
-        ModelsService(core.auth, core.sessions, core.catalog, core.guardrails), observed
+        ModelsService(core.auth, core.sessions, core.catalog, core.clock, core.guardrails), observed
     )
     vault_pb2_grpc.add_VaultServicer_to_server(
         VaultService(

@@ -451,7 +451,7 @@ async def cmd_models(args: argparse.Namespace) -> int:
     from server.routing.readiness import report
 
     catalog = load_catalog(load_settings(catalog_file=args.catalog).catalog_file)
-    for line in report(catalog):
+    for line in report(catalog, SystemClock().now().date()):
         print(line)
     return 0
 

@@ -9,6 +9,7 @@ import re
 import tomllib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from datetime import date
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -26,6 +27,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from server.config import SettingsError
+from server.errors import not_found
 from server.providers.endpoint import Endpoint
 from server.validation import param_of
 
@@ -87,6 +89,23 @@ class Model:
     built_in: bool = False  # from the catalog shipped with the gateway, not the operator's
     # Video outputs priced apart (resolution or "WxH" size -> USD per second).
     output_prices: tuple[tuple[str, Decimal], ...] = ()
+    # The provider's retirement date (UTC): from that day on the model is listed as
+    # unavailable and requests for it are refused, so a retirement is a one-line change.
+    retires: date | None = None
+
+    def retirement(self, today: date) -> str | None:
+        """Why the model is no longer offered, from its retirement date on; None before."""
+        if self.retires is None or today < self.retires:
+            return None
+        return f"retired on {self.retires.isoformat()}: its provider no longer serves it"
+
+    def refuse_if_retired(self, today: date) -> None:
+        """A request for a retired model: 404, naming the date."""
+        if self.retires is not None and today >= self.retires:
+            raise not_found(
+                f"Model {self.id} was retired on {self.retires.isoformat()}:"
+                " its provider no longer serves it"
+            )
 
     @property
     def upstream_name(self) -> str:
@@ -181,6 +200,7 @@ class _ModelTable(_Table):
     default_duration: PositiveInt | None = None
     created: int = 0
     passthrough_parameters: list[str] = []
+    retires: date | None = None  # a TOML date (retires = 2026-09-24)
 
     @model_validator(mode="after")
     def _adapters_fit_kind(self) -> _ModelTable:
@@ -240,6 +260,7 @@ class _ModelTable(_Table):
             verbose_json=self.verbose_json,
             video=video,
             output_prices=tuple(self.output_prices.items()),
+            retires=self.retires,
         )
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date
 from decimal import Decimal
 from urllib.parse import urlencode
 
 from server.errors import bad_request
 from server.routing.catalog import Catalog, Model
+from server.routing.readiness import model_problem
 
 OUTPUT_MODALITIES = (
     "text",
@@ -47,7 +49,8 @@ class ListedModel:
     input_modalities: tuple[str, ...]
     output_modalities: tuple[str, ...]
     supported_parameters: tuple[str, ...]
-    available: bool  # some endpoint has its credentials configured
+    available: bool  # not retired, and some endpoint has its credentials configured
+    unavailable_reason: str | None = None  # why not, when not available
 
     @property
     def modality(self) -> str:
@@ -84,8 +87,8 @@ def _modalities(text: str | None, allowed: tuple[str, ...], param: str) -> set[s
     return set(names)
 
 
-def describe(model: Model) -> ListedModel:
-    """What OpenRouter's model listing says of one catalog model."""
+def describe(model: Model, today: date) -> ListedModel:
+    """What OpenRouter's model listing says of one catalog model on `today` (UTC)."""
     if model.kind == "stt":
         inputs: tuple[str, ...] = ("audio",)
         outputs: tuple[str, ...] = ("transcription",)
@@ -107,17 +110,22 @@ def describe(model: Model) -> ListedModel:
                 "seed": caps.seed,
             }
             parameters += tuple(name for name, value in declared.items() if value is not None)
+    problem = model_problem(model, today)
     return ListedModel(
         model=model,
         input_modalities=inputs,
         output_modalities=outputs,
         supported_parameters=parameters,
-        available=any(endpoint.available for endpoint in model.endpoints),
+        available=problem is None,
+        unavailable_reason=problem,
     )
 
 
 def list_models(
-    catalog: Catalog, query: ModelQuery, allows: Callable[[Model], bool] = lambda _: True
+    catalog: Catalog,
+    query: ModelQuery,
+    today: date,
+    allows: Callable[[Model], bool] = lambda _: True,
 ) -> ModelPage:
     """The catalog's models matching the query (and `allows`: the caller's guardrails), by
     id, one page of them."""
@@ -135,7 +143,9 @@ def list_models(
         raise bad_request(f"limit must be between 1 and {MAX_PAGE}", param="limit")
     matching = [
         listed
-        for listed in (describe(m) for m in sorted(catalog.models.values(), key=lambda m: m.id))
+        for listed in (
+            describe(m, today) for m in sorted(catalog.models.values(), key=lambda m: m.id)
+        )
         if allows(listed.model)
         and (outputs is None or outputs & set(listed.output_modalities))
         and (inputs is None or inputs & set(listed.input_modalities))

@@ -4,6 +4,7 @@ the others: environment variable names only, never their values."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import date
 
 from server.providers.endpoint import Endpoint
 from server.routing.catalog import Catalog, Model
@@ -15,9 +16,9 @@ def endpoint_problem(endpoint: Endpoint) -> str | None:
     return f"missing {' and '.join(missing)}" if missing else None
 
 
-def model_problem(model: Model) -> str | None:
-    """Why the model cannot be served; None: some endpoint is routable."""
-    return endpoints_problem(model.endpoints)
+def model_problem(model: Model, today: date) -> str | None:
+    """Why the model cannot be served (retired, or no endpoint routable); None: it can."""
+    return model.retirement(today) or endpoints_problem(model.endpoints)
 
 
 def endpoints_problem(endpoints: Sequence[Endpoint]) -> str | None:
@@ -33,12 +34,13 @@ def endpoints_problem(endpoints: Sequence[Endpoint]) -> str | None:
     return "the operator must set " + " or ".join(needs)
 
 
-def report(catalog: Catalog) -> list[str]:
+def report(catalog: Catalog, today: date) -> list[str]:
     """`gateway models`: each model, its endpoints in fallback order (provider, adapter, base
-    URL, credential variables) and whether each is routable, and why not."""
+    URL, credential variables) and whether each is routable, and why not (a retired model is
+    not, whatever its credentials)."""
     lines: list[str] = []
     for model in sorted(catalog.models.values(), key=lambda m: m.id):
-        problem = model_problem(model)
+        problem = model_problem(model, today)
         state = "routable" if problem is None else f"not routable: {problem}"
         origin = "built-in" if model.built_in else "operator"
         lines.append(

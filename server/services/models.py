@@ -7,6 +7,7 @@ from collections.abc import Callable
 import grpc
 
 from server.auth import Authenticator
+from server.clock import Clock
 from server.contract import models_pb2, models_pb2_grpc
 from server.db.engine import SessionFactory
 from server.guardrails.cache import GuardrailsCache
@@ -43,6 +44,7 @@ def model_message(listed: ListedModel) -> models_pb2.Model:
         hugging_face_id=null(),
         links=models_pb2.ModelLinks(details=f"/api/v1/models/{model.id}/endpoints"),
         available=listed.available,
+        unavailable_reason=nullable_string(listed.unavailable_reason),
     )
 
 
@@ -56,6 +58,7 @@ class ModelsService(models_pb2_grpc.ModelsServicer):
         auth: Authenticator,
         sessions: SessionFactory,
         catalog: Catalog,
+        clock: Clock,
         guardrails: GuardrailsCache | None = None,
     ) -> None:
         # The caller's guardrails, cached under the principal stamp like the caller itself.
@@ -63,6 +66,7 @@ class ModelsService(models_pb2_grpc.ModelsServicer):
         self._auth = auth
         self._sessions = sessions
         self._catalog = catalog
+        self._clock = clock
 
     async def ListModels(
         self, request: models_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
@@ -94,7 +98,7 @@ class ModelsService(models_pb2_grpc.ModelsServicer):
                         session, principal.workspace.id, principal.key.hash
                     )
             allows = guardrails.allows
-        page = list_models(self._catalog, query, allows)
+        page = list_models(self._catalog, query, self._clock.now().date(), allows)
         return models_pb2.ModelsListResponse(
             data=[model_message(listed) for listed in page.models],
             links=models_pb2.ModelsListLinks(next=nullable_string(page.next_url)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import date
 from typing import Any
 
 import grpc
@@ -51,10 +52,10 @@ def _bool_or_null(flag: bool | None) -> struct_pb2.Value:
     return null() if flag is None else struct_pb2.Value(bool_value=flag)
 
 
-def model_message(model: Model) -> videos_pb2.VideoModel:
+def model_message(model: Model, today: date) -> videos_pb2.VideoModel:
     caps = model.video
     assert caps is not None
-    problem = model_problem(model)
+    problem = model_problem(model, today)
     pricing = struct_pb2.Value()
     # OpenRouter's SKU map: the base per-second price, then each output priced apart.
     pricing.struct_value.update(
@@ -164,7 +165,9 @@ class VideosService(videos_pb2_grpc.VideosServicer):
         self, request: videos_pb2.CreateVideoRequest, context: grpc.aio.ServicerContext
     ) -> videos_pb2.VideoJob:
         principal, guardrails, sealed = await self._caller(context)
-        video = parse_video_request(request, self._catalog, header_value(context, "x-session-id"))
+        video = parse_video_request(
+            request, self._catalog, header_value(context, "x-session-id"), self._clock.now().date()
+        )
         endpoints = guardrails.endpoints(video.model)
         guardrails.check_video_duration(video.duration)
         guardrails.check_cost(jobs.estimate_micros(video))
@@ -262,4 +265,5 @@ class VideosService(videos_pb2_grpc.VideosServicer):
             (m for m in self._catalog.of_kind("video") if guardrails.allows(m)),
             key=lambda m: m.id,
         )
-        return videos_pb2.VideoModelsResponse(data=[model_message(m) for m in models])
+        today = self._clock.now().date()
+        return videos_pb2.VideoModelsResponse(data=[model_message(m, today) for m in models])

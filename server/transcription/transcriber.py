@@ -167,6 +167,7 @@ class Transcriber:
         model = self._catalog.get(request.model)
         if model is None or model.kind != "stt":
             raise bad_request(f"Unknown speech-to-text model {request.model!r}", param="model")
+        model.refuse_if_retired(self._clock.now().date())
         if request.verbose and not model.verbose_json:
             raise bad_request(
                 f"response_format verbose_json is not supported by {model.id}; use json",

@@ -4,6 +4,7 @@ capabilities into the parameters a provider gets."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import date
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -187,7 +188,7 @@ def _frames(shape: _VideoShape, caps: VideoCapabilities, model: Model) -> list[d
 
 
 def parse_video_request(
-    request: Any, catalog: Catalog, header_session_id: str | None
+    request: Any, catalog: Catalog, header_session_id: str | None, today: date
 ) -> VideoInput:
     """Validate a gateway.v1.CreateVideoRequest; every failure is a 400 naming the field:
     its shape first (_VideoShape), then what the model supports."""
@@ -201,6 +202,7 @@ def parse_video_request(
     model = catalog.get(shape.model)
     if model is None or model.kind != "video" or model.video is None:
         raise bad_request(f"Unknown video model {shape.model!r}", param="model")
+    model.refuse_if_retired(today)
     caps = model.video
     dims = _dimensions(shape, caps, model)
     frames = _frames(shape, caps, model)

@@ -158,10 +158,6 @@ def test_an_output_priced_apart_costs_its_own_price(tmp_path: Path) -> None:
     assert model.video_price({"resolution": "1080p", "width": 1792, "height": 1024}) == Decimal(
         "0.50"
     )
-    sora = load_catalog().get("openai/sora-2-pro")
-    assert sora is not None
-    assert sora.video_price({"width": 1024, "height": 1792}) == Decimal("0.50")
-    assert sora.video_price({"width": 720, "height": 1280}) == Decimal("0.30")
 
 
 def test_a_price_for_an_output_the_model_does_not_offer_is_refused(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ the catalog."""
 
 from __future__ import annotations
 
+from datetime import date
 from decimal import Decimal
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from server.routing.listing import ModelQuery, describe, list_models, usd_string
 from tests.support import domain
 from tests.support.domain import PROVIDER_KEY_ENV
 
+TODAY = date(2026, 11, 27)
+
 
 def unit_catalog(folder: Path) -> Catalog:
     """The unit catalog's own models, without the built-in ones."""
@@ -22,7 +25,7 @@ def unit_catalog(folder: Path) -> Catalog:
 
 
 def _ids(catalog_dir: Path, **query: object) -> list[str]:
-    page = list_models(unit_catalog(catalog_dir), ModelQuery(**query))  # type: ignore[arg-type]
+    page = list_models(unit_catalog(catalog_dir), ModelQuery(**query), TODAY)  # type: ignore[arg-type]
     return [listed.model.id for listed in page.models]
 
 
@@ -61,11 +64,11 @@ def test_bad_filters_are_400_naming_the_parameter(
 
 def test_pages_link_to_the_next(tmp_path: Path) -> None:
     catalog = unit_catalog(tmp_path)
-    first = list_models(catalog, ModelQuery(output_modalities="all", offset=0, limit=2))
+    first = list_models(catalog, ModelQuery(output_modalities="all", offset=0, limit=2), TODAY)
     assert [m.model.id for m in first.models] == ["unit/all-fail", "unit/fallback-429"]
     assert first.total_count == 5
     assert first.next_url == "/api/v1/models?offset=2&limit=2&output_modalities=all"
-    last = list_models(catalog, ModelQuery(output_modalities="all", offset=4, limit=2))
+    last = list_models(catalog, ModelQuery(output_modalities="all", offset=4, limit=2), TODAY)
     assert [m.model.id for m in last.models] == ["unitvideo/ok"] and last.next_url is None
 
 
@@ -73,13 +76,13 @@ def test_description_prices_and_availability(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     catalog = unit_catalog(tmp_path)
-    stt = describe(catalog.models["unit/ok"])
+    stt = describe(catalog.models["unit/ok"], TODAY)
     assert (stt.input_modalities, stt.output_modalities) == (("audio",), ("transcription",))
     assert stt.modality == "audio->transcription" and stt.per_second_usd == "0.01"
     assert stt.available
-    video = describe(catalog.models["unitvideo/ok"])
+    video = describe(catalog.models["unitvideo/ok"], TODAY)
     assert video.output_modalities == ("video",) and video.per_second_usd == "0.05"
     assert {"duration", "resolution", "aspect_ratio"} <= set(video.supported_parameters)
     monkeypatch.delenv(PROVIDER_KEY_ENV)
-    assert not describe(catalog.models["unit/ok"]).available
+    assert not describe(catalog.models["unit/ok"], TODAY).available
     assert usd_string(Decimal("0.0000001")) == "0.0000001" and usd_string(Decimal("2.50")) == "2.5"
