@@ -237,7 +237,7 @@ async def test_assemblyai_uploads_submits_and_polls_until_completed(
     assert (submit.method, submit.url.path) == ("POST", "/v2/transcript")
     assert json.loads(submit.content) == {
         "audio_url": "https://cdn.assemblyai.test/upload/00000001",
-        "speech_model": "polls-3",
+        "speech_models": ["polls-3"],
         "language_detection": True,
         "speaker_labels": True,
     }
@@ -640,3 +640,40 @@ async def test_a_refused_request_carries_the_providers_code_and_message(
     assert failure.value.kind == CLIENT_ERROR  # not tried elsewhere: the gateway answers 400
     assert (failure.value.status, failure.value.provider_code) == (status, code)
     assert message in failure.value.message
+
+
+# --- issue 29 item 12/14: each adapter against its provider's current reference -----------
+
+
+async def test_assemblyai_names_its_model_in_speech_models_never_the_retired_speech_model(
+    monkeypatch: pytest.MonkeyPatch, mock_http: Callable[[Handler], httpx.AsyncClient]
+) -> None:
+    """AssemblyAI refuses `speech_model` (400 "speech_model is deprecated. Use
+    'speech_models' instead"); the model goes in the `speech_models` list, and an option
+    cannot bring the retired parameter back."""
+    monkeypatch.setenv(KEY_ENV, assemblyai.API_KEY)
+    fake = assemblyai.FakeAssemblyAI()
+    clock = RecordedSleeps()
+    adapter = AssemblyAISttAdapter(mock_http(fake.handle), clock.sleep, clock.monotonic)
+    endpoint = _endpoint("assemblyai", "http://aai.test")
+    transcript = await adapter.transcribe(endpoint, _call("universal-2"))
+    submitted = json.loads(fake.requests[1].content)
+    assert submitted["speech_models"] == ["universal-2"] and "speech_model" not in submitted
+    assert transcript.text == "Hello, world."
+
+    options = {"speech_model": "best", "speech_models": ["evil"]}
+    await adapter.transcribe(endpoint, _call("universal-2", options=options))
+    submitted = json.loads(fake.requests[4].content)
+    assert submitted["speech_models"] == ["universal-2"] and "speech_model" not in submitted
+
+
+async def test_the_assemblyai_fake_refuses_the_retired_speech_model_as_assemblyai_does(
+    mock_http: Callable[[Handler], httpx.AsyncClient],
+) -> None:
+    fake = assemblyai.FakeAssemblyAI()
+    http = mock_http(fake.handle)
+    headers = {"authorization": assemblyai.API_KEY}
+    body = {"audio_url": "https://cdn.assemblyai.test/upload/1", "speech_model": "universal"}
+    answer = await http.post("http://aai.test/v2/transcript", json=body, headers=headers)
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "speech_model is deprecated. Use 'speech_models' instead"}
