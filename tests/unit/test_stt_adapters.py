@@ -140,7 +140,7 @@ async def test_elevenlabs_sends_multipart_with_xi_api_key_and_builds_segments(
     fake = elevenlabs.FakeElevenLabs()
     adapter = ElevenLabsSttAdapter(mock_http(fake.handle))
     options = {"diarize": True, "num_speakers": 2, "model_id": "evil", "webhook": True}
-    call = _call("scribe_v1", verbose=True, language="en", temperature=0.2, options=options)
+    call = _call("scribe_v2", verbose=True, language="en", temperature=0.2, options=options)
     transcript = await adapter.transcribe(_endpoint("elevenlabs", "http://el.test"), call)
 
     (sent,) = fake.requests
@@ -149,7 +149,7 @@ async def test_elevenlabs_sends_multipart_with_xi_api_key_and_builds_segments(
     assert "authorization" not in sent.headers
     (fields,) = fake.forms
     assert fields == {
-        "model_id": ["scribe_v1"],
+        "model_id": ["scribe_v2"],
         "timestamps_granularity": ["word"],
         "language_code": ["en"],
         "temperature": ["0.2"],
@@ -179,7 +179,7 @@ async def test_elevenlabs_plain_json_asks_no_timestamps(
     fake = elevenlabs.FakeElevenLabs()
     adapter = ElevenLabsSttAdapter(mock_http(fake.handle))
     transcript = await adapter.transcribe(
-        _endpoint("elevenlabs", "http://el.test"), _call("scribe_v1")
+        _endpoint("elevenlabs", "http://el.test"), _call("scribe_v2")
     )
     assert fake.forms[0]["timestamps_granularity"] == ["none"]
     assert "language_code" not in fake.forms[0]
@@ -355,7 +355,7 @@ async def test_azure_openai_uses_the_catalogs_api_version(
 
 ADAPTERS = {
     "deepgram": (DeepgramSttAdapter, deepgram.FakeDeepgram, "nova-3"),
-    "elevenlabs": (ElevenLabsSttAdapter, elevenlabs.FakeElevenLabs, "scribe_v1"),
+    "elevenlabs": (ElevenLabsSttAdapter, elevenlabs.FakeElevenLabs, "scribe_v2"),
     "assemblyai": (AssemblyAISttAdapter, assemblyai.FakeAssemblyAI, "universal"),
     "azure-openai": (AzureOpenAISttAdapter, azure_openai.FakeAzureOpenAI, "whisper"),
 }
@@ -365,9 +365,9 @@ FAILURES = [
     ("deepgram", "ratelimit", RATE_LIMITED, 429, "TOO_MANY_REQUESTS", None),
     ("deepgram", "error-503", SERVER_ERROR, 503, "INTERNAL_SERVER_ERROR", None),
     ("deepgram", "garbage", INVALID_RESPONSE, None, None, None),
-    ("elevenlabs", "scribe_v1", REJECTED_CREDENTIALS, 401, "invalid_api_key", None),
-    ("elevenlabs", "ratelimit", RATE_LIMITED, 429, "too_many_concurrent_requests", None),
-    ("elevenlabs", "busy", RATE_LIMITED, 429, "system_busy", None),
+    ("elevenlabs", "scribe_v2", REJECTED_CREDENTIALS, 401, "invalid_api_key", None),
+    ("elevenlabs", "ratelimit", RATE_LIMITED, 429, "rate_limit_exceeded", None),
+    ("elevenlabs", "concurrency", RATE_LIMITED, 429, "concurrent_limit_exceeded", None),
     ("elevenlabs", "error-500", SERVER_ERROR, 500, "internal_error", None),
     ("elevenlabs", "garbage", INVALID_RESPONSE, None, None, None),
     ("assemblyai", "universal", REJECTED_CREDENTIALS, 401, 401, None),
@@ -572,7 +572,7 @@ provider = "elevenlabs"
 adapter = "elevenlabs"
 base_url = "http://el.test"
 api_key_env = "UNIT_ELEVENLABS_KEY"
-model = "scribe_v1"
+model = "scribe_v2"
 """
     )
     dg, el = deepgram.FakeDeepgram(), elevenlabs.FakeElevenLabs()
@@ -614,7 +614,7 @@ model = "scribe_v1"
 # (adapter, model, status, provider_code, the provider's message) for a request it refuses
 CLIENT_ERRORS = [
     ("deepgram", "nova-3", 400, "Bad Request", "failed to process audio"),
-    ("elevenlabs", "scribe_v1", 422, "value_error", "Field required"),
+    ("elevenlabs", "scribe_v2", 422, "value_error", "Field required"),
     ("assemblyai", "universal", 400, 400, "Upload failed: empty body"),
     ("azure-openai", "not-deployed", 404, "DeploymentNotFound", "does not exist"),
 ]
@@ -677,3 +677,60 @@ async def test_the_assemblyai_fake_refuses_the_retired_speech_model_as_assemblya
     answer = await http.post("http://aai.test/v2/transcript", json=body, headers=headers)
     assert answer.status_code == 400
     assert answer.json() == {"error": "speech_model is deprecated. Use 'speech_models' instead"}
+
+
+def test_the_built_in_stt_entries_name_models_their_providers_serve_today() -> None:
+    """The built-in catalog's AssemblyAI and ElevenLabs entries name models the providers'
+    current documentation lists (AssemblyAI: no bare `universal`; ElevenLabs removed
+    `scribe_v1` on 2026-07-09)."""
+    built_in = load_catalog()
+    upstream = {
+        endpoint.adapter: endpoint.model or model.id.split("/", 1)[1]
+        for model in built_in.models.values()
+        for endpoint in model.endpoints
+        if endpoint.adapter in ("assemblyai", "elevenlabs")
+    }
+    assert upstream["assemblyai"] in assemblyai.DOCUMENTED_MODELS
+    assert upstream["elevenlabs"] not in elevenlabs.REMOVED_MODELS
+
+
+async def test_elevenlabs_failures_carry_the_documented_code_not_the_legacy_status(
+    monkeypatch: pytest.MonkeyPatch, mock_http: Callable[[Handler], httpx.AsyncClient]
+) -> None:
+    """ElevenLabs' error detail names the error in `code` (`status` is a legacy field "no
+    longer used"); a removed model is a refused request carrying that code."""
+    monkeypatch.setenv(KEY_ENV, elevenlabs.API_KEY)
+    adapter = ElevenLabsSttAdapter(mock_http(elevenlabs.FakeElevenLabs().handle))
+    with pytest.raises(ProviderFailure) as failure:
+        await adapter.transcribe(_endpoint("elevenlabs", "http://el.test"), _call("scribe_v1"))
+    assert failure.value.kind == CLIENT_ERROR
+    assert (failure.value.status, failure.value.provider_code) == (400, "invalid_parameters")
+    assert "scribe_v1" in failure.value.message
+
+
+async def test_elevenlabs_options_cannot_name_another_audio_source_or_an_asynchronous_answer(
+    monkeypatch: pytest.MonkeyPatch, mock_http: Callable[[Handler], httpx.AsyncClient]
+) -> None:
+    """The gateway bills the audio it measured and waits for the answer on this request:
+    `source_url` / `cloud_storage_url` (other audio) and `webhook` / `webhook_id` /
+    `webhook_metadata` (an answer elsewhere) are not forwarded."""
+    monkeypatch.setenv(KEY_ENV, elevenlabs.API_KEY)
+    fake = elevenlabs.FakeElevenLabs()
+    adapter = ElevenLabsSttAdapter(mock_http(fake.handle))
+    options = {
+        "source_url": "https://evil.test/long.mp3",
+        "cloud_storage_url": "https://evil.test/long.mp3",
+        "webhook": True,
+        "webhook_id": "hook",
+        "webhook_metadata": {"a": 1},
+        "tag_audio_events": False,
+    }
+    await adapter.transcribe(
+        _endpoint("elevenlabs", "http://el.test"), _call("scribe_v2", options=options)
+    )
+    (fields,) = fake.forms
+    assert fields == {
+        "model_id": ["scribe_v2"],
+        "timestamps_granularity": ["none"],
+        "tag_audio_events": ["false"],
+    }
