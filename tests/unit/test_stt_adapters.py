@@ -32,11 +32,12 @@ from server.providers.failures import (
     ProviderFailure,
 )
 from server.providers.http import retry_hint
+from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.stt import SttCall, Word, segments_from_words
 from server.routing.catalog import load_catalog
 from server.transcription.request import TranscriptionInput
 from server.transcription.transcriber import Transcriber
-from tests.fakes import assemblyai, azure_openai, deepgram, elevenlabs
+from tests.fakes import assemblyai, azure_openai, deepgram, elevenlabs, openai_stt
 from tests.support.audio import fixture
 from tests.support.domain import Domain, InlinePool
 
@@ -734,3 +735,51 @@ async def test_elevenlabs_options_cannot_name_another_audio_source_or_an_asynchr
         "timestamps_granularity": ["none"],
         "tag_audio_events": ["false"],
     }
+
+
+@pytest_asyncio.fixture
+async def openai_fake() -> AsyncIterator[openai_stt.FakeSttProvider]:
+    fake = openai_stt.FakeSttProvider().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+async def test_openai_options_are_sent_as_openais_form_encodes_arrays_and_objects(
+    monkeypatch: pytest.MonkeyPatch, openai_fake: openai_stt.FakeSttProvider
+) -> None:
+    """openai-python sends an array as `name[]` once per value and an object's members as
+    `name[key]` (the same rule as `timestamp_granularities[]`), not as JSON text."""
+    monkeypatch.setenv(KEY_ENV, openai_stt.API_KEY)
+    options = {
+        "include": ["logprobs"],
+        "chunking_strategy": {"type": "server_vad", "threshold": 0.5},
+        "known_speaker_names": ["agent", "customer"],
+        "seed": 3,
+    }
+    async with httpx.AsyncClient() as http:
+        await OpenAISttAdapter(http).transcribe(
+            _endpoint("openai", openai_fake.base_url), _call("echo", options=options)
+        )
+    (received,) = openai_fake.calls
+    assert received.fields["include[]"] == ["logprobs"]
+    assert received.fields["chunking_strategy[type]"] == ["server_vad"]
+    assert received.fields["chunking_strategy[threshold]"] == ["0.5"]
+    assert received.fields["known_speaker_names[]"] == ["agent", "customer"]
+    assert received.fields["seed"] == ["3"]
+    assert not {"include", "chunking_strategy", "known_speaker_names"} & set(received.fields)
+
+
+async def test_openai_options_cannot_ask_for_a_streamed_answer(
+    monkeypatch: pytest.MonkeyPatch, openai_fake: openai_stt.FakeSttProvider
+) -> None:
+    """`stream=true` makes OpenAI answer server-sent events, not the one JSON body the
+    gateway reads: the option is not forwarded (nor on Azure, which shares the form)."""
+    monkeypatch.setenv(KEY_ENV, openai_stt.API_KEY)
+    async with httpx.AsyncClient() as http:
+        transcript = await OpenAISttAdapter(http).transcribe(
+            _endpoint("openai", openai_fake.base_url), _call("ok", options={"stream": True})
+        )
+    assert transcript.text == "fake transcript"
+    assert "stream" not in openai_fake.calls[0].fields
