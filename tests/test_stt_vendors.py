@@ -78,8 +78,8 @@ model = "{upstream}"
 
     path.write_text(
         model("deepgram/nova-3", "deepgram", "DEEPGRAM_API_KEY", "nova-3")
-        + model("elevenlabs/scribe-v1", "elevenlabs", "ELEVENLABS_API_KEY", "scribe_v1")
-        + model("assemblyai/universal", "assemblyai", "ASSEMBLYAI_API_KEY", "universal")
+        + model("elevenlabs/scribe-v2", "elevenlabs", "ELEVENLABS_API_KEY", "scribe_v2")
+        + model("assemblyai/universal", "assemblyai", "ASSEMBLYAI_API_KEY", "universal-2")
         + model(
             "azure/whisper",
             "azure-openai",
@@ -129,7 +129,7 @@ async def vendor_gateway(
 # model, the text its fake answers, its first word, its segment count
 CASES = [
     ("deepgram/nova-3", "Hello, world.", "Hello,", 1),
-    ("elevenlabs/scribe-v1", "Hello, world. (laughs) Bye.", "Hello,", 2),
+    ("elevenlabs/scribe-v2", "Hello, world. (laughs) Bye.", "Hello,", 2),
     ("assemblyai/universal", "Hello, world.", "Hello,", 1),
     ("azure/whisper", "Hello, world.", "Hello", 1),
 ]

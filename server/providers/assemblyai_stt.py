@@ -1,34 +1,51 @@
-"""AssemblyAI asynchronous speech-to-text, waited on within one request
-(https://www.assemblyai.com/docs/api-reference/transcripts/submit,
+"""AssemblyAI asynchronous speech-to-text, waited on within one request.
+
+Checked 2026-11-27 against https://www.assemblyai.com/docs/api-reference/transcripts/submit,
+https://www.assemblyai.com/docs/api-reference/transcripts/get,
+https://www.assemblyai.com/docs/api-reference/transcripts/get-sentences,
 https://www.assemblyai.com/docs/api-reference/files/upload,
-https://www.assemblyai.com/docs/pre-recorded-audio/transcript-status).
+https://www.assemblyai.com/docs/pre-recorded-audio/transcript-status,
+https://www.assemblyai.com/docs/pre-recorded-audio/select-the-speech-model,
+https://www.assemblyai.com/docs/getting-started/model-versions-and-deprecations, the OpenAPI
+spec https://github.com/AssemblyAI/assemblyai-api-spec (openapi.yml 1.3.4) and the Python SDK
+https://github.com/AssemblyAI/assemblyai-python-sdk (1.x, 2026-08).
 
 1. `POST {base_url}/v2/upload` with the raw audio → `{upload_url}`;
-2. `POST {base_url}/v2/transcript` `{audio_url, speech_model, language_code |
-   language_detection: true, …}` → `{id, status}`;
-3. `GET {base_url}/v2/transcript/{id}` until `status` is `completed` or `error`: first at once,
-   then after POLL_INTERVALS (half a second growing to POLL_INTERVAL_MAX, the three seconds
-   AssemblyAI's examples wait), all within the endpoint's `timeout_seconds` counted from the
-   upload (past it: a provider timeout, so routing tries the next endpoint); the gateway's
-   own deadline for the request cuts it shorter when that comes first;
+2. `POST {base_url}/v2/transcript` `{audio_url, speech_models: [model], language_code |
+   language_detection: true, …}` → `{id, status}`. The model goes in `speech_models` (a list
+   in priority order): the singular `speech_model` is retired and AssemblyAI refuses it with
+   400 "speech_model is deprecated. Use 'speech_models' instead";
+3. `GET {base_url}/v2/transcript/{id}` until `status` is `completed` or `error` (`queued` and
+   `processing` mean wait): first at once, then after POLL_INTERVALS (half a second growing to
+   POLL_INTERVAL_MAX, the three seconds AssemblyAI's examples wait), all within the endpoint's
+   `timeout_seconds` counted from the upload (past it: a provider timeout, so routing tries
+   the next endpoint); the gateway's own deadline for the request cuts it shorter when that
+   comes first;
 4. for verbose_json, `GET {base_url}/v2/transcript/{id}/sentences` for the segments.
 
-Every request carries `authorization: <key>` (the key itself, no scheme). Times (`start`, `end`)
-are milliseconds and converted to seconds; `language_code` is the language AssemblyAI reports.
-`audio_duration` is not used: the gateway bills the duration it measured itself.
-`provider.options[<slug>]` members (slug: the endpoint's `provider`) are further JSON fields of
-the transcript request as AssemblyAI documents them (`speaker_labels`, `keyterms_prompt`,
-`punctuate`, …); they cannot replace what the gateway sends, nor set `webhook_url`. AssemblyAI
-has no temperature and no free-text prompt for every model, so neither is sent (key terms:
-`keyterms_prompt`). Errors: HTTP failures carry `{"error": "..."}`; a transcript that ends in
-`error` is a provider failure with its message.
+Every request carries `authorization: <key>` (the key itself; AssemblyAI also takes a
+`Bearer` prefix). Times (`start`, `end`) are milliseconds and converted to seconds;
+`language_code` is the language AssemblyAI reports. `audio_duration` is not used: the gateway
+bills the duration it measured itself. `provider.options[<slug>]` members (slug: the
+endpoint's `provider`) are further JSON fields of the transcript request as AssemblyAI
+documents them (`speaker_labels`, `keyterms_prompt`, `prompt`, `temperature`, …); they cannot
+replace what the gateway sends (`speech_models` included), nor set a webhook, nor bring back
+the retired `speech_model`. The request's own `prompt` and `temperature` are not sent: only
+some of AssemblyAI's models take them (an option can, for a model that does). Errors: HTTP
+failures carry `{"error": "..."}`; a transcript that ends in `error` is a provider failure with
+its message.
 
 How an operator configures it: an endpoint with `adapter = "assemblyai"`,
 `base_url = "https://api.assemblyai.com"` (EU: `https://api.eu.assemblyai.com`),
-`api_key_env = "ASSEMBLYAI_API_KEY"` and `model = "universal"` (the `speech_model`: `best`,
-`nano`, `slam-1`, `universal`); set ASSEMBLYAI_API_KEY to an AssemblyAI API key. Give the
+`api_key_env = "ASSEMBLYAI_API_KEY"` and `model` = one of AssemblyAI's current pre-recorded
+models (`universal-2`, `assemblyai-stt-3-7`, …; the bare `universal`, `best`, `nano` and
+`slam-1` are retired names); set ASSEMBLYAI_API_KEY to an AssemblyAI API key. Give the
 endpoint a `timeout_seconds` that covers AssemblyAI's processing of the longest audio
 accepted (it takes a fraction of the audio's length; the default is 120 s).
+
+Not settled from the documentation: the model-versions page says a request naming a retired
+model is routed to its replacement, while client libraries report 400s for some retired
+names; the catalog therefore names a current model (`universal-2`).
 """
 
 from __future__ import annotations
@@ -47,8 +64,10 @@ from server.providers.stt import Segment, SttCall, Transcript, Word, reading_ans
 
 POLL_INTERVALS = (0.5, 1.0, 2.0)
 POLL_INTERVAL_MAX = 3.0
-_RESERVED = frozenset({"audio_url", "webhook_url", "webhook_auth_header_name"})
-_RESERVED |= {"webhook_auth_header_value"}
+# What options cannot set: the audio, the model list, an answer sent elsewhere, and the
+# retired singular model parameter AssemblyAI refuses.
+_RESERVED = frozenset({"audio_url", "speech_models", "speech_model", "webhook_url"})
+_RESERVED |= {"webhook_auth_header_name", "webhook_auth_header_value"}
 _WORD_KEYS = ("text", "start", "end")
 _SEGMENT_KEYS = ("text", "start", "end", "words")
 
@@ -56,7 +75,7 @@ Sleep = Callable[[float], Awaitable[None]]
 
 
 def transcript_request(call: SttCall, audio_url: str) -> dict[str, Any]:
-    body: dict[str, Any] = {"audio_url": audio_url, "speech_model": call.model}
+    body: dict[str, Any] = {"audio_url": audio_url, "speech_models": [call.model]}
     if call.language:
         body["language_code"] = call.language
     elif "language_code" not in call.options:  # AssemblyAI refuses both at once

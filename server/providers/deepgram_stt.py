@@ -1,5 +1,12 @@
 """Deepgram pre-recorded speech-to-text: `POST {base_url}/v1/listen?model=…` with the raw audio
-as the body (https://developers.deepgram.com/reference/speech-to-text/listen-pre-recorded).
+as the body.
+
+Checked 2026-11-27 against https://developers.deepgram.com/reference/speech-to-text/listen-pre-recorded,
+https://developers.deepgram.com/docs/errors, https://developers.deepgram.com/docs/language-detection,
+https://developers.deepgram.com/docs/utterances, https://developers.deepgram.com/docs/smart-format
+and the Python SDK https://github.com/deepgram/deepgram-python-sdk (7.6.0, 2026-07:
+listen/v1/media/raw_client.py, types/listen_v1response_*.py, requests/error_response_*.py);
+no mismatch found.
 
 Request: `Authorization: Token <key>`, `Content-Type` of the audio; query parameters `model`,
 `language` (or `detect_language=true` when the caller names none), `smart_format=true`
@@ -17,8 +24,8 @@ Response: `results.channels[0].alternatives[0]` gives the transcript and its wor
 `results.utterances` (`transcript`, `start`, `end`), or, without them, built from the words
 (stt.segments_from_words). The language is the caller's, or `detected_language`.
 `metadata.duration` is not used: the gateway bills the duration it measured itself.
-Errors: `{"err_code", "err_msg"}` or `{"category", "message"}` bodies
-(https://developers.deepgram.com/docs/errors).
+Errors: `{"err_code", "err_msg", "request_id"}` (legacy) or `{"category", "message",
+"details", "request_id"}` bodies, or plain text.
 
 How an operator configures it: an endpoint with `adapter = "deepgram"`,
 `base_url = "https://api.deepgram.com"` (or a self-hosted Deepgram), `api_key_env =

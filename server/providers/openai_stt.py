@@ -1,5 +1,27 @@
 """OpenAI-compatible `POST {base_url}/audio/transcriptions` (OpenAI, Groq, Together,
-Fireworks, DeepInfra, self-hosted Whisper servers)."""
+Fireworks, DeepInfra, self-hosted Whisper servers).
+
+Checked 2026-11-27 against https://platform.openai.com/docs/api-reference/audio/createTranscription,
+https://platform.openai.com/docs/api-reference/authentication and openai-python
+https://github.com/openai/openai-python (types/audio/transcription_create_params.py,
+transcription.py, _base_client.py `_serialize_multipartform`; 2026-08).
+
+Request: `Authorization: Bearer <key>`; multipart `file`, `model`, `response_format`
+(`verbose_json` for verbose, else `json`), `language`, `prompt`, `temperature`,
+`timestamp_granularities[]` (verbose only), and the members of `provider.options[<slug>]`
+(slug: the endpoint's `provider`) as further fields, encoded as openai-python encodes them: an
+array as `name[]` once per value, an object's members as `name[key]`, booleans as true/false.
+Options cannot replace what the gateway sends, nor set `stream` (a streamed answer is
+server-sent events, not the one JSON body read here).
+
+Response: `{text, usage?}`, verbose_json adds `language`, `duration`, `segments`, `words`.
+`usage` is `{type: "tokens", input_tokens, output_tokens, …}` (kept for token-priced models) or
+`{type: "duration", seconds}` (not used: the gateway bills the duration it measured). Errors:
+OpenAI's `{"error": {"message", "type", "code"}}` (http.openai_error).
+
+Not settled from the documentation: whether every OpenAI-compatible server (Groq, Together,
+self-hosted) reads the bracketed array form; OpenAI's own SDK sends it.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +45,8 @@ MIME = {
     "webm": "audio/webm",
 }
 _SEGMENT_KEYS = ("id", "start", "end", "text")
+# Options cannot ask for a streamed (server-sent events) answer: the answer is read as JSON.
+_RESERVED = frozenset({"file", "stream"})
 _WORD_KEYS = ("word", "start", "end")
 
 
@@ -41,12 +65,28 @@ def form_fields(call: SttCall) -> list[tuple[str, str]]:
         fields.append(("temperature", repr(call.temperature)))
     if call.verbose:
         fields.extend(("timestamp_granularities[]", g) for g in call.timestamp_granularities)
-    reserved = {name for name, _ in fields} | {"file"}
+    reserved = {name for name, _ in fields} | _RESERVED
     for name, value in call.options.items():
-        if name in reserved:
+        if name in reserved or f"{name}[]" in reserved:
             continue  # options cannot override what the gateway sends
-        fields.append((name, value if isinstance(value, str) else json.dumps(value)))
+        fields.extend(option_fields(name, value))
     return fields
+
+
+def option_fields(name: str, value: Any) -> list[tuple[str, str]]:
+    """One option as openai-python's multipart encoding sends it: a list as `name[]` once per
+    value, an object's members as `name[key]`, true/false, None left out."""
+    if isinstance(value, dict):
+        return [
+            pair for key, item in value.items() for pair in option_fields(f"{name}[{key}]", item)
+        ]
+    if isinstance(value, list | tuple):
+        return [pair for item in value for pair in option_fields(f"{name}[]", item)]
+    if value is None:
+        return []
+    if isinstance(value, bool):
+        return [(name, "true" if value else "false")]
+    return [(name, value if isinstance(value, str) else json.dumps(value))]
 
 
 def parse(body: Any, verbose: bool) -> Transcript:

@@ -1,11 +1,16 @@
 """Offline English speech-to-text on pocketsphinx (its wheel ships the model), so the
-embedded default transcribes real speech with no account. Any supported container is
-decoded with PyAV to 16 kHz mono 16-bit PCM first.
+embedded default transcribes real speech with no account and no network. Any supported
+container is decoded with PyAV to 16 kHz mono 16-bit PCM first. There is no provider
+reference to check (checked 2026-11-27: this docstring against the code below).
 
 Recognition holds the GIL from start to end (a 23 s recording: one stretch of about a minute
 on a loaded machine), so it runs in worker processes (server.compute): a few at once, a few
 more queued, and a request arriving when both are full is answered at once as a rate-limited
-provider with Retry-After (the routing rules then try the next endpoint, or answer 429)."""
+provider with Retry-After (the routing rules then try the next endpoint, or answer 429).
+
+A request naming a language other than English, or audio longer than MAX_SECONDS, is refused
+as a client error (400); `prompt`, `temperature` and provider options are not used. verbose_json
+gets the words with their times (frames of 1/100 s) and one segment spanning them."""
 
 from __future__ import annotations
 

@@ -1,18 +1,26 @@
-"""A fake AssemblyAI asynchronous transcription API, written from AssemblyAI's documentation:
-https://www.assemblyai.com/docs/api-reference/files/upload (`POST /v2/upload`, raw bytes →
-`{upload_url}`), https://www.assemblyai.com/docs/api-reference/transcripts/submit
-(`POST /v2/transcript` → the transcript with `id`, `status`),
-https://www.assemblyai.com/docs/api-reference/transcripts/get (`GET /v2/transcript/{id}`:
-`text`, `words` [{text, start, end, confidence, speaker}] in milliseconds, `language_code`,
-`audio_duration`), https://www.assemblyai.com/docs/api-reference/transcripts/get-sentences,
+"""A fake AssemblyAI asynchronous transcription API, written from AssemblyAI's documentation
+(checked 2026-11-27): https://www.assemblyai.com/docs/api-reference/files/upload
+(`POST /v2/upload`, raw bytes → `{upload_url}`),
+https://www.assemblyai.com/docs/api-reference/transcripts/submit (`POST /v2/transcript` → the
+transcript with `id`, `status`), https://www.assemblyai.com/docs/api-reference/transcripts/get
+(`GET /v2/transcript/{id}`: `text`, `words` [{text, start, end, confidence, speaker}] in
+milliseconds, `language_code`, `audio_duration`, `speech_model_used`),
+https://www.assemblyai.com/docs/api-reference/transcripts/get-sentences,
 https://www.assemblyai.com/docs/pre-recorded-audio/transcript-status (queued → processing →
-completed | error) and https://www.assemblyai.com/docs/api-reference/overview (errors as
+completed | error), https://www.assemblyai.com/docs/api-reference/overview and the OpenAPI spec
+https://github.com/AssemblyAI/assemblyai-api-spec (openapi.yml 1.3.4: errors as
 `{"error": "..."}`, `Authorization: <key>` without a scheme).
 
-Scripted by `speech_model`: `polls-<n>` is `processing` for n looks, then completed (any other
-model completes at the first look); `ratelimit-<seconds>` refuses the submission (429,
-Retry-After), `error-<status>` refuses it with that status, `fails` ends in `error`. An
-`audio_url` the fake did not issue ends in a download error, as AssemblyAI's would.
+The model is chosen by `speech_models`, a list of model names in priority order
+(https://www.assemblyai.com/docs/pre-recorded-audio/select-the-speech-model). The singular
+`speech_model` is retired: AssemblyAI refuses a request carrying it with 400 "speech_model is
+deprecated. Use 'speech_models' instead", and so does this fake. A request without
+`speech_models` gets the account's default model (DEFAULT_MODEL here).
+
+Scripted by the first of `speech_models`: `polls-<n>` is `processing` for n looks, then
+completed (any other model completes at the first look); `ratelimit-<seconds>` refuses the
+submission (429, Retry-After), `error-<status>` refuses it with that status, `fails` ends in
+`error`. An `audio_url` the fake did not issue ends in a download error, as AssemblyAI's would.
 """
 
 from __future__ import annotations
@@ -32,6 +40,12 @@ WORDS = [
     {"text": "world.", "start": 560, "end": 1020, "confidence": 0.97, "speaker": None},
 ]
 TEXT = "Hello, world."
+DEFAULT_MODEL = "universal-2"
+RETIRED_PARAMETER = "speech_model is deprecated. Use 'speech_models' instead"
+# The pre-recorded models AssemblyAI's documentation names today (model selection page,
+# model-versions-and-deprecations and the assemblyai-stt-3-7 migration guide, 2026-11); the
+# fake does not refuse other names (its scripts are model names), the catalog test uses these.
+DOCUMENTED_MODELS = frozenset({"assemblyai-stt-3-7", "universal-3-5-pro", "universal-2"})
 _TRANSCRIPT = re.compile(r"^/v2/transcript/([^/]+)(/sentences)?$")
 
 
@@ -78,7 +92,16 @@ class FakeAssemblyAI:
             return _error(400, "audio_url is required")
         if body.get("language_code") and body.get("language_detection"):
             return _error(400, "language_code and language_detection cannot both be set")
-        model = str(body.get("speech_model") or "best")
+        if body.get("speech_model") is not None:
+            return _error(400, RETIRED_PARAMETER)
+        models = body.get("speech_models", [DEFAULT_MODEL])
+        if (
+            not isinstance(models, list)
+            or not models
+            or not all(isinstance(m, str) and m for m in models)
+        ):
+            return _error(400, "speech_models must be a non-empty list of model names")
+        model = models[0]
         if model.startswith("ratelimit-"):
             return _error(429, "Too Many Requests", **{"Retry-After": model.split("-", 1)[1]})
         if model.startswith("error-"):
@@ -94,7 +117,8 @@ class FakeAssemblyAI:
             "id": job["id"],
             "status": status,
             "audio_url": request["audio_url"],
-            "speech_model": request.get("speech_model"),
+            "speech_models": request.get("speech_models"),
+            "speech_model_used": job["model"],
             "language_code": request.get("language_code"),
             "language_detection": request.get("language_detection", False),
             "text": None,

@@ -1,5 +1,5 @@
-"""A fake Azure OpenAI transcription endpoint, written from Microsoft's documentation:
-https://learn.microsoft.com/azure/ai-foundry/openai/reference#transcriptions---create
+"""A fake Azure OpenAI transcription endpoint, written from Microsoft's documentation (checked
+2026-11-27): https://learn.microsoft.com/azure/foundry/openai/reference#transcriptions---create
 (`POST {endpoint}/openai/deployments/{deployment-id}/audio/transcriptions?api-version=…`,
 multipart `file`, `language`, `prompt`, `response_format`, `temperature`,
 `timestamp_granularities[]`; header `api-key`), the error bodies
@@ -22,7 +22,7 @@ import httpx
 from tests.fakes.forms import read_form
 
 API_KEY = "fake-azure-key"
-API_VERSIONS = ("2024-06-01", "2024-10-21", "2025-03-01-preview")
+API_VERSIONS = ("2024-06-01", "2024-10-21", "2025-03-01-preview", "2025-04-01-preview")
 _PATH = re.compile(r"^/openai/deployments/([^/]+)/audio/transcriptions$")
 
 

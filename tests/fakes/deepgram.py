@@ -1,4 +1,5 @@
-"""A fake Deepgram pre-recorded transcription API, written from Deepgram's documentation:
+"""A fake Deepgram pre-recorded transcription API, written from Deepgram's documentation
+(checked 2026-11-27, with the deepgram-python-sdk 7.6.0 types):
 https://developers.deepgram.com/reference/speech-to-text/listen-pre-recorded (request and
 response), https://developers.deepgram.com/docs/errors (error bodies),
 https://developers.deepgram.com/docs/utterances, /docs/language-detection, /docs/smart-format.

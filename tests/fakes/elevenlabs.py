@@ -1,14 +1,21 @@
-"""A fake ElevenLabs speech-to-text API, written from ElevenLabs' documentation:
-https://elevenlabs.io/docs/api-reference/speech-to-text/convert (request fields, response
-`{language_code, language_probability, text, words: [{text, start, end, type, speaker_id,
-logprob}]}`), https://elevenlabs.io/docs/api-reference/errors (`{"detail": {"status",
-"message"}}`; 422 validation errors as `{"detail": [{"loc", "msg", "type"}]}`).
+"""A fake ElevenLabs speech-to-text API, written from ElevenLabs' documentation (checked
+2026-11-27): https://elevenlabs.io/docs/api-reference/speech-to-text/convert and the
+elevenlabs-python SDK (request fields; response `{language_code, language_probability, text,
+words: [{text, start, end, type, speaker_id, logprob}]}`),
+https://elevenlabs.io/docs/eleven-api/resources/errors (errors as `{"detail": {"type", "code",
+"message", "request_id", "param"}}`, where `status` is a legacy field "no longer used", so this
+fake leaves it out; a 429 has the code `rate_limit_exceeded` or `concurrent_limit_exceeded`;
+FastAPI's 422 validation errors as `{"detail": [{"loc", "msg", "type"}]}`) and
+https://elevenlabs.io/docs/changelog/2026/6/8 (`scribe_v1` removed on 2026-07-09: migrate to
+`scribe_v2`).
 
 `POST /v1/speech-to-text`, multipart with `file` and `model_id`, header `xi-api-key`.
 Scripted by `model_id`: any model answers "Hello, world. Bye." (two sentences, with a
 spacing entry between words and an audio event) except `ratelimit` (429
-too_many_concurrent_requests), `busy` (429 system_busy), `error-<status>`, `garbage`
-(https://help.elevenlabs.io/hc/en-us/articles/19571824571921-API-Error-Code-429).
+rate_limit_exceeded), `concurrency` (429 concurrent_limit_exceeded), `error-<status>`,
+`garbage`, and the removed models (REMOVED_MODELS): ElevenLabs does not document its answer to
+a removed model, so the fake answers the documented validation error shape (400
+`invalid_parameters`, param `model_id`) with its own wording.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from tests.fakes.forms import read_form
 
 API_KEY = "fake-elevenlabs-key"
 GRANULARITIES = ("none", "word", "character")
+REMOVED_MODELS = frozenset({"scribe_v1"})
 TOKENS: list[dict[str, Any]] = [
     {"text": "Hello,", "start": 0.1, "end": 0.45, "type": "word", "speaker_id": "speaker_0"},
     {"text": " ", "start": 0.45, "end": 0.5, "type": "spacing", "speaker_id": "speaker_0"},
@@ -33,10 +41,15 @@ TOKENS: list[dict[str, Any]] = [
 ]
 
 
-def _error(status: int, code: str, message: str, **headers: str) -> httpx.Response:
-    return httpx.Response(
-        status, json={"detail": {"status": code, "message": message}}, headers=headers
-    )
+def _error(
+    status: int, code: str, message: str, kind: str | None = None, param: str | None = None
+) -> httpx.Response:
+    detail = {"code": code, "message": message, "request_id": "fake-request-id"}
+    if kind is not None:  # the error types the errors page shows (validation_error)
+        detail["type"] = kind
+    if param is not None:
+        detail["param"] = param
+    return httpx.Response(status, json={"detail": detail})
 
 
 def _invalid(field_name: str, message: str) -> httpx.Response:
@@ -69,16 +82,13 @@ class FakeElevenLabs:
         granularity = fields.get("timestamps_granularity", ["word"])[0]
         if granularity not in GRANULARITIES:
             return _invalid("timestamps_granularity", f"Input should be {GRANULARITIES}")
-        if model == "ratelimit":
-            # Over the plan's concurrency; the documented headers say how far, no Retry-After.
-            return _error(
-                429,
-                "too_many_concurrent_requests",
-                "Too many concurrent requests",
-                **{"current-concurrent-requests": "16", "maximum-concurrent-requests": "15"},
-            )
-        if model == "busy":
-            return _error(429, "system_busy", "Our services are experiencing high traffic")
+        if model in REMOVED_MODELS:
+            message = f"The model '{model}' is no longer available. Use 'scribe_v2'."
+            return _error(400, "invalid_parameters", message, "validation_error", "model_id")
+        if model == "ratelimit":  # no Retry-After is documented
+            return _error(429, "rate_limit_exceeded", "Too many requests")
+        if model == "concurrency":
+            return _error(429, "concurrent_limit_exceeded", "Too many concurrent requests")
         if model.startswith("error-"):
             return _error(int(model.split("-", 1)[1]), "internal_error", "upstream broke")
         if model == "garbage":

@@ -8,6 +8,12 @@ slow-<seconds>, bad-request, tokens.
 Authentication as OpenAI documents it (https://platform.openai.com/docs/api-reference/authentication):
 `Authorization: Bearer <key>`; any other key gets OpenAI's 401 `invalid_api_key`. `api_keys` are
 the keys this instance accepts (a test playing a workspace's own account sets its BYOK key).
+
+`stream=true` (https://platform.openai.com/docs/api-reference/audio/createTranscription,
+checked 2026-11-27) makes `ok` and `tokens` answer server-sent events
+(`transcript.text.delta` … `transcript.text.done`) instead of one JSON body, as OpenAI's
+streaming models do. Array fields arrive as OpenAI's SDK sends them (openai-python
+`_serialize_multipartform`: `name[]` once per value, an object's members as `name[key]`).
 """
 
 from __future__ import annotations
@@ -114,7 +120,18 @@ class FakeSttProvider:
 
             def _respond(self, model: str, fields: dict[str, list[str]]) -> None:
                 verbose = fields.get("response_format", ["json"])[0] == "verbose_json"
-                if model == "ok" or model == "tokens":
+                streamed = fields.get("stream", ["false"])[0] == "true"
+                if streamed and model in ("ok", "tokens"):
+                    events = [
+                        {"type": "transcript.text.delta", "delta": "fake "},
+                        {"type": "transcript.text.delta", "delta": "transcript"},
+                        {"type": "transcript.text.done", "text": "fake transcript"},
+                    ]
+                    events_body = b"".join(
+                        b"data: " + json.dumps(e).encode() + b"\n\n" for e in events
+                    )
+                    self._send(200, events_body, content_type="text/event-stream")
+                elif model == "ok" or model == "tokens":
                     body: dict[str, Any] = {"text": "fake transcript"}
                     if model == "tokens":
                         body["usage"] = {

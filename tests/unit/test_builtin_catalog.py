@@ -55,7 +55,7 @@ REAL_STT = (
     "openai/gpt-4o-transcribe",
     "openai/gpt-4o-mini-transcribe",
     "deepgram/nova-3",
-    "elevenlabs/scribe-v1",
+    "elevenlabs/scribe-v2",
     "assemblyai/universal",
 )
 

@@ -32,11 +32,12 @@ from server.providers.failures import (
     ProviderFailure,
 )
 from server.providers.http import retry_hint
+from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.stt import SttCall, Word, segments_from_words
 from server.routing.catalog import load_catalog
 from server.transcription.request import TranscriptionInput
 from server.transcription.transcriber import Transcriber
-from tests.fakes import assemblyai, azure_openai, deepgram, elevenlabs
+from tests.fakes import assemblyai, azure_openai, deepgram, elevenlabs, openai_stt
 from tests.support.audio import fixture
 from tests.support.domain import Domain, InlinePool
 
@@ -140,7 +141,7 @@ async def test_elevenlabs_sends_multipart_with_xi_api_key_and_builds_segments(
     fake = elevenlabs.FakeElevenLabs()
     adapter = ElevenLabsSttAdapter(mock_http(fake.handle))
     options = {"diarize": True, "num_speakers": 2, "model_id": "evil", "webhook": True}
-    call = _call("scribe_v1", verbose=True, language="en", temperature=0.2, options=options)
+    call = _call("scribe_v2", verbose=True, language="en", temperature=0.2, options=options)
     transcript = await adapter.transcribe(_endpoint("elevenlabs", "http://el.test"), call)
 
     (sent,) = fake.requests
@@ -149,7 +150,7 @@ async def test_elevenlabs_sends_multipart_with_xi_api_key_and_builds_segments(
     assert "authorization" not in sent.headers
     (fields,) = fake.forms
     assert fields == {
-        "model_id": ["scribe_v1"],
+        "model_id": ["scribe_v2"],
         "timestamps_granularity": ["word"],
         "language_code": ["en"],
         "temperature": ["0.2"],
@@ -179,7 +180,7 @@ async def test_elevenlabs_plain_json_asks_no_timestamps(
     fake = elevenlabs.FakeElevenLabs()
     adapter = ElevenLabsSttAdapter(mock_http(fake.handle))
     transcript = await adapter.transcribe(
-        _endpoint("elevenlabs", "http://el.test"), _call("scribe_v1")
+        _endpoint("elevenlabs", "http://el.test"), _call("scribe_v2")
     )
     assert fake.forms[0]["timestamps_granularity"] == ["none"]
     assert "language_code" not in fake.forms[0]
@@ -237,7 +238,7 @@ async def test_assemblyai_uploads_submits_and_polls_until_completed(
     assert (submit.method, submit.url.path) == ("POST", "/v2/transcript")
     assert json.loads(submit.content) == {
         "audio_url": "https://cdn.assemblyai.test/upload/00000001",
-        "speech_model": "polls-3",
+        "speech_models": ["polls-3"],
         "language_detection": True,
         "speaker_labels": True,
     }
@@ -355,7 +356,7 @@ async def test_azure_openai_uses_the_catalogs_api_version(
 
 ADAPTERS = {
     "deepgram": (DeepgramSttAdapter, deepgram.FakeDeepgram, "nova-3"),
-    "elevenlabs": (ElevenLabsSttAdapter, elevenlabs.FakeElevenLabs, "scribe_v1"),
+    "elevenlabs": (ElevenLabsSttAdapter, elevenlabs.FakeElevenLabs, "scribe_v2"),
     "assemblyai": (AssemblyAISttAdapter, assemblyai.FakeAssemblyAI, "universal"),
     "azure-openai": (AzureOpenAISttAdapter, azure_openai.FakeAzureOpenAI, "whisper"),
 }
@@ -365,9 +366,9 @@ FAILURES = [
     ("deepgram", "ratelimit", RATE_LIMITED, 429, "TOO_MANY_REQUESTS", None),
     ("deepgram", "error-503", SERVER_ERROR, 503, "INTERNAL_SERVER_ERROR", None),
     ("deepgram", "garbage", INVALID_RESPONSE, None, None, None),
-    ("elevenlabs", "scribe_v1", REJECTED_CREDENTIALS, 401, "invalid_api_key", None),
-    ("elevenlabs", "ratelimit", RATE_LIMITED, 429, "too_many_concurrent_requests", None),
-    ("elevenlabs", "busy", RATE_LIMITED, 429, "system_busy", None),
+    ("elevenlabs", "scribe_v2", REJECTED_CREDENTIALS, 401, "invalid_api_key", None),
+    ("elevenlabs", "ratelimit", RATE_LIMITED, 429, "rate_limit_exceeded", None),
+    ("elevenlabs", "concurrency", RATE_LIMITED, 429, "concurrent_limit_exceeded", None),
     ("elevenlabs", "error-500", SERVER_ERROR, 500, "internal_error", None),
     ("elevenlabs", "garbage", INVALID_RESPONSE, None, None, None),
     ("assemblyai", "universal", REJECTED_CREDENTIALS, 401, 401, None),
@@ -572,7 +573,7 @@ provider = "elevenlabs"
 adapter = "elevenlabs"
 base_url = "http://el.test"
 api_key_env = "UNIT_ELEVENLABS_KEY"
-model = "scribe_v1"
+model = "scribe_v2"
 """
     )
     dg, el = deepgram.FakeDeepgram(), elevenlabs.FakeElevenLabs()
@@ -614,7 +615,7 @@ model = "scribe_v1"
 # (adapter, model, status, provider_code, the provider's message) for a request it refuses
 CLIENT_ERRORS = [
     ("deepgram", "nova-3", 400, "Bad Request", "failed to process audio"),
-    ("elevenlabs", "scribe_v1", 422, "value_error", "Field required"),
+    ("elevenlabs", "scribe_v2", 422, "value_error", "Field required"),
     ("assemblyai", "universal", 400, 400, "Upload failed: empty body"),
     ("azure-openai", "not-deployed", 404, "DeploymentNotFound", "does not exist"),
 ]
@@ -640,3 +641,145 @@ async def test_a_refused_request_carries_the_providers_code_and_message(
     assert failure.value.kind == CLIENT_ERROR  # not tried elsewhere: the gateway answers 400
     assert (failure.value.status, failure.value.provider_code) == (status, code)
     assert message in failure.value.message
+
+
+# --- issue 29 item 12/14: each adapter against its provider's current reference -----------
+
+
+async def test_assemblyai_names_its_model_in_speech_models_never_the_retired_speech_model(
+    monkeypatch: pytest.MonkeyPatch, mock_http: Callable[[Handler], httpx.AsyncClient]
+) -> None:
+    """AssemblyAI refuses `speech_model` (400 "speech_model is deprecated. Use
+    'speech_models' instead"); the model goes in the `speech_models` list, and an option
+    cannot bring the retired parameter back."""
+    monkeypatch.setenv(KEY_ENV, assemblyai.API_KEY)
+    fake = assemblyai.FakeAssemblyAI()
+    clock = RecordedSleeps()
+    adapter = AssemblyAISttAdapter(mock_http(fake.handle), clock.sleep, clock.monotonic)
+    endpoint = _endpoint("assemblyai", "http://aai.test")
+    transcript = await adapter.transcribe(endpoint, _call("universal-2"))
+    submitted = json.loads(fake.requests[1].content)
+    assert submitted["speech_models"] == ["universal-2"] and "speech_model" not in submitted
+    assert transcript.text == "Hello, world."
+
+    options = {"speech_model": "best", "speech_models": ["evil"]}
+    await adapter.transcribe(endpoint, _call("universal-2", options=options))
+    submitted = json.loads(fake.requests[4].content)
+    assert submitted["speech_models"] == ["universal-2"] and "speech_model" not in submitted
+
+
+async def test_the_assemblyai_fake_refuses_the_retired_speech_model_as_assemblyai_does(
+    mock_http: Callable[[Handler], httpx.AsyncClient],
+) -> None:
+    fake = assemblyai.FakeAssemblyAI()
+    http = mock_http(fake.handle)
+    headers = {"authorization": assemblyai.API_KEY}
+    body = {"audio_url": "https://cdn.assemblyai.test/upload/1", "speech_model": "universal"}
+    answer = await http.post("http://aai.test/v2/transcript", json=body, headers=headers)
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "speech_model is deprecated. Use 'speech_models' instead"}
+
+
+def test_the_built_in_stt_entries_name_models_their_providers_serve_today() -> None:
+    """The built-in catalog's AssemblyAI and ElevenLabs entries name models the providers'
+    current documentation lists (AssemblyAI: no bare `universal`; ElevenLabs removed
+    `scribe_v1` on 2026-07-09)."""
+    built_in = load_catalog()
+    upstream = {
+        endpoint.adapter: endpoint.model or model.id.split("/", 1)[1]
+        for model in built_in.models.values()
+        for endpoint in model.endpoints
+        if endpoint.adapter in ("assemblyai", "elevenlabs")
+    }
+    assert upstream["assemblyai"] in assemblyai.DOCUMENTED_MODELS
+    assert upstream["elevenlabs"] not in elevenlabs.REMOVED_MODELS
+
+
+async def test_elevenlabs_failures_carry_the_documented_code_not_the_legacy_status(
+    monkeypatch: pytest.MonkeyPatch, mock_http: Callable[[Handler], httpx.AsyncClient]
+) -> None:
+    """ElevenLabs' error detail names the error in `code` (`status` is a legacy field "no
+    longer used"); a removed model is a refused request carrying that code."""
+    monkeypatch.setenv(KEY_ENV, elevenlabs.API_KEY)
+    adapter = ElevenLabsSttAdapter(mock_http(elevenlabs.FakeElevenLabs().handle))
+    with pytest.raises(ProviderFailure) as failure:
+        await adapter.transcribe(_endpoint("elevenlabs", "http://el.test"), _call("scribe_v1"))
+    assert failure.value.kind == CLIENT_ERROR
+    assert (failure.value.status, failure.value.provider_code) == (400, "invalid_parameters")
+    assert "scribe_v1" in failure.value.message
+
+
+async def test_elevenlabs_options_cannot_name_another_audio_source_or_an_asynchronous_answer(
+    monkeypatch: pytest.MonkeyPatch, mock_http: Callable[[Handler], httpx.AsyncClient]
+) -> None:
+    """The gateway bills the audio it measured and waits for the answer on this request:
+    `source_url` / `cloud_storage_url` (other audio) and `webhook` / `webhook_id` /
+    `webhook_metadata` (an answer elsewhere) are not forwarded."""
+    monkeypatch.setenv(KEY_ENV, elevenlabs.API_KEY)
+    fake = elevenlabs.FakeElevenLabs()
+    adapter = ElevenLabsSttAdapter(mock_http(fake.handle))
+    options = {
+        "source_url": "https://evil.test/long.mp3",
+        "cloud_storage_url": "https://evil.test/long.mp3",
+        "webhook": True,
+        "webhook_id": "hook",
+        "webhook_metadata": {"a": 1},
+        "tag_audio_events": False,
+    }
+    await adapter.transcribe(
+        _endpoint("elevenlabs", "http://el.test"), _call("scribe_v2", options=options)
+    )
+    (fields,) = fake.forms
+    assert fields == {
+        "model_id": ["scribe_v2"],
+        "timestamps_granularity": ["none"],
+        "tag_audio_events": ["false"],
+    }
+
+
+@pytest_asyncio.fixture
+async def openai_fake() -> AsyncIterator[openai_stt.FakeSttProvider]:
+    fake = openai_stt.FakeSttProvider().start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+async def test_openai_options_are_sent_as_openais_form_encodes_arrays_and_objects(
+    monkeypatch: pytest.MonkeyPatch, openai_fake: openai_stt.FakeSttProvider
+) -> None:
+    """openai-python sends an array as `name[]` once per value and an object's members as
+    `name[key]` (the same rule as `timestamp_granularities[]`), not as JSON text."""
+    monkeypatch.setenv(KEY_ENV, openai_stt.API_KEY)
+    options = {
+        "include": ["logprobs"],
+        "chunking_strategy": {"type": "server_vad", "threshold": 0.5},
+        "known_speaker_names": ["agent", "customer"],
+        "seed": 3,
+    }
+    async with httpx.AsyncClient() as http:
+        await OpenAISttAdapter(http).transcribe(
+            _endpoint("openai", openai_fake.base_url), _call("echo", options=options)
+        )
+    (received,) = openai_fake.calls
+    assert received.fields["include[]"] == ["logprobs"]
+    assert received.fields["chunking_strategy[type]"] == ["server_vad"]
+    assert received.fields["chunking_strategy[threshold]"] == ["0.5"]
+    assert received.fields["known_speaker_names[]"] == ["agent", "customer"]
+    assert received.fields["seed"] == ["3"]
+    assert not {"include", "chunking_strategy", "known_speaker_names"} & set(received.fields)
+
+
+async def test_openai_options_cannot_ask_for_a_streamed_answer(
+    monkeypatch: pytest.MonkeyPatch, openai_fake: openai_stt.FakeSttProvider
+) -> None:
+    """`stream=true` makes OpenAI answer server-sent events, not the one JSON body the
+    gateway reads: the option is not forwarded (nor on Azure, which shares the form)."""
+    monkeypatch.setenv(KEY_ENV, openai_stt.API_KEY)
+    async with httpx.AsyncClient() as http:
+        transcript = await OpenAISttAdapter(http).transcribe(
+            _endpoint("openai", openai_fake.base_url), _call("ok", options={"stream": True})
+        )
+    assert transcript.text == "fake transcript"
+    assert "stream" not in openai_fake.calls[0].fields
