@@ -30,6 +30,8 @@ from server.providers.http import Downloads
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
+from server.routing.catalog import load_catalog
+from server.videos.options import size_of
 from server.webhooks.targets import dns_lookup
 from tests.fakes import dashscope, fal, replicate, seedance
 from tests.fakes.video_providers import VIDEO
@@ -406,6 +408,101 @@ async def test_dashscope_image_inputs_use_img_url_or_the_first_and_last_frame_ap
         "https://img.test/a.png",
         "https://img.test/b.png",
     )
+
+
+async def test_dashscope_wan27_asks_for_resolution_and_ratio_not_size(fakes: Fakes) -> None:
+    """Wan 2.7 reads `resolution` + `ratio`; a `size` alone leaves it at its default shape."""
+    provider = PROVIDERS["dashscope"]
+    endpoint = provider.endpoint("wan2.7-t2v")
+    call = _call(endpoint, resolution="1080p", aspect_ratio="9:16", width=1080, height=1920)
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        progress = await _run(provider.make(http), endpoint, call)
+    ((_, body),) = fakes.dashscope.created()
+    assert (body["parameters"]["resolution"], body["parameters"]["ratio"]) == ("1080P", "9:16")
+    assert "size" not in body["parameters"]
+    (task,) = fakes.dashscope.tasks.values()
+    assert task["shape"] == "1080*1920"
+    assert progress.state == "completed"
+    assert progress.seconds == dashscope.OUTPUT_SECONDS  # wan2.7 reports output_video_duration
+
+
+async def test_dashscope_size_models_get_the_documented_size_of_the_tier_and_ratio(
+    fakes: Fakes,
+) -> None:
+    """Wan 2.6 at 1080p 1:1 is 1440*1440 in the size table; 1080*1080 is refused."""
+    provider = PROVIDERS["dashscope"]
+    endpoint = provider.endpoint("wan2.6-t2v")
+    call = _call(endpoint, resolution="1080p", aspect_ratio="1:1", width=1080, height=1080)
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        await provider.make(http).submit(endpoint, call)
+    ((_, body),) = fakes.dashscope.created()
+    assert body["parameters"]["size"] == "1440*1440"
+
+
+async def test_dashscope_wan27_images_go_in_media(fakes: Fakes) -> None:
+    provider = PROVIDERS["dashscope"]
+    endpoint = provider.endpoint("wan2.7-i2v")
+    call = _call(
+        endpoint,
+        frame_images=[
+            {"frame_type": "first_frame", "url": "https://img.test/a.png"},
+            {"frame_type": "last_frame", "url": "https://img.test/b.png"},
+        ],
+        input_references=[{"type": "audio_url", "url": "https://audio.test/a.mp3"}],
+    )
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        await provider.make(http).submit(endpoint, call)
+    ((path, body),) = fakes.dashscope.created()
+    assert path.endswith("/video-generation/video-synthesis")
+    assert body["input"]["media"] == [
+        {"type": "first_frame", "url": "https://img.test/a.png"},
+        {"type": "last_frame", "url": "https://img.test/b.png"},
+        {"type": "driving_audio", "url": "https://audio.test/a.mp3"},
+    ]
+    assert body["parameters"] == {"resolution": "720P", "duration": 5}
+
+
+def _catalog_offers(adapter: str) -> list[tuple[str, str, int, str]]:
+    """(resolution, aspect ratio, duration, provider model) of every combination the built-in
+    catalog offers on an endpoint of this adapter."""
+    offers = []
+    for model in load_catalog().of_kind("video"):
+        caps = model.video
+        assert caps is not None
+        for endpoint in model.endpoints:
+            if endpoint.adapter != adapter:
+                continue
+            assert endpoint.model is not None
+            for resolution in caps.resolutions or ():
+                for ratio in caps.aspect_ratios or ():
+                    for duration in caps.durations or ():
+                        offers.append((resolution, ratio, duration, endpoint.model))
+    assert offers, adapter
+    return offers
+
+
+async def test_dashscope_every_shape_and_duration_the_catalog_offers_is_in_the_table(
+    fakes: Fakes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = PROVIDERS["dashscope"]
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        adapter = provider.make(http)
+        for resolution, ratio, duration, model in _catalog_offers("dashscope"):
+            endpoint = provider.endpoint(model)
+            width, height = size_of(resolution, ratio)
+            call = _call(
+                endpoint,
+                resolution=resolution,
+                aspect_ratio=ratio,
+                width=width,
+                height=height,
+                duration=duration,
+            )
+            progress = await adapter.submit(endpoint, call)  # the fake refuses what Wan does
+            task = fakes.dashscope.tasks[progress.provider_job_id]
+            expected = dashscope.SIZES[(resolution.upper(), ratio)]
+            assert task["shape"] == expected, (model, resolution, ratio)
+            assert task["body"]["parameters"]["duration"] == duration
 
 
 async def test_fal_follows_the_returned_urls_under_the_app_id(fakes: Fakes) -> None:
