@@ -315,11 +315,14 @@ async def test_seedance_sends_content_parts_and_generation_fields(fakes: Fakes) 
             {"frame_type": "first_frame", "url": "https://img.test/a.png"},
             {"frame_type": "last_frame", "url": "https://img.test/b.png"},
         ],
-        input_references=[{"type": "image_url", "url": "https://img.test/ref.png"}],
+    )
+    references = _call(
+        endpoint, input_references=[{"type": "image_url", "url": "https://img.test/ref.png"}]
     )
     async with httpx.AsyncClient(transport=fakes.transport()) as http:
         await provider.make(http).submit(endpoint, call)
-    (body,) = fakes.seedance.created()
+        await provider.make(http).submit(endpoint, references)
+    body, referenced = fakes.seedance.created()
     assert body["content"] == [
         {"type": "text", "text": "a lighthouse at dusk"},
         {
@@ -328,12 +331,12 @@ async def test_seedance_sends_content_parts_and_generation_fields(fakes: Fakes) 
             "role": "first_frame",
         },
         {"type": "image_url", "image_url": {"url": "https://img.test/b.png"}, "role": "last_frame"},
-        {
-            "type": "image_url",
-            "image_url": {"url": "https://img.test/ref.png"},
-            "role": "reference_image",
-        },
     ]
+    assert referenced["content"][1] == {
+        "type": "image_url",
+        "image_url": {"url": "https://img.test/ref.png"},
+        "role": "reference_image",
+    }
     assert {k: body[k] for k in ("resolution", "ratio", "duration", "seed", "generate_audio")} == {
         "resolution": "720p",
         "ratio": "16:9",
@@ -343,6 +346,43 @@ async def test_seedance_sends_content_parts_and_generation_fields(fakes: Fakes) 
     }
     assert (body["camera_fixed"], body["watermark"]) == (True, False)
     assert not any("--" in part.get("text", "") for part in body["content"])
+
+
+async def test_seedance_frames_and_references_together_are_a_clear_client_error(
+    fakes: Fakes,
+) -> None:
+    """First/last-frame and reference generation are two modes on ModelArk: never both."""
+    provider = PROVIDERS["seedance"]
+    endpoint = provider.endpoint("ok")
+    call = _call(
+        endpoint,
+        frame_images=[{"frame_type": "first_frame", "url": "https://img.test/a.png"}],
+        input_references=[{"type": "image_url", "url": "https://img.test/ref.png"}],
+    )
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        with pytest.raises(ProviderFailure) as refused:
+            await provider.make(http).submit(endpoint, call)
+    assert refused.value.kind == CLIENT_ERROR
+    assert "reference" in refused.value.message
+    assert fakes.seedance.requests == []  # refused before any call
+
+
+async def test_seedance_every_shape_and_duration_the_catalog_offers_is_accepted(
+    fakes: Fakes,
+) -> None:
+    provider = PROVIDERS["seedance"]
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        adapter = provider.make(http)
+        for resolution, ratio, duration, model in _catalog_offers("seedance"):
+            endpoint = provider.endpoint(model)
+            call = _call(endpoint, resolution=resolution, aspect_ratio=ratio, duration=duration)
+            await adapter.submit(endpoint, call)  # the fake refuses what ModelArk does
+            body = fakes.seedance.created()[-1]
+            assert (body["resolution"], body["ratio"], body["duration"]) == (
+                resolution,
+                ratio,
+                duration,
+            )
 
 
 async def test_seedance_leaves_resolutions_it_lacks_to_the_model(fakes: Fakes) -> None:
