@@ -30,11 +30,11 @@ from server.providers.http import Downloads
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
-from server.routing.catalog import load_catalog
 from server.videos.options import size_of
 from server.webhooks.targets import dns_lookup
 from tests.fakes import dashscope, fal, replicate, seedance
 from tests.fakes.video_providers import VIDEO
+from tests.support.catalog_offers import catalog_offers
 
 FAL_CDN = "https://v3.fal.test"
 # The test's DNS: fal's CDN is a public address, another name resolves inside the gateway's
@@ -373,7 +373,7 @@ async def test_seedance_every_shape_and_duration_the_catalog_offers_is_accepted(
     provider = PROVIDERS["seedance"]
     async with httpx.AsyncClient(transport=fakes.transport()) as http:
         adapter = provider.make(http)
-        for resolution, ratio, duration, model in _catalog_offers("seedance"):
+        for resolution, ratio, duration, model in catalog_offers("seedance"):
             endpoint = provider.endpoint(model)
             call = _call(endpoint, resolution=resolution, aspect_ratio=ratio, duration=duration)
             await adapter.submit(endpoint, call)  # the fake refuses what ModelArk does
@@ -502,32 +502,13 @@ async def test_dashscope_wan27_images_go_in_media(fakes: Fakes) -> None:
     assert body["parameters"] == {"resolution": "720P", "duration": 5}
 
 
-def _catalog_offers(adapter: str) -> list[tuple[str, str, int, str]]:
-    """(resolution, aspect ratio, duration, provider model) of every combination the built-in
-    catalog offers on an endpoint of this adapter."""
-    offers = []
-    for model in load_catalog().of_kind("video"):
-        caps = model.video
-        assert caps is not None
-        for endpoint in model.endpoints:
-            if endpoint.adapter != adapter:
-                continue
-            assert endpoint.model is not None
-            for resolution in caps.resolutions or ():
-                for ratio in caps.aspect_ratios or ():
-                    for duration in caps.durations or ():
-                        offers.append((resolution, ratio, duration, endpoint.model))
-    assert offers, adapter
-    return offers
-
-
 async def test_dashscope_every_shape_and_duration_the_catalog_offers_is_in_the_table(
     fakes: Fakes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     provider = PROVIDERS["dashscope"]
     async with httpx.AsyncClient(transport=fakes.transport()) as http:
         adapter = provider.make(http)
-        for resolution, ratio, duration, model in _catalog_offers("dashscope"):
+        for resolution, ratio, duration, model in catalog_offers("dashscope"):
             endpoint = provider.endpoint(model)
             width, height = size_of(resolution, ratio)
             call = _call(

@@ -40,6 +40,7 @@ from tests.fakes.kling_video import FakeKling
 from tests.fakes.minimax_video import FakeMiniMax
 from tests.fakes.vertex_video import FakeVertex
 from tests.fakes.video_loopback import VIDEO
+from tests.support.catalog_offers import catalog_offers
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n fake image").decode()
 DATA_URL = f"data:image/png;base64,{PNG}"
@@ -420,6 +421,19 @@ async def test_kling_frames_go_to_image2video_as_raw_base64(
         PNG,
         "pro",
     )
+
+
+async def test_kling_every_ratio_and_duration_the_catalog_offers_is_accepted(
+    kling: FakeKling, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adapter = KlingVideoAdapter(http, SystemClock())
+    for resolution, ratio, duration, model in catalog_offers("kling"):
+        endpoint = dataclasses.replace(_kling_endpoint(kling, monkeypatch), model=model)
+        call = _call(model, resolution=resolution, aspect_ratio=ratio, duration=duration)
+        await adapter.submit(endpoint, call)  # the fake refuses what Kling does
+        _, body = kling.submissions()[-1]
+        assert (body["aspect_ratio"], body["duration"]) == (ratio, str(duration))
+        assert body["mode"] == ("pro" if resolution == "1080p" else "std")
 
 
 @pytest.mark.parametrize(
