@@ -516,6 +516,28 @@ async def test_minimax_creates_queries_retrieves_and_downloads(
     }
 
 
+async def test_minimax_every_combination_the_catalog_offers_is_accepted_or_refused_first(
+    minimax: FakeMiniMax, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hailuo makes 10 s videos at 768P only: the catalog's 1080p x 10 s is refused here, before
+    any call, with what MiniMax would say; every other combination is a request it accepts."""
+    adapter = MiniMaxVideoAdapter(http)
+    for resolution, _, duration, model in catalog_offers("minimax"):
+        endpoint = dataclasses.replace(_minimax_endpoint(minimax, monkeypatch), model=model)
+        call = _call(model, resolution=resolution, duration=duration)
+        sent = len(minimax.submissions())
+        if (resolution, duration) == ("1080p", 10):
+            with pytest.raises(ProviderFailure) as refused:
+                await adapter.submit(endpoint, call)
+            assert refused.value.kind == CLIENT_ERROR
+            assert refused.value.message == "MiniMax makes 1080P videos of 6 s only"
+            assert len(minimax.submissions()) == sent
+            continue
+        await adapter.submit(endpoint, call)  # the fake refuses what MiniMax does
+        body = minimax.submissions()[-1]
+        assert (body["resolution"], body["duration"]) == (resolution.upper(), duration)
+
+
 @pytest.mark.parametrize(
     ("key", "prompt", "kind", "code"),
     [
