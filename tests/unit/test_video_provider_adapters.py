@@ -170,6 +170,29 @@ async def test_gemini_submits_polls_and_downloads_through_the_redirect(
     assert storage and "x-goog-api-key" not in storage[-1].headers
 
 
+async def test_gemini_every_combination_the_catalog_offers_is_accepted_or_refused_first(
+    gemini: FakeGemini, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Veo on the Gemini API makes 1080p (and 4k) videos of 8 s only: the catalog's 1080p at 4
+    or 6 s is refused here before any call; every other combination is accepted."""
+    adapter = GeminiVideoAdapter(http)
+    for resolution, ratio, duration, model in catalog_offers("gemini"):
+        endpoint = dataclasses.replace(_gemini_endpoint(gemini, monkeypatch), model=model)
+        call = _call(model, resolution=resolution, aspect_ratio=ratio, duration=duration)
+        sent = len(gemini.submissions())
+        if resolution == "1080p" and duration != 8:
+            with pytest.raises(ProviderFailure) as refused:
+                await adapter.submit(endpoint, call)
+            assert refused.value.kind == CLIENT_ERROR
+            assert refused.value.message == "Veo makes 1080p and 4k videos of 8 s only"
+            assert len(gemini.submissions()) == sent
+            continue
+        await adapter.submit(endpoint, call)  # the fake refuses what the Gemini API does
+        parameters = gemini.submissions()[-1]["parameters"]
+        assert (parameters["resolution"], parameters["aspectRatio"]) == (resolution, ratio)
+        assert parameters["durationSeconds"] == duration
+
+
 @pytest.mark.parametrize(
     ("prompt", "kind", "retry_after"),
     [
