@@ -283,6 +283,17 @@ def _vertex_endpoint(fake: FakeVertex, tmp_path: Path, monkeypatch: pytest.Monke
     )
 
 
+async def test_vertex_every_combination_the_catalog_offers_is_accepted(
+    vertex: FakeVertex, http: httpx.AsyncClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adapter = VertexVideoAdapter(http)
+    for resolution, ratio, duration, model in catalog_offers("vertex"):
+        endpoint = dataclasses.replace(_vertex_endpoint(vertex, tmp_path, monkeypatch), model=model)
+        call = _call(model, resolution=resolution, aspect_ratio=ratio, duration=duration)
+        progress = await adapter.submit(endpoint, call)  # the fake refuses what Vertex does
+        assert progress.state == "running", (model, resolution, ratio, duration)
+
+
 async def test_vertex_mints_a_token_once_and_returns_inline_videos(
     vertex: FakeVertex, http: httpx.AsyncClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
