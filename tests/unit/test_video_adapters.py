@@ -27,6 +27,7 @@ from server.providers.failures import (
 )
 from server.providers.fal_video import FalVideoAdapter
 from server.providers.http import Downloads
+from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
@@ -710,3 +711,36 @@ async def test_provider_options_cannot_override_what_the_gateway_charges_for(
     }[name]()
     assert (sent["duration"], sent["style"]) == (5, "anime")
     assert "callback_url" not in sent
+
+
+async def test_openai_provider_options_cannot_override_what_the_gateway_charges_for() -> None:
+    """The model, seconds and size sent are the ones the job is charged for."""
+    sent: list[dict[str, Any]] = []
+
+    def videos_api(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"id": "video_1", "object": "video", "status": "queued"})
+
+    endpoint = Endpoint(
+        provider="openai",
+        adapter="openai",
+        base_url="https://api.openai.test/v1",
+        api_key_env="TEST_OPENAI_KEY",
+        model="sora-2",
+    )
+    call = VideoCall(
+        model="sora-2",
+        params=_params(duration=4, width=720, height=1280),
+        options={"seconds": "12", "size": "1792x1024", "model": "sora-2-pro", "style": "x"},
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(videos_api)) as http:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("TEST_OPENAI_KEY", "sk-test")
+            progress = await OpenAIVideoAdapter(http).submit(endpoint, call)
+    assert progress.state == "running"
+    assert {k: sent[0][k] for k in ("model", "seconds", "size", "style")} == {
+        "model": "sora-2",
+        "seconds": "4",
+        "size": "720x1280",
+        "style": "x",
+    }
