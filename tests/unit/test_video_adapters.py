@@ -28,6 +28,7 @@ from server.providers.failures import (
 from server.providers.fal_video import FalVideoAdapter
 from server.providers.http import Downloads
 from server.providers.openai_video import OpenAIVideoAdapter
+from server.providers.queue_video import QueueVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
@@ -744,3 +745,30 @@ async def test_openai_provider_options_cannot_override_what_the_gateway_charges_
         "size": "720x1280",
         "style": "x",
     }
+
+
+async def test_queue_provider_options_cannot_override_what_the_gateway_charges_for() -> None:
+    sent: list[dict[str, Any]] = []
+
+    def queue_api(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"request_id": "req-1", "status": "IN_QUEUE"})
+
+    endpoint = Endpoint(
+        provider="queue",
+        adapter="queue",
+        base_url="https://queue.test",
+        api_key_env="TEST_QUEUE_KEY",
+        model="some/model",
+    )
+    call = VideoCall(
+        model="some/model",
+        params=_params(),
+        options={"duration": 60, "callback_url": "https://elsewhere.test/hook", "style": "x"},
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(queue_api)) as http:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("TEST_QUEUE_KEY", "queue-key")
+            await QueueVideoAdapter(http).submit(endpoint, call)
+    assert (sent[0]["duration"], sent[0]["style"]) == (5, "x")
+    assert "callback_url" not in sent[0]
