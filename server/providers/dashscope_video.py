@@ -144,7 +144,8 @@ def task_request(call: VideoCall) -> tuple[str, dict[str, Any]]:
         if _tier(params) in ("480P", "720P", "1080P"):
             parameters["resolution"] = _tier(params)
     elif new_protocol:
-        parameters["resolution"] = _tier(params)
+        if _tier(params):
+            parameters["resolution"] = _tier(params)
         if params.get("aspect_ratio"):
             parameters["ratio"] = params["aspect_ratio"]
     elif "resolution" in params and "aspect_ratio" in params:
