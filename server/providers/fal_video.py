@@ -25,6 +25,17 @@ references are dropped. `provider.options.fal` is added to the input in the mode
 names (e.g. `{"negative_prompt": "blur", "cfg_scale": 0.5}`), never over what the gateway
 mapped (the duration it charges for) nor a callback URL.
 
+Checked 2026-11-27 against https://docs.fal.ai/model-apis/model-endpoints/queue,
+https://docs.fal.ai/model-apis/errors, fal-client's queue calls, and the model pages
+https://fal.ai/models/fal-ai/kling-video/v2.6/pro/text-to-video/llms.txt and
+https://fal.ai/docs/model-api-reference/video-generation-api/kling-video-v3-standard.md: the
+queue protocol, auth and error bodies are as above. Not settled from the documentation, and
+left as they are (the adapters get per-model shapes in a later issue): fal's Kling endpoints
+up to v2.6 document `duration` as a string enum ("5", "10") where this adapter sends a
+number, and the v3 text-to-video page's type could not be read; Kling v3 image-to-video on
+fal is a separate endpoint taking `start_image_url` / `end_image_url`, so a first frame sent
+as `image_url` to a text-to-video model id is not used by it.
+
 How an operator configures it: an endpoint `adapter = "fal"`, `base_url =
 "https://queue.fal.run"`, `api_key_env = "FAL_KEY"`, and `model` the fal model id, e.g.
 `fal-ai/kling-video/v2.1/master/text-to-video`.

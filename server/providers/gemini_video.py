@@ -1,5 +1,14 @@
 """Google Veo through the Gemini API (catalog adapter `gemini`).
 
+Checked 2026-11-27 against https://ai.google.dev/gemini-api/docs/video (the Veo parameter
+table, updated 2026-09-17), https://ai.google.dev/api/models#method:-models.predictlongrunning
+and https://ai.google.dev/gemini-api/docs/deprecations (veo-3.0-generate-001 shut down
+2026-06-30; the veo-3.1 previews have no shutdown date), and google-genai's
+generate_videos: durationSeconds 4 / 6 / 8, and 8 only with 1080p, 4k or reference images
+(a client error here, before any call); aspectRatio 16:9 / 9:16; resolution 720p / 1080p /
+4k. Not settled from the documentation: whether a first frame and reference images may be
+combined in one request (sent as given).
+
 Protocol (https://ai.google.dev/gemini-api/docs/video, REST tab;
 https://ai.google.dev/api/models#method:-models.predictlongrunning):
 submit `POST {base}/models/{model}:predictLongRunning` with the `x-goog-api-key` header and
@@ -25,8 +34,9 @@ How an operator configures it: an endpoint `adapter = "gemini"`,
 `base_url = "https://generativelanguage.googleapis.com/v1beta"`,
 `api_key_env = "GEMINI_API_KEY"` (an API key from Google AI Studio) and `model` = the Veo
 model name, e.g. `veo-3.1-generate-preview`, `veo-3.1-fast-generate-preview`,
-`veo-3.0-generate-001`. Veo 3 takes aspect ratios 16:9 / 9:16, resolutions 720p / 1080p,
-durations 4 / 6 / 8 s; list `generate_audio = true` (it always has sound)."""
+`veo-3.1-lite-generate-preview`. Veo 3.1 takes aspect ratios 16:9 / 9:16, resolutions 720p /
+1080p / 4k, durations 4 / 6 / 8 s (1080p and 4k: 8 s); list `generate_audio = true` (it
+always has sound)."""
 
 from __future__ import annotations
 
@@ -36,9 +46,27 @@ import httpx
 
 from server.providers import veo
 from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, REJECTED_CREDENTIALS, ProviderFailure
+from server.providers.failures import (
+    CLIENT_ERROR,
+    INVALID_RESPONSE,
+    REJECTED_CREDENTIALS,
+    ProviderFailure,
+)
 from server.providers.http import Downloads, ImageFetcher, json_object, send
 from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_tasks import image_urls
+
+
+def _check_duration(call: VideoCall) -> None:
+    """What the Gemini API refuses (400 INVALID_ARGUMENT), said before a call in plain words:
+    1080p, 4k and reference images take 8 s only."""
+    params = call.params
+    if params.get("duration", 8) == 8:
+        return
+    if str(params.get("resolution", "")).lower() in ("1080p", "4k"):
+        raise ProviderFailure(CLIENT_ERROR, "Veo makes 1080p and 4k videos of 8 s only")
+    if image_urls(params)[2]:
+        raise ProviderFailure(CLIENT_ERROR, "Veo takes reference images for 8 s videos only")
 
 
 class GeminiVideoAdapter:
@@ -71,6 +99,7 @@ class GeminiVideoAdapter:
         return json_object(await send(self._http, request, veo.failure_of))
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
+        _check_duration(call)
         body = await veo.request_body(call, self._images, endpoint.timeout_seconds, vertex=False)
         operation = await self._call(
             endpoint, "POST", f"{endpoint.base_url}/models/{call.model}:predictLongRunning", body

@@ -1,5 +1,13 @@
 """Kling (catalog adapter `kling`).
 
+Checked 2026-11-27 against https://app.klingai.com/global/dev/document-api/apiReference/
+commonInfo, .../apiReference/model/textToVideo, .../imageToVideo, .../multiImageToVideo (and,
+for Kling 3.0, resellers' copies of its fields: model_name `kling-v3`, duration "3".."15",
+aspect_ratio 16:9 / 9:16 / 1:1, mode std / pro, sound on / off). Not settled from the
+documentation: whether Kling's newer console API keys replace the access/secret-key JWT for
+every account (the JWT is what the reference documents, and what this adapter sends), and
+the exact error code Kling gives a duration a model does not offer.
+
 Protocol (https://app.klingai.com/global/dev/document-api/apiReference/commonInfo and the
 video model pages under .../apiReference/model/): every request carries
 `Authorization: Bearer <JWT>`, an HS256 JWT `{"iss": access key, "exp": now + 1800,
@@ -28,8 +36,9 @@ task fails the job with `task_status_msg`. Kling documents no cancel call.
 How an operator configures it: an endpoint `adapter = "kling"`,
 `base_url = "https://api-singapore.klingai.com"` (Beijing: `https://api-beijing.klingai.com`),
 `api_key_env = "KLING_ACCESS_KEY"`, `secret_key_env = "KLING_SECRET_KEY"` (the key pair from
-the Kling developer console) and `model` = Kling's `model_name`, e.g. `kling-v2-1-master`,
-`kling-v2-5-turbo`, `kling-v1-6`. Durations 5 / 10 s; aspect ratios 16:9, 9:16, 1:1."""
+the Kling developer console) and `model` = Kling's `model_name`, e.g. `kling-v3`,
+`kling-v2-1-master`, `kling-v2-5-turbo`, `kling-v1-6`. Durations 5 / 10 s (kling-v3: 3-15 s);
+aspect ratios 16:9, 9:16, 1:1."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Offline video: renders a real, playable H.264 MP4 of the requested size and duration,
 drawn from the prompt (colours and motion from the prompt and seed, the prompt as a caption),
-so `gateway up` completes video jobs with no provider account."""
+so `gateway up` completes video jobs with no provider account. No provider API to check
+against (checked 2026-11-27: nothing external; the catalog's local/renderer lists what it
+renders)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,13 @@
 """MiniMax Hailuo (catalog adapter `minimax`).
 
+Checked 2026-11-27 against https://platform.minimax.io/docs/api-reference/video-generation-t2v,
+.../video-generation-i2v, .../video-generation-fl2v, .../video-generation-query,
+.../video-generation-download, .../errorcode (and resellers' copies of the Hailuo 2.3 limits):
+MiniMax-Hailuo-2.3 and -02 take duration 6 or 10 at 768P, 6 only at 1080P (1080P x 10 s is a
+client error here, before any call); Hailuo 2.3 takes a first frame only (last frames:
+Hailuo-02). Not settled from the documentation: the exact status_msg MiniMax gives a refused
+resolution/duration pair.
+
 Protocol (https://platform.minimax.io/docs/api-reference/video-generation-t2v,
 .../video-generation-i2v, .../video-generation-query, .../video-generation-download and
 https://platform.minimax.io/docs/api-reference/errorcode): `Authorization: Bearer <API key>`.
@@ -26,8 +34,8 @@ the request's fault when submitting, a failed job when polling; 1001 → timeout
 How an operator configures it: an endpoint `adapter = "minimax"`,
 `base_url = "https://api.minimax.io"` (mainland China: `https://api.minimaxi.com`),
 `api_key_env = "MINIMAX_API_KEY"` and `model` = e.g. `MiniMax-Hailuo-02`,
-`MiniMax-Hailuo-2.3`, `T2V-01-Director`, `I2V-01`, `S2V-01` (subject reference). Hailuo 02
-takes durations 6 / 10 s at 768P and 6 s at 1080P."""
+`MiniMax-Hailuo-2.3`, `T2V-01-Director`, `I2V-01`, `S2V-01` (subject reference). Hailuo 2.3
+and 02 take durations 6 / 10 s at 768P and 6 s at 1080P."""
 
 from __future__ import annotations
 
@@ -95,6 +103,9 @@ def failure_of(response: httpx.Response) -> ProviderFailure:
 
 def task_body(call: VideoCall) -> dict[str, Any]:
     params = call.params
+    if str(params.get("resolution")).upper() == "1080P" and params.get("duration") == 10:
+        # MiniMax refuses it (2013); said here, before a call, in plain words.
+        raise ProviderFailure(CLIENT_ERROR, "MiniMax makes 1080P videos of 6 s only")
     first, last, references = image_urls(params)
     body: dict[str, Any] = {
         "model": call.model,

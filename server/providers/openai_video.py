@@ -1,7 +1,16 @@
 """The OpenAI videos API (https://platform.openai.com/docs/api-reference/videos):
 `POST {base}/videos`, `GET {base}/videos/{id}`, `GET {base}/videos/{id}/content` (MP4), and
 `POST {base}/videos/{id}/remix` `{prompt}` to continue a completed video (the gateway's
-`previous_job_id`). The API has no cancel (DELETE removes a finished video only)."""
+`previous_job_id`). The API has no cancel (DELETE removes a finished video only).
+
+Checked 2026-11-27 against https://platform.openai.com/docs/api-reference/videos (create:
+`model`, `prompt`, `seconds` "4" | "8" | "12" as a string, `size` "720x1280" | "1280x720" |
+"1024x1792" | "1792x1024"; statuses queued, in_progress, completed, failed; Bearer key) and
+https://developers.openai.com/api/docs/deprecations: OpenAI deprecated the Videos API,
+`sora-2` and `sora-2-pro` on 2026-03-24 and removed them from the API on 2026-09-24, naming
+no replacement. The adapter is kept for compatible servers (the fakes, or a provider that
+speaks this protocol); OpenAI's own endpoint no longer answers it. provider.options are
+added to the body, never over the model, seconds and size the job is charged for."""
 
 from __future__ import annotations
 
@@ -13,6 +22,7 @@ from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_tasks import merged
 
 _RUNNING = ("queued", "in_progress", "processing", "pending")
 
@@ -38,13 +48,15 @@ class OpenAIVideoAdapter:
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         params = call.params
-        body: dict[str, Any] = {
-            "model": call.model,
-            "prompt": params.get("prompt", ""),
-            "seconds": str(params["duration"]),
-            "size": f"{params['width']}x{params['height']}",
-            **call.options,
-        }
+        body = merged(
+            {
+                "model": call.model,
+                "prompt": params.get("prompt", ""),
+                "seconds": str(params["duration"]),
+                "size": f"{params['width']}x{params['height']}",
+            },
+            call.options,
+        )
         response = await provider_http.call(
             self._http, endpoint, "POST", f"{endpoint.base_url}/videos", json=body
         )

@@ -5,6 +5,12 @@
 `PUT {base}/{model}/requests/{id}/cancel` → 202 `{status: CANCELLATION_REQUESTED}` (400
 `ALREADY_COMPLETED` once done) — https://docs.fal.ai/model-apis/model-endpoints/queue.
 fal.ai itself has its own adapter (fal_video.py), which follows the URLs fal returns.
+Checked 2026-11-27 against that page (statuses, cancel answers; `Authorization: Key`):
+unchanged. provider.options are added to the input, never over what the gateway mapped
+(the duration it charges for) nor a callback URL. The input names (prompt, duration,
+resolution, aspect_ratio, generate_audio, seed, image_url, end_image_url, reference_urls) are
+the common ones; each model's own schema is not checked here (a later issue gives the
+adapters per-model shapes).
 The result JSON is read with the key (it lives on the API host); the video file it names is
 fetched with the key only when it lies under the base URL, otherwise (a CDN) without it."""
 
@@ -19,6 +25,7 @@ from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.http import Downloads
 from server.providers.video import VideoCall, VideoProgress
+from server.providers.video_tasks import merged
 
 
 def queue_input(call: VideoCall) -> dict[str, Any]:
@@ -38,7 +45,8 @@ def queue_input(call: VideoCall) -> dict[str, Any]:
         ]
     if params.get("input_references"):
         body["reference_urls"] = [r["url"] for r in params["input_references"]]
-    return {**{k: v for k, v in body.items() if v is not None}, **call.options}
+    # What the gateway mapped wins over provider.options (the duration it charges for).
+    return merged(body, call.options)
 
 
 class QueueVideoAdapter:

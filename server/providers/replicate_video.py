@@ -23,6 +23,13 @@ on the requested duration. `provider.options.replicate` is added to `input` in t
 own names (e.g. `{"start_image": "https://…", "negative_prompt": "blur"}`), never over what
 the gateway mapped (the duration it charges for) nor a callback URL.
 
+Checked 2026-11-27 against the pages above and replicate-python's predictions calls: the
+protocol, auth (`Authorization: Bearer`), statuses and error bodies are as above. Input names
+are each model's own; the common ones above are not every model's (Kling 3.0 on Replicate,
+`kwaivgi/kling-v3-video`, takes `start_image` / `end_image` and `mode` standard | pro, not
+`image` / `resolution`): not checked per model here (a later issue gives the adapters
+per-model shapes).
+
 How an operator configures it: an endpoint `adapter = "replicate"`, `base_url =
 "https://api.replicate.com/v1"`, `api_key_env = "REPLICATE_API_TOKEN"`, and `model`
 `owner/name` (e.g. `bytedance/seedance-1-pro`, `wan-video/wan-2.5-t2v`) or

@@ -1,6 +1,13 @@
 """ByteDance Seedance through BytePlus ModelArk's content-generation tasks API, as its API
 reference documents it (https://docs.byteplus.com/en/docs/ModelArk, "Video generation API":
-create a task, retrieve a task, cancel or delete a task; "Error codes"):
+create a task, retrieve a task, cancel or delete a task; "Error codes").
+
+Checked 2026-11-27 against https://docs.byteplus.com/en/docs/ModelArk (video generation API)
+and https://docs.byteplus.com/docs/ModelArk/2291680 (Seedance 2.0 series tutorial); the
+model IDs as ModelArk lists them (`dreamina-seedance-2-0-260128`,
+`dreamina-seedance-2-0-fast-260128`, `seedance-1-5-pro-251215`, `seedance-1-0-pro-250528`).
+Not settled from the documentation: whether Seedance 2.0 fast takes 1080p (resellers say
+not), and the exact error code ModelArk gives frames mixed with references.
 
 - `POST {base}/contents/generations/tasks` (`Authorization: Bearer <ARK API key>`)
   `{model, content: [{type: "text", text}, {type: "image_url", image_url: {url}, role:
@@ -17,17 +24,20 @@ create a task, retrieve a task, cancel or delete a task; "Error codes"):
   refused content (not retried elsewhere).
 
 Mapping of the API reference's fields: resolution (480p/720p/1080p; others are left to the
-model's default), aspect_ratio → `ratio`, duration, seed, generate_audio (Seedance 1.5+),
-frame_images → image content with role first_frame / last_frame, input_references →
-reference_image / reference_video / reference_audio (the catalog's input_reference_types
-says which the model honours; the request drops the rest). `provider.options.seedance` is
+model's default), aspect_ratio → `ratio` (16:9, 4:3, 1:1, 3:4, 9:16, 21:9), duration (2.0: 4-15
+s), seed, generate_audio (Seedance 1.5+), frame_images → image content with role first_frame
+/ last_frame, input_references → reference_image / reference_video / reference_audio (the
+catalog's input_reference_types says which the model honours; the request drops the rest).
+First/last-frame generation and reference generation are two modes: frames together with
+references are a client error here, before any call. `provider.options.seedance` is
 added to the body, never over what the gateway mapped (model, duration: what it
 charges for) nor a callback URL (e.g. `{"camera_fixed": true, "watermark": false}`).
 
 How an operator configures it: an endpoint `adapter = "seedance"`, `base_url =
 "https://ark.ap-southeast.bytepluses.com/api/v3"` (an Ark key works in its own region only),
 `api_key_env = "ARK_API_KEY"` (the environment variable holding the ModelArk API key) and
-`model` the ModelArk model ID, e.g. `seedance-1-0-pro-250528` or `seedance-1-5-pro-251215`.
+`model` the ModelArk model ID, e.g. `dreamina-seedance-2-0-260128`,
+`seedance-1-5-pro-251215` or `seedance-1-0-pro-250528`.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import httpx
 
 from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, ProviderFailure
+from server.providers.failures import CLIENT_ERROR, INVALID_RESPONSE, ProviderFailure
 from server.providers.http import Downloads
 from server.providers.video import VideoCall, VideoProgress
 from server.providers.video_tasks import failed, merged, seconds_of
@@ -57,6 +67,11 @@ _TASK_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 def task_body(call: VideoCall) -> dict[str, Any]:
     params = call.params
+    if params.get("frame_images") and params.get("input_references"):
+        raise ProviderFailure(
+            CLIENT_ERROR,
+            "Seedance takes first/last frames or reference content, not both in one request",
+        )
     content: list[dict[str, Any]] = []
     if params.get("prompt"):
         content.append({"type": "text", "text": params["prompt"]})

@@ -4,7 +4,10 @@ Vertex AI (`vertex` adapter): the `predictLongRunning` body, Google's error body
 
 Docs: https://ai.google.dev/gemini-api/docs/video (Gemini API),
 https://cloud.google.com/vertex-ai/generative-ai/docs/model-reference/veo-video-generation
-(Vertex AI), https://cloud.google.com/apis/design/errors (the error model)."""
+(Vertex AI), https://cloud.google.com/apis/design/errors (the error model). Checked
+2026-11-27 (with https://docs.cloud.google.com/gemini-enterprise-agent-platform/models/veo/
+3-1-generate): the body, the error model and the operation are unchanged; what differs
+between the two APIs (the Gemini API's 8 s rule, the model IDs) is in each adapter."""
 
 from __future__ import annotations
 

@@ -1,5 +1,15 @@
 """Google Veo through Vertex AI (catalog adapter `vertex`).
 
+Checked 2026-11-27 against https://docs.cloud.google.com/gemini-enterprise-agent-platform/
+models/veo/3-1-generate (Vertex AI's generative models now live under the Gemini Enterprise
+Agent Platform name; the API host and paths are unchanged), the Veo model reference
+(https://cloud.google.com/vertex-ai/generative-ai/docs/model-reference/veo-video-generation)
+and googleapis' aiplatform v1 predictLongRunning / fetchPredictOperation. The model IDs
+Vertex documents are the GA ones (`veo-3.1-generate-001`, `veo-3.1-fast-generate-001`), not
+the Gemini API's `-preview` names. Not settled from the documentation: whether Vertex, like
+the Gemini API, takes 1080p / 4k at 8 s only (sent as asked), and until when
+veo-3.0-generate-001 is served on Vertex.
+
 Protocol (https://cloud.google.com/vertex-ai/generative-ai/docs/model-reference/veo-video-generation):
 submit `POST {base}/publishers/google/models/{model}:predictLongRunning` with
 `{"instances": [{prompt, image, lastFrame, referenceImages}], "parameters": {aspectRatio,
@@ -29,8 +39,7 @@ URL: `base_url =
 `api_key_env = "GOOGLE_APPLICATION_CREDENTIALS"`
 names the variable holding the PATH of a service-account key file (JSON, role Vertex AI
 User); the variable may instead hold the key file's JSON itself (as a BYOK key would).
-`model` = the Veo model, e.g. `veo-3.1-generate-001`, `veo-3.1-fast-generate-001`,
-`veo-3.0-generate-001`."""
+`model` = the Veo model, e.g. `veo-3.1-generate-001`, `veo-3.1-fast-generate-001`."""
 
 from __future__ import annotations
 

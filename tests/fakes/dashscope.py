@@ -11,9 +11,24 @@ task_status: PENDING}}`; `GET /api/v1/tasks/{task_id}` → PENDING, RUNNING, the
 `output.video_url` and `usage.video_duration`; `POST /api/v1/tasks/{task_id}/cancel` cancels a
 PENDING task. Errors are `{"request_id", "code", "message"}`.
 
-Scripted by `model`: `ok`, `fail` (FAILED with DataInspectionFailed on the output), `never`
-(stays RUNNING), `refuse` (400 DataInspectionFailed at creation), `ratelimit` (429
-Throttling.RateQuota), `error-<status>` (InternalError), `garbage` (200, not JSON).
+Checked 2026-11-27 against the Wan 2.7 text-to-video reference (alibabacloud.com/help/en/
+model-studio/text-to-video-api-reference, updated 2026-06-16), its image-to-video 2.7 guide
+(alibabacloud.com/help/en/model-studio/wan-image-to-video-guide), and the Wan 2.6 / 2.5 size
+tables (the earlier-protocol reference and its mirrors). What the provider checks, the fake
+checks:
+
+- wan2.7 models take `parameters.resolution` (720P | 1080P, default 1080P) and
+  `parameters.ratio` (16:9 | 9:16 | 1:1 | 4:3 | 3:4, default 16:9), duration 2-15; they do
+  not read `size`, so a request with `size` only comes out at the default 1920*1080. The
+  shape made is recorded as the task's `shape`. Their usage reports `output_video_duration`.
+- every other model (the scripts below, wan2.6/2.5/...) takes `size` from the documented
+  table only (SIZES); any other `W*H`, e.g. `1080*1080`, is 400 InvalidParameter. Usage
+  reports `video_duration`.
+
+Scripted by `model` (a model named `wan...` behaves as `ok`): `ok`, `fail` (FAILED with
+DataInspectionFailed on the output), `never` (stays RUNNING), `refuse` (400
+DataInspectionFailed at creation), `ratelimit` (429 Throttling.RateQuota), `error-<status>`
+(InternalError), `garbage` (200, not JSON).
 """
 
 from __future__ import annotations
@@ -33,6 +48,25 @@ CREATE_PATHS = (
 )
 TASKS = "/api/v1/tasks/"
 OUTPUT_SECONDS = 5
+# The documented `size` table of the size-taking Wan models (480P: wan2.5/2.2/2.1 only).
+SIZES = {
+    ("480P", "16:9"): "832*480",
+    ("480P", "9:16"): "480*832",
+    ("480P", "1:1"): "624*624",
+    ("720P", "16:9"): "1280*720",
+    ("720P", "9:16"): "720*1280",
+    ("720P", "1:1"): "960*960",
+    ("720P", "4:3"): "1088*832",
+    ("720P", "3:4"): "832*1088",
+    ("1080P", "16:9"): "1920*1080",
+    ("1080P", "9:16"): "1080*1920",
+    ("1080P", "1:1"): "1440*1440",
+    ("1080P", "4:3"): "1632*1248",
+    ("1080P", "3:4"): "1248*1632",
+}
+WAN27_RESOLUTIONS = ("720P", "1080P")
+WAN27_RATIOS = ("16:9", "9:16", "1:1", "4:3", "3:4")
+WAN27_DURATIONS = range(2, 16)
 
 
 def _error(status: int, code: str, message: str) -> httpx.Response:
@@ -85,6 +119,9 @@ class FakeDashScope:
         if not isinstance(body.get("model"), str) or not isinstance(body.get("input"), dict):
             return _error(400, "InvalidParameter", "Field required: input")
         model = body["model"]
+        shape = self._shape(model, body.get("parameters") or {})
+        if shape is None:
+            return _error(400, "InvalidParameter", "The parameters are not supported by the model")
         if model == "refuse":
             return _error(
                 400, "DataInspectionFailed", "Input data may contain inappropriate content."
@@ -102,7 +139,15 @@ class FakeDashScope:
         if model == "garbage":
             return httpx.Response(200, content=b"<html>", headers={"Content-Type": "text/html"})
         task_id = f"0385dc79-5ff8-4d82-bcb6-{next(self._ids):012d}"
-        self.tasks[task_id] = {"model": model, "status": "PENDING", "path": path, "body": body}
+        script = "ok" if model.startswith("wan") else model
+        self.tasks[task_id] = {
+            "model": script,
+            "wan27": model.startswith("wan2.7"),
+            "status": "PENDING",
+            "path": path,
+            "body": body,
+            "shape": shape,
+        }
         return httpx.Response(
             200,
             json={
@@ -122,12 +167,40 @@ class FakeDashScope:
         if task["status"] == "SUCCEEDED":
             origin = f"{request.url.scheme}://{request.url.netloc.decode()}"
             output["video_url"] = f"{origin}/files/{task_id}.mp4?Expires=1&Signature=x"
-            body["usage"] = {
-                "video_duration": OUTPUT_SECONDS,
-                "video_ratio": "1280*720",
-                "video_count": 1,
-            }
+            if task["wan27"]:
+                body["usage"] = {
+                    "duration": OUTPUT_SECONDS,
+                    "input_video_duration": 0,
+                    "output_video_duration": OUTPUT_SECONDS,
+                    "video_count": 1,
+                    "SR": int(task["shape"].split("*")[1]),
+                }
+            else:
+                body["usage"] = {
+                    "video_duration": OUTPUT_SECONDS,
+                    "video_ratio": task["shape"],
+                    "video_count": 1,
+                }
         if task["status"] == "FAILED":
             output["code"] = "DataInspectionFailed"
             output["message"] = "Output data may contain inappropriate content."
         return body
+
+    @staticmethod
+    def _shape(model: str, parameters: dict[str, Any]) -> str | None:
+        """The `W*H` the model makes of these parameters, or None where it refuses them."""
+        duration = parameters.get("duration", 5)
+        if model.startswith("wan2.7"):
+            resolution = parameters.get("resolution", "1080P")
+            ratio = parameters.get("ratio", "16:9")
+            if (
+                resolution not in WAN27_RESOLUTIONS
+                or ratio not in WAN27_RATIOS
+                or duration not in WAN27_DURATIONS
+            ):
+                return None
+            return SIZES[(resolution, ratio)]  # the same pixel table, by tier and ratio
+        size = parameters.get("size")
+        if size is None:
+            return SIZES.get((parameters.get("resolution", "1080P"), "16:9"))
+        return size if size in SIZES.values() else None

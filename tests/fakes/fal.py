@@ -14,6 +14,7 @@ Scripted by the model id's last segment: `ok`, `fail` (COMPLETED with an error),
 (stays IN_PROGRESS), `refuse` (422 content_policy_violation at submit), `ratelimit` (429),
 `error-<status>`, `garbage` (200, not JSON), `offhost` (a response_url on another host).
 Result files are served from FILES_HOST when set (fal's CDN), else from the queue's host.
+Checked 2026-11-27 against the same pages: unchanged.
 """
 
 from __future__ import annotations

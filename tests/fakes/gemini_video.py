@@ -11,6 +11,10 @@ ErrorInfo / RetryInfo details).
   `response.generateVideoResponse.generatedSamples[].video.uri`, or `error`.
 - `GET /v1beta/files/{id}:download?alt=media` (key required) redirects (302) to the file
   on a storage path, which must be fetched without the key.
+Checked 2026-11-27 against https://ai.google.dev/gemini-api/docs/video (parameter table,
+updated 2026-09-17): aspectRatio 16:9 | 9:16, resolution 720p | 1080p | 4k, durationSeconds
+4 | 6 | 8, and 8 only with 1080p, 4k or reference images; anything else is 400
+INVALID_ARGUMENT.
 Prompt words script failures (tests/fakes/video_loopback.py SCRIPT); "filtered" ends the
 operation with Veo's safety-filter counts and no samples."""
 
@@ -44,6 +48,21 @@ PARAMETERS = {
 def _status(code: int, status: str, message: str, details: list[Any] | None = None) -> Reply:
     body = {"error": {"code": code, "message": message, "status": status, "details": details or []}}
     return Reply.of_json(code, body)
+
+
+def _refused(instance: dict[str, Any], parameters: dict[str, Any]) -> str | None:
+    """Why Veo on the Gemini API refuses these parameters, if it does."""
+    seconds = str(parameters.get("durationSeconds", "8"))
+    resolution = parameters.get("resolution", "720p")
+    if parameters.get("aspectRatio", "16:9") not in ("16:9", "9:16"):
+        return "aspectRatio must be 16:9 or 9:16."
+    if resolution not in ("720p", "1080p", "4k"):
+        return "resolution must be 720p, 1080p or 4k."
+    if seconds not in ("4", "6", "8"):
+        return "durationSeconds must be 4, 6 or 8."
+    if seconds != "8" and (resolution in ("1080p", "4k") or "referenceImages" in instance):
+        return "durationSeconds must be 8 with 1080p, 4k or reference images."
+    return None
 
 
 class FakeGemini(LoopbackServer):
@@ -104,6 +123,9 @@ class FakeGemini(LoopbackServer):
                 return _status(
                     400, "INVALID_ARGUMENT", f"{key} needs bytesBase64Encoded and mimeType"
                 )
+        refused = _refused(instances[0], body.get("parameters", {}))
+        if refused is not None:
+            return _status(400, "INVALID_ARGUMENT", refused)
         script = scripted(instances[0]["prompt"])
         if script == "refuse":
             return _status(

@@ -11,6 +11,9 @@ iss = access key, exp, nbf; the error-code table) and the video model pages
 - `GET /v1/videos/{kind}/{task_id}`: "processing", then "succeed" with
   `task_result.videos[{id, url, duration}]` (or "failed" with task_status_msg).
 - `GET /files/{id}.mp4`: the video, no credentials.
+Checked 2026-11-27 (the same pages; kling-v3 as Kling 3.0 is documented): duration is a
+string, "5"/"10" (kling-v1 .. v2.x) or "3".."15" (kling-v3*); aspect_ratio 16:9 | 9:16 | 1:1;
+mode std | pro; anything else is 400 code 1201.
 Prompt words script failures (tests/fakes/video_loopback.py SCRIPT): refusals are 400 code 1301,
 rate limits 429 code 1302, server errors 500 code 5000."""
 
@@ -34,6 +37,8 @@ from tests.fakes.video_loopback import (
 ACCESS_KEY = "kling-test-access"
 SECRET_KEY = "kling-test-secret-0123456789abcdef"
 KINDS = ("text2video", "image2video", "multi-image2video")
+ASPECT_RATIOS = ("16:9", "9:16", "1:1")
+V3_DURATIONS = tuple(str(seconds) for seconds in range(3, 16))
 
 
 def _error(status: int, code: int, message: str) -> Reply:
@@ -100,8 +105,12 @@ class FakeKling(LoopbackServer):
         return _error(404, 1202, "Invalid request method")
 
     def _create(self, kind: str, body: dict[str, Any]) -> Reply:
-        if not body.get("model_name") or body.get("duration") not in ("5", "10"):
+        model = str(body.get("model_name") or "")
+        durations = V3_DURATIONS if model.startswith("kling-v3") else ("5", "10")
+        if not model or body.get("duration") not in durations:
             return _error(400, 1201, "Invalid parameters: model_name, duration")
+        if body.get("aspect_ratio", "16:9") not in ASPECT_RATIOS:
+            return _error(400, 1201, "Invalid parameters: aspect_ratio")
         if kind == "image2video" and not (body.get("image") or body.get("image_tail")):
             return _error(400, 1201, "image is required")
         if kind == "multi-image2video" and not body.get("image_list"):

@@ -10,6 +10,8 @@ and https://platform.minimax.io/docs/api-reference/errorcode (base_resp status c
   video_height, base_resp}`: "Queueing", "Processing", then "Success" (or "Fail").
 - `GET /v1/files/retrieve?file_id=` → `{file: {file_id, bytes, created_at, filename,
   purpose, download_url}, base_resp}`; `GET /files/{id}.mp4` serves it without credentials.
+Checked 2026-11-27 (the same pages, MiniMax-Hailuo-2.3 and -02): duration 6 or 10, and 10 s
+only at 768P (1080P is 6 s only): anything else is base_resp 2013.
 Prompt words script failures (tests/fakes/video_loopback.py SCRIPT): refusals are base_resp 1026,
 rate limits 1002, server errors HTTP 500; "fail" ends the task with Fail / 1027."""
 
@@ -86,6 +88,8 @@ class FakeMiniMax(LoopbackServer):
             )
         if body.get("duration") not in (None, 6, 10):
             return _answer(2013, "invalid params, duration must be 6 or 10")
+        if body.get("resolution") == "1080P" and body.get("duration") == 10:
+            return _answer(2013, "invalid params, 1080P supports only 6-second videos")
         script = scripted(body.get("prompt"))
         if script == "refuse":
             return _answer(1026, "input new_sensitive", task_id="")

@@ -14,7 +14,7 @@ throttled. Expected available in N seconds.").
 Scripted by the model name (`owner/<name>`): `ok` (output one URL), `ok-list` (a list of
 URLs), `fail` (failed: E005 flagged as sensitive), `never` (stays processing), `invalid` (422
 input validation), `ratelimit` (429, expected available in 7 seconds), `error-<status>`,
-`garbage` (200, not JSON).
+`garbage` (200, not JSON). Checked 2026-11-27 against the same pages: unchanged.
 """
 
 from __future__ import annotations

@@ -8,7 +8,17 @@ duration, seed, generate_audio}` with `Authorization: Bearer <key>` → `{"id": 
 succeeded, `content.video_url`, `duration`, `usage`); `DELETE` of a queued task cancels it
 (a running one cannot be cancelled). Errors are `{"error": {"code", "message", "type"}}`.
 
-Scripted by `model`: `ok` (queued, running, then succeeded), `fail` (the output is refused:
+Checked 2026-11-27 against ModelArk's video generation API reference and the Seedance 2.0
+series tutorial (https://docs.byteplus.com/docs/ModelArk/2291680): what the provider refuses,
+the fake refuses — a model ID it does not serve (404 InvalidEndpointOrModel.NotFound; the
+Seedance IDs are dated, e.g. `dreamina-seedance-2-0-260128`), a resolution other than
+480p/720p/1080p, a ratio other than 16:9/4:3/1:1/3:4/9:16/21:9/adaptive, a duration outside
+4-15 s (or -1, the model's choice) (400 InvalidParameter), and first/last frames together
+with reference images, videos or audio (two different generation modes: 400
+InvalidParameter).
+
+Scripted by `model` (a served Seedance model ID behaves as `ok`): `ok` (queued, running, then
+succeeded), `fail` (the output is refused:
 failed with OutputVideoSensitiveContentDetected), `never` (stays running), `refuse` (400
 InputTextSensitiveContentDetected at creation), `ratelimit` (429 RateLimitExceeded),
 `error-<status>` (that status, InternalServiceError), `garbage` (200, not JSON).
@@ -28,6 +38,18 @@ API_KEY = "fake-ark-key"
 PREFIX = "/api/v3/contents/generations/tasks"
 CONTENT_TYPES = ("text", "image_url", "video_url", "audio_url")
 OUTPUT_SECONDS = 4
+# Model IDs BytePlus ModelArk serves (besides the scripts below).
+MODELS = (
+    "dreamina-seedance-2-0-260128",
+    "dreamina-seedance-2-0-fast-260128",
+    "seedance-1-5-pro-251215",
+    "seedance-1-0-pro-250528",
+    "seedance-1-0-pro-fast-251015",
+)
+SCRIPTS = ("ok", "fail", "never", "refuse", "ratelimit", "garbage")
+RESOLUTIONS = ("480p", "720p", "1080p")
+RATIOS = ("16:9", "4:3", "1:1", "3:4", "9:16", "21:9", "adaptive")
+DURATIONS = (-1, *range(4, 16))
 
 
 def _error(status: int, code: str, message: str, kind: str = "BadRequest") -> httpx.Response:
@@ -89,6 +111,18 @@ class FakeSeedance:
         ):
             return _error(400, "MissingParameter", "model and content are required.")
         model = body["model"]
+        if model not in MODELS + SCRIPTS and not model.startswith("error-"):
+            return _error(
+                404,
+                "InvalidEndpointOrModel.NotFound",
+                "The model or endpoint does not exist or you do not have access to it.",
+                "NotFound",
+            )
+        refused = self._refused(body)
+        if refused is not None:
+            return _error(400, "InvalidParameter", refused)
+        if model in MODELS:
+            model = "ok"
         if model == "refuse":
             return _error(
                 400,
@@ -138,3 +172,17 @@ class FakeSeedance:
                 "message": "The generated video may contain sensitive information.",
             }
         return body
+
+    @staticmethod
+    def _refused(body: dict[str, Any]) -> str | None:
+        """Why ModelArk refuses these generation fields, if it does."""
+        if body.get("resolution", "720p") not in RESOLUTIONS:
+            return "The parameter `resolution` specified in the request is not valid."
+        if body.get("ratio", "16:9") not in RATIOS:
+            return "The parameter `ratio` specified in the request is not valid."
+        if body.get("duration", 5) not in DURATIONS:
+            return "The parameter `duration` specified in the request is not valid."
+        roles = {item.get("role") for item in body["content"] if item.get("type") != "text"}
+        if roles & {"first_frame", "last_frame"} and roles - {"first_frame", "last_frame"}:
+            return "First and last frames cannot be combined with reference content."
+        return None

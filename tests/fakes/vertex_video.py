@@ -13,6 +13,11 @@ https://cloud.google.com/apis/design/errors (error bodies).
   it minted (else 401 UNAUTHENTICATED). The result has `bytesBase64Encoded` videos, or
   `gcsUri` ones under the request's `storageUri`.
 - `GET /storage/v1/b/{bucket}/o/{object}?alt=media` (token required) serves those.
+Checked 2026-11-27 against https://docs.cloud.google.com/gemini-enterprise-agent-platform/
+models/veo/3-1-generate (Vertex AI is now the Gemini Enterprise Agent Platform): the model
+IDs it documents (MODELS); another is 404 NOT_FOUND, as Vertex answers an unknown publisher
+model. aspectRatio 16:9 | 9:16, durationSeconds 4 | 6 | 8, resolution 720p | 1080p | 4k;
+else 400 INVALID_ARGUMENT.
 Prompt words script failures (tests/fakes/video_loopback.py SCRIPT)."""
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ LOCATION = "us-central1"
 CLIENT_EMAIL = "veo-test@fake-project.iam.gserviceaccount.com"
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 RESPONSE_TYPE = "type.googleapis.com/cloud.ai.large_models.vision.GenerateVideoResponse"
+# The Veo model IDs Vertex AI documents (GA).
+MODELS = ("veo-3.1-generate-001", "veo-3.1-fast-generate-001")
+TEST_MODEL = "veo"  # the model name tests use where any served model would do
 # The documented `aud` of the assertion, whatever the token URI it is posted to.
 TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
 
@@ -136,10 +144,23 @@ class FakeVertex(LoopbackServer):
         )
 
     def _submit(self, model: str, body: Any) -> Reply:
+        if model not in (*MODELS, TEST_MODEL):
+            return _status(
+                404,
+                "NOT_FOUND",
+                f"Publisher Model `publishers/google/models/{model}` was not found or your "
+                "project does not have access to it.",
+            )
         instances = body.get("instances") if isinstance(body, dict) else None
         if not isinstance(instances, list) or len(instances) != 1 or "prompt" not in instances[0]:
             return _status(400, "INVALID_ARGUMENT", "instances[0].prompt is required")
         parameters = body.get("parameters", {})
+        if (
+            parameters.get("aspectRatio", "16:9") not in ("16:9", "9:16")
+            or str(parameters.get("durationSeconds", 8)) not in ("4", "6", "8")
+            or parameters.get("resolution", "720p") not in ("720p", "1080p", "4k")
+        ):
+            return _status(400, "INVALID_ARGUMENT", "Unsupported aspectRatio, duration or size.")
         script = scripted(instances[0]["prompt"])
         if script == "refuse":
             return _status(

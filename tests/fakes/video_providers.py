@@ -11,6 +11,9 @@
 
 Models: "ok" completes on the second look, "fail" fails, "submit-500" refuses submission,
 "slow" runs until cancelled.
+Checked 2026-11-27: the queue as fal documents it (unchanged); the OpenAI videos API as its
+reference documented it before OpenAI removed it (2026-09-24,
+https://developers.openai.com/api/docs/deprecations).
 """
 
 from __future__ import annotations

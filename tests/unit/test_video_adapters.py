@@ -27,12 +27,16 @@ from server.providers.failures import (
 )
 from server.providers.fal_video import FalVideoAdapter
 from server.providers.http import Downloads
+from server.providers.openai_video import OpenAIVideoAdapter
+from server.providers.queue_video import QueueVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
+from server.videos.options import size_of
 from server.webhooks.targets import dns_lookup
 from tests.fakes import dashscope, fal, replicate, seedance
 from tests.fakes.video_providers import VIDEO
+from tests.support.catalog_offers import catalog_offers
 
 FAL_CDN = "https://v3.fal.test"
 # The test's DNS: fal's CDN is a public address, another name resolves inside the gateway's
@@ -313,11 +317,14 @@ async def test_seedance_sends_content_parts_and_generation_fields(fakes: Fakes) 
             {"frame_type": "first_frame", "url": "https://img.test/a.png"},
             {"frame_type": "last_frame", "url": "https://img.test/b.png"},
         ],
-        input_references=[{"type": "image_url", "url": "https://img.test/ref.png"}],
+    )
+    references = _call(
+        endpoint, input_references=[{"type": "image_url", "url": "https://img.test/ref.png"}]
     )
     async with httpx.AsyncClient(transport=fakes.transport()) as http:
         await provider.make(http).submit(endpoint, call)
-    (body,) = fakes.seedance.created()
+        await provider.make(http).submit(endpoint, references)
+    body, referenced = fakes.seedance.created()
     assert body["content"] == [
         {"type": "text", "text": "a lighthouse at dusk"},
         {
@@ -326,12 +333,12 @@ async def test_seedance_sends_content_parts_and_generation_fields(fakes: Fakes) 
             "role": "first_frame",
         },
         {"type": "image_url", "image_url": {"url": "https://img.test/b.png"}, "role": "last_frame"},
-        {
-            "type": "image_url",
-            "image_url": {"url": "https://img.test/ref.png"},
-            "role": "reference_image",
-        },
     ]
+    assert referenced["content"][1] == {
+        "type": "image_url",
+        "image_url": {"url": "https://img.test/ref.png"},
+        "role": "reference_image",
+    }
     assert {k: body[k] for k in ("resolution", "ratio", "duration", "seed", "generate_audio")} == {
         "resolution": "720p",
         "ratio": "16:9",
@@ -341,6 +348,43 @@ async def test_seedance_sends_content_parts_and_generation_fields(fakes: Fakes) 
     }
     assert (body["camera_fixed"], body["watermark"]) == (True, False)
     assert not any("--" in part.get("text", "") for part in body["content"])
+
+
+async def test_seedance_frames_and_references_together_are_a_clear_client_error(
+    fakes: Fakes,
+) -> None:
+    """First/last-frame and reference generation are two modes on ModelArk: never both."""
+    provider = PROVIDERS["seedance"]
+    endpoint = provider.endpoint("ok")
+    call = _call(
+        endpoint,
+        frame_images=[{"frame_type": "first_frame", "url": "https://img.test/a.png"}],
+        input_references=[{"type": "image_url", "url": "https://img.test/ref.png"}],
+    )
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        with pytest.raises(ProviderFailure) as refused:
+            await provider.make(http).submit(endpoint, call)
+    assert refused.value.kind == CLIENT_ERROR
+    assert "reference" in refused.value.message
+    assert fakes.seedance.requests == []  # refused before any call
+
+
+async def test_seedance_every_shape_and_duration_the_catalog_offers_is_accepted(
+    fakes: Fakes,
+) -> None:
+    provider = PROVIDERS["seedance"]
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        adapter = provider.make(http)
+        for resolution, ratio, duration, model in catalog_offers("seedance"):
+            endpoint = provider.endpoint(model)
+            call = _call(endpoint, resolution=resolution, aspect_ratio=ratio, duration=duration)
+            await adapter.submit(endpoint, call)  # the fake refuses what ModelArk does
+            body = fakes.seedance.created()[-1]
+            assert (body["resolution"], body["ratio"], body["duration"]) == (
+                resolution,
+                ratio,
+                duration,
+            )
 
 
 async def test_seedance_leaves_resolutions_it_lacks_to_the_model(fakes: Fakes) -> None:
@@ -406,6 +450,82 @@ async def test_dashscope_image_inputs_use_img_url_or_the_first_and_last_frame_ap
         "https://img.test/a.png",
         "https://img.test/b.png",
     )
+
+
+async def test_dashscope_wan27_asks_for_resolution_and_ratio_not_size(fakes: Fakes) -> None:
+    """Wan 2.7 reads `resolution` + `ratio`; a `size` alone leaves it at its default shape."""
+    provider = PROVIDERS["dashscope"]
+    endpoint = provider.endpoint("wan2.7-t2v")
+    call = _call(endpoint, resolution="1080p", aspect_ratio="9:16", width=1080, height=1920)
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        progress = await _run(provider.make(http), endpoint, call)
+    ((_, body),) = fakes.dashscope.created()
+    assert (body["parameters"]["resolution"], body["parameters"]["ratio"]) == ("1080P", "9:16")
+    assert "size" not in body["parameters"]
+    (task,) = fakes.dashscope.tasks.values()
+    assert task["shape"] == "1080*1920"
+    assert progress.state == "completed"
+    assert progress.seconds == dashscope.OUTPUT_SECONDS  # wan2.7 reports output_video_duration
+
+
+async def test_dashscope_size_models_get_the_documented_size_of_the_tier_and_ratio(
+    fakes: Fakes,
+) -> None:
+    """Wan 2.6 at 1080p 1:1 is 1440*1440 in the size table; 1080*1080 is refused."""
+    provider = PROVIDERS["dashscope"]
+    endpoint = provider.endpoint("wan2.6-t2v")
+    call = _call(endpoint, resolution="1080p", aspect_ratio="1:1", width=1080, height=1080)
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        await provider.make(http).submit(endpoint, call)
+    ((_, body),) = fakes.dashscope.created()
+    assert body["parameters"]["size"] == "1440*1440"
+
+
+async def test_dashscope_wan27_images_go_in_media(fakes: Fakes) -> None:
+    provider = PROVIDERS["dashscope"]
+    endpoint = provider.endpoint("wan2.7-i2v")
+    call = _call(
+        endpoint,
+        frame_images=[
+            {"frame_type": "first_frame", "url": "https://img.test/a.png"},
+            {"frame_type": "last_frame", "url": "https://img.test/b.png"},
+        ],
+        input_references=[{"type": "audio_url", "url": "https://audio.test/a.mp3"}],
+    )
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        await provider.make(http).submit(endpoint, call)
+    ((path, body),) = fakes.dashscope.created()
+    assert path.endswith("/video-generation/video-synthesis")
+    assert body["input"]["media"] == [
+        {"type": "first_frame", "url": "https://img.test/a.png"},
+        {"type": "last_frame", "url": "https://img.test/b.png"},
+        {"type": "driving_audio", "url": "https://audio.test/a.mp3"},
+    ]
+    assert body["parameters"] == {"resolution": "720P", "duration": 5}
+
+
+async def test_dashscope_every_shape_and_duration_the_catalog_offers_is_in_the_table(
+    fakes: Fakes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = PROVIDERS["dashscope"]
+    async with httpx.AsyncClient(transport=fakes.transport()) as http:
+        adapter = provider.make(http)
+        for resolution, ratio, duration, model in catalog_offers("dashscope"):
+            endpoint = provider.endpoint(model)
+            width, height = size_of(resolution, ratio)
+            call = _call(
+                endpoint,
+                resolution=resolution,
+                aspect_ratio=ratio,
+                width=width,
+                height=height,
+                duration=duration,
+            )
+            progress = await adapter.submit(endpoint, call)  # the fake refuses what Wan does
+            task = fakes.dashscope.tasks[progress.provider_job_id]
+            expected = dashscope.SIZES[(resolution.upper(), ratio)]
+            assert task["shape"] == expected, (model, resolution, ratio)
+            assert task["body"]["parameters"]["duration"] == duration
 
 
 async def test_fal_follows_the_returned_urls_under_the_app_id(fakes: Fakes) -> None:
@@ -592,3 +712,63 @@ async def test_provider_options_cannot_override_what_the_gateway_charges_for(
     }[name]()
     assert (sent["duration"], sent["style"]) == (5, "anime")
     assert "callback_url" not in sent
+
+
+async def test_openai_provider_options_cannot_override_what_the_gateway_charges_for() -> None:
+    """The model, seconds and size sent are the ones the job is charged for."""
+    sent: list[dict[str, Any]] = []
+
+    def videos_api(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"id": "video_1", "object": "video", "status": "queued"})
+
+    endpoint = Endpoint(
+        provider="openai",
+        adapter="openai",
+        base_url="https://api.openai.test/v1",
+        api_key_env="TEST_OPENAI_KEY",
+        model="sora-2",
+    )
+    call = VideoCall(
+        model="sora-2",
+        params=_params(duration=4, width=720, height=1280),
+        options={"seconds": "12", "size": "1792x1024", "model": "sora-2-pro", "style": "x"},
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(videos_api)) as http:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("TEST_OPENAI_KEY", "sk-test")
+            progress = await OpenAIVideoAdapter(http).submit(endpoint, call)
+    assert progress.state == "running"
+    assert {k: sent[0][k] for k in ("model", "seconds", "size", "style")} == {
+        "model": "sora-2",
+        "seconds": "4",
+        "size": "720x1280",
+        "style": "x",
+    }
+
+
+async def test_queue_provider_options_cannot_override_what_the_gateway_charges_for() -> None:
+    sent: list[dict[str, Any]] = []
+
+    def queue_api(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"request_id": "req-1", "status": "IN_QUEUE"})
+
+    endpoint = Endpoint(
+        provider="queue",
+        adapter="queue",
+        base_url="https://queue.test",
+        api_key_env="TEST_QUEUE_KEY",
+        model="some/model",
+    )
+    call = VideoCall(
+        model="some/model",
+        params=_params(),
+        options={"duration": 60, "callback_url": "https://elsewhere.test/hook", "style": "x"},
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(queue_api)) as http:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("TEST_QUEUE_KEY", "queue-key")
+            await QueueVideoAdapter(http).submit(endpoint, call)
+    assert (sent[0]["duration"], sent[0]["style"]) == (5, "x")
+    assert "callback_url" not in sent[0]

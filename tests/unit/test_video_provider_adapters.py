@@ -40,6 +40,7 @@ from tests.fakes.kling_video import FakeKling
 from tests.fakes.minimax_video import FakeMiniMax
 from tests.fakes.vertex_video import FakeVertex
 from tests.fakes.video_loopback import VIDEO
+from tests.support.catalog_offers import catalog_offers
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n fake image").decode()
 DATA_URL = f"data:image/png;base64,{PNG}"
@@ -169,6 +170,29 @@ async def test_gemini_submits_polls_and_downloads_through_the_redirect(
     assert storage and "x-goog-api-key" not in storage[-1].headers
 
 
+async def test_gemini_every_combination_the_catalog_offers_is_accepted_or_refused_first(
+    gemini: FakeGemini, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Veo on the Gemini API makes 1080p (and 4k) videos of 8 s only: the catalog's 1080p at 4
+    or 6 s is refused here before any call; every other combination is accepted."""
+    adapter = GeminiVideoAdapter(http)
+    for resolution, ratio, duration, model in catalog_offers("gemini"):
+        endpoint = dataclasses.replace(_gemini_endpoint(gemini, monkeypatch), model=model)
+        call = _call(model, resolution=resolution, aspect_ratio=ratio, duration=duration)
+        sent = len(gemini.submissions())
+        if resolution == "1080p" and duration != 8:
+            with pytest.raises(ProviderFailure) as refused:
+                await adapter.submit(endpoint, call)
+            assert refused.value.kind == CLIENT_ERROR
+            assert refused.value.message == "Veo makes 1080p and 4k videos of 8 s only"
+            assert len(gemini.submissions()) == sent
+            continue
+        await adapter.submit(endpoint, call)  # the fake refuses what the Gemini API does
+        parameters = gemini.submissions()[-1]["parameters"]
+        assert (parameters["resolution"], parameters["aspectRatio"]) == (resolution, ratio)
+        assert parameters["durationSeconds"] == duration
+
+
 @pytest.mark.parametrize(
     ("prompt", "kind", "retry_after"),
     [
@@ -257,6 +281,17 @@ def _vertex_endpoint(fake: FakeVertex, tmp_path: Path, monkeypatch: pytest.Monke
         "TEST_VERTEX_CREDENTIALS",
         model="veo-3.1-generate-001",
     )
+
+
+async def test_vertex_every_combination_the_catalog_offers_is_accepted(
+    vertex: FakeVertex, http: httpx.AsyncClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adapter = VertexVideoAdapter(http)
+    for resolution, ratio, duration, model in catalog_offers("vertex"):
+        endpoint = dataclasses.replace(_vertex_endpoint(vertex, tmp_path, monkeypatch), model=model)
+        call = _call(model, resolution=resolution, aspect_ratio=ratio, duration=duration)
+        progress = await adapter.submit(endpoint, call)  # the fake refuses what Vertex does
+        assert progress.state == "running", (model, resolution, ratio, duration)
 
 
 async def test_vertex_mints_a_token_once_and_returns_inline_videos(
@@ -422,6 +457,19 @@ async def test_kling_frames_go_to_image2video_as_raw_base64(
     )
 
 
+async def test_kling_every_ratio_and_duration_the_catalog_offers_is_accepted(
+    kling: FakeKling, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    adapter = KlingVideoAdapter(http, SystemClock())
+    for resolution, ratio, duration, model in catalog_offers("kling"):
+        endpoint = dataclasses.replace(_kling_endpoint(kling, monkeypatch), model=model)
+        call = _call(model, resolution=resolution, aspect_ratio=ratio, duration=duration)
+        await adapter.submit(endpoint, call)  # the fake refuses what Kling does
+        _, body = kling.submissions()[-1]
+        assert (body["aspect_ratio"], body["duration"]) == (ratio, str(duration))
+        assert body["mode"] == ("pro" if resolution == "1080p" else "std")
+
+
 @pytest.mark.parametrize(
     ("prompt", "kind", "code"),
     [
@@ -500,6 +548,28 @@ async def test_minimax_creates_queries_retrieves_and_downloads(
         "first_frame_image": DATA_URL,
         "prompt_optimizer": False,
     }
+
+
+async def test_minimax_every_combination_the_catalog_offers_is_accepted_or_refused_first(
+    minimax: FakeMiniMax, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hailuo makes 10 s videos at 768P only: the catalog's 1080p x 10 s is refused here, before
+    any call, with what MiniMax would say; every other combination is a request it accepts."""
+    adapter = MiniMaxVideoAdapter(http)
+    for resolution, _, duration, model in catalog_offers("minimax"):
+        endpoint = dataclasses.replace(_minimax_endpoint(minimax, monkeypatch), model=model)
+        call = _call(model, resolution=resolution, duration=duration)
+        sent = len(minimax.submissions())
+        if (resolution, duration) == ("1080p", 10):
+            with pytest.raises(ProviderFailure) as refused:
+                await adapter.submit(endpoint, call)
+            assert refused.value.kind == CLIENT_ERROR
+            assert refused.value.message == "MiniMax makes 1080P videos of 6 s only"
+            assert len(minimax.submissions()) == sent
+            continue
+        await adapter.submit(endpoint, call)  # the fake refuses what MiniMax does
+        body = minimax.submissions()[-1]
+        assert (body["resolution"], body["duration"]) == (resolution.upper(), duration)
 
 
 @pytest.mark.parametrize(
