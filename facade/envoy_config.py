@@ -18,6 +18,7 @@ from server.errors import (
     ErrorStatus,
     GatewayError,
 )
+from server.hostnames import VALID_AUTHORITY
 
 LUA_FILTER = Path(__file__).resolve().parent / "error_rewrite.lua"
 REQUEST_LUA = Path(__file__).resolve().parent / "edge_request.lua"
@@ -386,6 +387,20 @@ def _plain_request(edge: EdgePolicy, max_request_bytes: int) -> dict[str, Any]:
     return _all_of(*conditions)
 
 
+# What a request whose Host is not a valid host (server/hostnames.py VALID_AUTHORITY, after
+# Envoy stripped one trailing dot and this listener's port) is answered; the filter that
+# answers it is skipped for every valid one.
+INVALID_HOST_MESSAGE = (
+    "Invalid Host header: a host name, an IPv4 address or a [bracketed] IPv6 address, "
+    "optionally with a port 1-65535"
+)
+INVALID_HOST_LUA = f"""
+function envoy_on_request(handle)
+  handle:respond({{ [":status"] = "400" }}, {json.dumps(INVALID_HOST_MESSAGE)})
+end
+"""
+
+
 def _plain_success() -> dict[str, Any]:
     """A response error_rewrite.lua would only strip gRPC internals from."""
     return _all_of(
@@ -593,6 +608,14 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         "max_request_headers_kb": edge.max_request_headers_kb,
         # Every answer carries the x-request-id the server logs it under.
         "always_set_request_id_in_response": True,
+        # The authority normalised once, before any filter or route reads it: one trailing
+        # dot (the DNS root) and a port naming this listener's are dropped; what is left must
+        # be a valid host (gateway.valid_host). Absolute-form targets are not taken apart:
+        # their :path is no path, which Envoy answers 404 itself, so the Host header is the
+        # one authority a request has, routed on and passed to the server.
+        "strip_trailing_host_dot": True,
+        "strip_matching_host_port": True,
+        "http_protocol_options": {"allow_absolute_url": False},
         "route_config": {
             "name": "api",
             "virtual_hosts": [
@@ -648,6 +671,17 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                         },
                     },
                     _plain_success(),
+                ),
+            },
+            {
+                # Before anything reads the authority: an invalid Host is a 400.
+                "name": "gateway.valid_host",
+                "typed_config": _skipped_when(
+                    {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                        "default_source_code": {"inline_string": INVALID_HOST_LUA},
+                    },
+                    _request_header_is(":authority", _regex(VALID_AUTHORITY)),
                 ),
             },
             {

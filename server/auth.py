@@ -1,10 +1,12 @@
-"""Bearer-key authentication: who is calling, in which workspace and account."""
+"""Bearer-key authentication: who is calling, in which workspace and account; and what a
+caller may see of its workspace's records (`sees`, `own_records`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlmodel import col
@@ -15,7 +17,7 @@ from server.clock import Clock
 from server.db.driver import fetch_rows
 from server.db.models import Account, ApiKey, UtcDateTime, Workspace
 from server.db.stamp import PrincipalStampView
-from server.errors import forbidden, unauthorized
+from server.errors import GatewayError, forbidden, unauthorized
 
 # last_used_at is refreshed at most this often, to keep reads free of writes.
 LAST_USED_GRANULARITY = timedelta(minutes=1)
@@ -55,6 +57,47 @@ class Principal:
     key: ApiKey
     workspace: Workspace
     account: Account
+
+
+class Owned(Protocol):
+    """A record a key created (a video job, a generation): whose it is."""
+
+    @property
+    def workspace_id(self) -> str: ...
+
+    @property
+    def key_hash(self) -> str: ...
+
+
+OwnedT = TypeVar("OwnedT", bound=Owned)
+
+
+def sees(principal: Principal, record: Owned) -> bool:
+    """The one visibility rule of records a key created: a management key sees and acts on
+    everything of its workspace; any other key only on what it created itself; nobody on
+    another workspace's."""
+    if record.workspace_id != principal.workspace.id:
+        return False
+    return principal.key.is_management or record.key_hash == principal.key.hash
+
+
+def visible(principal: Principal, record: OwnedT | None, not_found: GatewayError) -> OwnedT:
+    """The record looked up by id if the caller `sees` it; else `not_found`, the very answer
+    an unknown id gets, so a hidden record's existence is never revealed."""
+    if record is None or not sees(principal, record):
+        raise not_found
+    return record
+
+
+def own_records(principal: Principal, wanted: str = "") -> str:
+    """The key whose records a listing shows ("" = every key of the workspace): `sees` for
+    lists. A management key may narrow it to `wanted`; any other key gets its own, and
+    asking for another key's is a 403 (the listing's filter is no id lookup)."""
+    if principal.key.is_management:
+        return wanted
+    if wanted and wanted != principal.key.hash:
+        raise forbidden("A key that is not a management key sees only its own activity")
+    return principal.key.hash
 
 
 @dataclass

@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, TypeVar
 
 import asyncpg
@@ -23,7 +23,7 @@ from server.accounts import keys as key_store
 from server.accounts import workspaces
 from server.accounts.operator import ensure_operator_key, rotate_operator_key
 from server.accounts.provisioning import add_workspace_credits
-from server.billing.money import AmountError, exact_micros, micros_to_usd
+from server.billing.money import AmountError, exact_micros, micros_to_usd, parse_usd
 from server.billing.periods import LIMIT_RESETS
 from server.clock import SystemClock, rfc3339
 from server.config import Settings, SettingsError, edge_policy_from_environment, load_settings
@@ -46,19 +46,12 @@ _CONNECT_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def _usd(text: str) -> Decimal:
-    """An amount in USD, exactly as given: 0 to 1e9, at most six decimal places (a finer
-    amount is refused, not rounded)."""
+    """An amount in USD, exactly as given, by the API's grammar (`parse_usd`): 0 to 1e9, at
+    most six decimal places (a finer amount is refused, not rounded)."""
     try:
-        value = Decimal(text.strip())
-    except InvalidOperation as exc:
-        raise argparse.ArgumentTypeError(f"not an amount in USD: {text!r}") from exc
-    if not value.is_finite() or value < 0:
-        raise argparse.ArgumentTypeError(f"amount must be a number >= 0: {text!r}")
-    try:
-        exact_micros(value)
+        return micros_to_usd(parse_usd(text))
     except AmountError as exc:
         raise argparse.ArgumentTypeError(f"{text!r}: amount {exc}") from exc
-    return value
 
 
 def _port(text: str) -> int:

@@ -14,7 +14,7 @@ from server.billing.money import micros_to_json_number
 from server.clock import rfc3339
 from server.db.driver import fetch_rows, insert_statement
 from server.db.models import Generation
-from server.errors import bounded_text, not_found
+from server.errors import GatewayError, bounded_text, not_found
 
 # The table (and its INSERT) of the records: a settlement inserts one with its charge
 # (server/billing/holds.py settle_hold's `row`).
@@ -68,14 +68,14 @@ async def store_generation_row(session: AsyncSession, row: Mapping[str, Any]) ->
     await fetch_rows(session, _INSERT_GENERATION, row)
 
 
-async def find_generation(
-    session: AsyncSession, workspace_id: str, generation_id: str
-) -> Generation:
-    """The workspace's generation; another workspace's is indistinguishable from none."""
-    record = await session.get(Generation, generation_id) if generation_id else None
-    if record is None or record.workspace_id != workspace_id:
-        raise not_found(f"Generation {bounded_text(generation_id, 100)!r} not found")
-    return record
+async def find_generation(session: AsyncSession, generation_id: str) -> Generation | None:
+    """The generation of that id, whoever's it is: the caller decides whether it may be seen
+    (server/auth.py `visible`, answering `generation_not_found` otherwise)."""
+    return await session.get(Generation, generation_id) if generation_id else None
+
+
+def generation_not_found(generation_id: str) -> GatewayError:
+    return not_found(f"Generation {bounded_text(generation_id, 100)!r} not found")
 
 
 def generation_document(record: Generation) -> dict[str, Any]:

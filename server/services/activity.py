@@ -1,6 +1,6 @@
 """Activity service: GET /api/v1/activity, /api/v1/generations, /api/v1/videos and
 /api/v1/videos/{id}/webhooks — what the console reads. A management key sees its
-workspace; any other key only what it made itself."""
+workspace; any other key only what it made itself (server/auth.py `own_records`, `sees`)."""
 
 from __future__ import annotations
 
@@ -8,26 +8,15 @@ import grpc
 from google.protobuf import json_format
 
 from server.accounts.interns import intern_document, list_interns
-from server.auth import Authenticator, Principal
+from server.auth import Authenticator, own_records
 from server.billing.purchases import list_purchases, purchase_document
 from server.clock import Clock
 from server.contract import console_pb2, console_pb2_grpc
 from server.db.engine import SessionFactory
-from server.errors import forbidden
 from server.observability.activity import Page, activity, list_generations, page_of
 from server.observability.generations import generation_document
 from server.services.rpc import metadata_of
 from server.videos.listing import delivery_document, job_deliveries, job_summary, list_jobs
-
-
-def _key_filter(principal: Principal, wanted: str) -> str:
-    """The key whose records the caller may see: any of its workspace's for a management
-    key, else only its own."""
-    if principal.key.is_management:
-        return wanted
-    if wanted and wanted != principal.key.hash:
-        raise forbidden("A key that is not a management key sees only its own activity")
-    return principal.key.hash
 
 
 def _page(
@@ -57,7 +46,7 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
                 principal.workspace.id,
                 self._clock.now(),
                 wanted_date=request.date,
-                key_hash=_key_filter(principal, request.api_key_hash),
+                key_hash=own_records(principal, request.api_key_hash),
                 group_by=request.group_by,
             )
         return json_format.ParseDict({"data": items}, console_pb2.ActivityResponse())
@@ -72,7 +61,7 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
                 session,
                 principal.workspace.id,
                 page,
-                key_hash=_key_filter(principal, request.api_key_hash),
+                key_hash=own_records(principal, request.api_key_hash),
                 model=request.model,
                 status=request.status,
                 api_type=request.api_type,
@@ -92,7 +81,7 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
                 session,
                 principal.workspace.id,
                 page,
-                key_hash=_key_filter(principal, ""),
+                key_hash=own_records(principal),
                 status=request.status,
             )
         response = console_pb2.VideoJobListResponse(total_count=total)

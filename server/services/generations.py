@@ -1,15 +1,19 @@
-"""Generations service: GET /api/v1/generation?id= (one stored generation of the caller's
-workspace, in OpenRouter's shape)."""
+"""Generations service: GET /api/v1/generation?id= (one stored generation the caller sees,
+server/auth.py `sees`, in OpenRouter's shape)."""
 
 from __future__ import annotations
 
 import grpc
 from google.protobuf import json_format
 
-from server.auth import Authenticator
+from server.auth import Authenticator, visible
 from server.contract import generations_pb2, generations_pb2_grpc
 from server.db.engine import SessionFactory
-from server.observability.generations import find_generation, generation_document
+from server.observability.generations import (
+    find_generation,
+    generation_document,
+    generation_not_found,
+)
 from server.services.rpc import metadata_of
 
 
@@ -23,6 +27,10 @@ class GenerationsService(generations_pb2_grpc.GenerationsServicer):
     ) -> generations_pb2.GenerationResponse:
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
-            record = await find_generation(session, principal.workspace.id, request.id)
+            record = visible(
+                principal,
+                await find_generation(session, request.id),
+                generation_not_found(request.id),
+            )
         data = json_format.ParseDict(generation_document(record), generations_pb2.Generation())
         return generations_pb2.GenerationResponse(data=data)

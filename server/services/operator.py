@@ -28,10 +28,11 @@ OPERATOR_REFERENCE = "operator API"
 
 
 def _amount(value: struct_pb2.Value) -> Decimal | str:
-    """The amount as the client wrote it: a JSON number, or a decimal string (exact)."""
+    """The amount as the client wrote it: a JSON number, or a decimal string (exact, read by
+    `parse_usd`'s grammar: no surrounding whitespace)."""
     kind = value.WhichOneof("kind")
     if kind == "string_value":
-        return value.string_value.strip()
+        return value.string_value
     if kind == "number_value":
         number = number_or_null(value, "amount")
         assert number is not None

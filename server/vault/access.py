@@ -7,8 +7,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.auth import Principal
 from server.db.models import Intern
-from server.errors import GatewayError, forbidden, not_found
-from server.hostnames import dns_name, host_of
+from server.errors import GatewayError, bad_request, forbidden, not_found
+from server.hostnames import InvalidHost, dns_name, host_of
 from server.vault.store import Scope
 
 
@@ -21,7 +21,10 @@ async def vault_scope(
     regional_hosts: frozenset[str],
     write: bool,
 ) -> Scope:
-    host = host_of(authority)
+    try:
+        host = host_of(authority)
+    except InvalidHost as exc:  # Envoy refuses these first; a direct caller is told the same
+        raise bad_request("Invalid Host header") from exc
     # Both sides in DNS's canonical form: `EU.example.com.` is `eu.example.com`.
     if host is not None and host in {dns_name(h) for h in regional_hosts}:
         raise forbidden("The vault is not available on regional hostnames")

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from server.auth import Principal
+from server.auth import Principal, visible
 from server.billing.holds import place_hold, place_hold_with_row, reserve_and_insert
 from server.billing.money import micros_to_json_number, usd_to_micros
 from server.byok.routing import BillingPlan
@@ -276,11 +276,10 @@ def job_row(
 
 
 async def find_job(session: AsyncSession, principal: Principal, job_id: str) -> VideoJob:
-    """The caller's job; another workspace's job is indistinguishable from none."""
+    """The job if the caller sees it (server/auth.py `sees`: a management key its
+    workspace's, another key its own); any other is indistinguishable from none."""
     job = await session.get(VideoJob, job_id)
-    if job is None or job.workspace_id != principal.workspace.id:
-        raise not_found(f"Video job {job_id!r} not found")
-    return job
+    return visible(principal, job, not_found(f"Video job {job_id!r} not found"))
 
 
 def check_content(job: VideoJob, index: int, store: ContentStore) -> None:

@@ -157,9 +157,10 @@ def test_what_the_error_lua_acts_on_is_never_skipped(changes: Headers) -> None:
 
 def test_the_error_lua_runs_last_but_for_the_internals_stripping() -> None:
     names = [f["name"] for f in _manager()["http_filters"]]
-    assert names[:4] == [
+    assert names[:5] == [
         "gateway.response_internals",
         "envoy.filters.http.lua",
+        "gateway.valid_host",
         "gateway.edge_request",
         "envoy.filters.http.header_mutation",
     ]

@@ -1,13 +1,19 @@
 """GET /generation's domain (server/observability/generations.py): a stored transcription
-read back by its id in OpenRouter's shape; another workspace's id or an unknown one is 404."""
+read back by its id in OpenRouter's shape; another workspace's id or an unknown one is 404
+(server/auth.py `visible`; who sees what: tests/unit/test_visibility.py)."""
 
 from __future__ import annotations
 
 import pytest
 from openrouter import components
 
+from server.auth import visible
 from server.errors import GatewayError
-from server.observability.generations import find_generation, generation_document
+from server.observability.generations import (
+    find_generation,
+    generation_document,
+    generation_not_found,
+)
 from server.transcription.request import TranscriptionInput
 from tests.support.audio import fixture
 from tests.support.domain import Domain
@@ -31,14 +37,21 @@ async def test_a_transcription_is_found_by_its_generation_id_in_its_workspace_on
         principal = await domain.principal(issued)
         result = await domain.transcriber().transcribe(session, principal, request)
     async with domain.sessions() as session:
-        record = await find_generation(session, issued.workspace.id, result.generation_id)
-        for workspace, wanted in (
-            (other.workspace.id, result.generation_id),
-            (issued.workspace.id, "gen_unknown"),
-            (issued.workspace.id, ""),
+        owner, stranger = principal, await domain.principal(other)
+        record = visible(
+            owner,
+            await find_generation(session, result.generation_id),
+            generation_not_found(result.generation_id),
+        )
+        for caller, wanted in (
+            (stranger, result.generation_id),
+            (owner, "gen_unknown"),
+            (owner, ""),
         ):
             with pytest.raises(GatewayError) as missing:
-                await find_generation(session, workspace, wanted)
+                visible(
+                    caller, await find_generation(session, wanted), generation_not_found(wanted)
+                )
             assert missing.value.status == 404
     document = generation_document(record)
     assert document["id"] == result.generation_id and document["model"] == "unit/ok"

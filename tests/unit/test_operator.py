@@ -79,11 +79,11 @@ async def test_two_first_starts_at_once_leave_one_key_and_its_file(
     ("amount", "words"),
     [
         ("0", "greater than 0"),
-        ("-1", "0 or more"),
+        ("-1", "no sign"),
         ("0.0000015", "micro-dollars"),
         ("1000000000.000001", "1e9"),
-        ("ten", "not an amount"),
-        ("NaN", "finite"),
+        ("ten", "decimal number of USD"),
+        ("NaN", "decimal number of USD"),
     ],
 )
 async def test_credit_amounts_are_refused_not_rounded(
