@@ -163,7 +163,7 @@ class Settings(BaseSettings):
     # Deliveries in flight at once per server process, and of one workspace at once across
     # all processes (counted in the database): one workspace's slow receiver holds at most
     # its own share, never every slot.
-    webhook_concurrency: int = Field(16, ge=1, le=1024)
+    webhook_concurrency: int = Field(16, ge=2, le=1024)
     webhook_workspace_concurrency: int = Field(4, ge=1, le=1024)
     # The most of a receiver's answer read past its status (which alone counts); a longer
     # answer's connection is closed, not drained.
@@ -195,6 +195,17 @@ class Settings(BaseSettings):
     def _database(self) -> Settings:
         url = normalize_database_url(self.database_url or sqlite_url(self.data_dir))
         object.__setattr__(self, "database_url", url)
+        return self
+
+    @model_validator(mode="after")
+    def _webhook_shares(self) -> Settings:
+        if self.webhook_workspace_concurrency >= self.webhook_concurrency:
+            raise ValueError(
+                "GATEWAY_WEBHOOK_WORKSPACE_CONCURRENCY "
+                f"({self.webhook_workspace_concurrency}) must be below "
+                f"GATEWAY_WEBHOOK_CONCURRENCY ({self.webhook_concurrency}): one workspace's "
+                "slow receiver must leave deliveries to the others"
+            )
         return self
 
     @property
