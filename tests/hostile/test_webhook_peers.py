@@ -199,7 +199,7 @@ async def test_a_slow_workspace_does_not_delay_another_workspaces_webhooks(
     first_started = min(t for d in slow_ids for t in hostile.arrived(d))
     fast = await hostile.queue(other, "/ok")
     latency = await _latency(hostile, fast)
-    assert latency < 2.0, f"B's webhook took {latency:.1f} s behind A's slow receiver"
+    assert latency < 2.5, f"B's webhook took {latency:.1f} s behind A's slow receiver"
     (fast_arrived,) = hostile.arrived(fast)
     # B's reached its receiver before any of A's attempts could have ended.
     assert fast_arrived - first_started < DEADLINE
@@ -214,4 +214,4 @@ async def test_a_slow_workspace_does_not_delay_another_workspaces_webhooks(
     )
     again = await hostile.queue(other, "/ok")
     latency = await _latency(hostile, again)
-    assert latency < 2.0, f"B's webhook took {latency:.1f} s behind A's retries"
+    assert latency < 2.5, f"B's webhook took {latency:.1f} s behind A's retries"

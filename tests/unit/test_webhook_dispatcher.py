@@ -307,7 +307,7 @@ async def test_a_slow_workspace_leaves_the_other_slots_to_other_workspaces(
         domain.clock,
         tls_http,
         allow_private=True,
-        deadline=2.0,
+        deadline=3.0,
         concurrency=3,
         workspace_concurrency=2,
     )
@@ -324,16 +324,16 @@ async def test_a_slow_workspace_leaves_the_other_slots_to_other_workspaces(
             await eventually(
                 lambda d=delivery: _delivered(domain, d.id), within=5, message="B's webhook"
             )
-        assert time.monotonic() - started < 1.5  # well before A's 2 s deadline
+        assert time.monotonic() - started < 2.5  # before A's first attempts end (3 s)
         assert _arrivals(peer, stalled) == 2  # A's cap, not all four
         # A's first two fail at their deadline (retry due in 5 s); its other two follow.
-        await eventually(lambda: _arrivals(peer, stalled) == 4, within=5, message="A's next")
+        await eventually(lambda: _arrivals(peer, stalled) == 4, within=6, message="A's next")
         domain.clock.advance(RETRY_SCHEDULE[0])
         again = await _queue_to(domain, fast, peer.url("/ok"))
         dispatcher.wake.set()
         waited = time.monotonic()
         await eventually(lambda: _delivered(domain, again.id), within=5, message="B's next")
-        assert time.monotonic() - waited < 1.5
+        assert time.monotonic() - waited < 2.5
     finally:
         stop.set()
         await asyncio.wait_for(loop, 10)
