@@ -5,10 +5,10 @@ across retries (at-least-once); 2xx ends it, 410 stops it, anything else is retr
 schedule of about a day. Deliveries are claimed with a lease like video jobs, so several
 server processes never send one at the same moment.
 
-A receiver is whoever a client named, so every attempt is bounded (DESIGN, "Bounded
-resources"): one deadline covers it whole — DNS, connect, TLS, the request, the answer's
-status and a small prefix of its body; the status is what counts, the rest of a body is
-never read (the connection is closed rather than drained). Attempts run concurrently, up to
+A receiver is whoever a client named, so every attempt is bounded in memory and time: one
+deadline covers it whole — DNS, connect, TLS, the request, the answer's status and a small
+prefix of its body; the status is what counts, the rest of a body is never read (the
+connection is closed rather than drained). Attempts run concurrently, up to
 `concurrency` per process, and at most `workspace_concurrency` of one workspace's at once
 across every process (the claim counts the workspace's live leases in the database): a
 workspace whose receiver is slow fills its own share, and every other workspace's webhooks
@@ -76,7 +76,8 @@ def _claimer(workspace_concurrency: int) -> Claimer:
     """Claiming a pending delivery whose next attempt is due, with a lease, of a workspace
     with fewer than `workspace_concurrency` deliveries leased (in flight) right now."""
     busy = _DELIVERIES.alias("busy")
-    now = sa.bindparam("now", type_=_DELIVERIES.c.next_attempt_at.type)  # the claim's own
+    # The claim's own `now` (Claimer binds it by that name), so one value serves both.
+    now = sa.bindparam("now", type_=_DELIVERIES.c.next_attempt_at.type)
     at_cap = (
         sa.select(busy.c.workspace_id)
         .where(busy.c.status == "pending", busy.c.lease_expires_at >= now)
