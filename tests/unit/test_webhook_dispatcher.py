@@ -9,6 +9,8 @@ import json
 import secrets
 import ssl
 import time
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -420,3 +422,46 @@ def claims_of(
     dispatchers: list[WebhookDispatcher], each: int
 ) -> list[Coroutine[Any, Any, WebhookDelivery | None]]:
     return [d.claim() for d in dispatchers for _ in range(each)]
+
+
+class _GzipBomb(httpx.AsyncByteStream):
+    """A gzip body of `size` zero bytes, compressed as it is streamed (about a thousandth
+    of its size on the wire): an answer small to receive and huge once inflated."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.chunks_sent = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        packer = zlib.compressobj(wbits=31)  # gzip framing
+        block = bytes(MiB)
+        for _ in range(self.size // MiB):
+            piece = packer.compress(block)
+            if piece:
+                self.chunks_sent += 1
+                yield piece
+        yield packer.flush()
+
+
+async def test_a_compressed_answer_is_never_inflated(domain: Domain) -> None:
+    """Content-Encoding: gzip on 256 MiB of zeros: the prefix is read raw, so what the
+    dispatcher holds is bounded by the bytes received, not by what they would inflate to."""
+    bomb = _GzipBomb(256 * MiB)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-encoding": "gzip"}, stream=bomb)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        dispatcher = WebhookDispatcher(domain.sessions, domain.clock, http, allow_private=True)
+        workspace = await domain.admin.workspace("gzip-bomb")
+        queued = await _queue_to(domain, workspace, "https://localhost:8443/bomb")
+        tracemalloc.start()
+        try:
+            assert await _attempt_due(dispatcher)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    row = await _delivery(domain, queued.id)
+    assert (row.status, row.last_status) == ("delivered", 200)
+    assert peak < 16 * MiB, f"{peak / MiB:.0f} MiB held for a compressed answer"
+    assert bomb.chunks_sent < 64  # the rest of the body was never asked for
