@@ -209,7 +209,14 @@ def build_core(
     leases = BudgetLeases(writer, clock, metrics) if limits is None else None
     limits = limits or EnforcedLimits(metrics)
     webhooks = WebhookDispatcher(
-        sessions, clock, http, allow_private=settings.webhook_allow_private
+        sessions,
+        clock,
+        http,
+        allow_private=settings.webhook_allow_private,
+        deadline=settings.webhook_deadline_seconds,
+        concurrency=settings.webhook_concurrency,
+        workspace_concurrency=settings.webhook_workspace_concurrency,
+        max_answer_bytes=settings.webhook_max_answer_bytes,
     )
     return Core(
         settings=settings,

@@ -157,6 +157,17 @@ class Settings(BaseSettings):
     maintenance_interval_seconds: float = Field(5.0, gt=0, allow_inf_nan=False)
     webhook_ca_bundle: str | None = None  # an extra CA file trusted for webhook TLS
     webhook_allow_private: bool = False  # allow loopback/private webhook targets
+    # One webhook attempt, whole (DNS, connect, TLS, request, status, the answer's prefix):
+    # without a status by then it failed and is retried on the backoff schedule.
+    webhook_deadline_seconds: float = Field(10.0, gt=0, le=300, allow_inf_nan=False)
+    # Deliveries in flight at once per server process, and of one workspace at once across
+    # all processes (counted in the database): one workspace's slow receiver holds at most
+    # its own share, never every slot.
+    webhook_concurrency: int = Field(16, ge=2, le=1024)
+    webhook_workspace_concurrency: int = Field(4, ge=1, le=1024)
+    # The most of a receiver's answer read past its status (which alone counts); a longer
+    # answer's connection is closed, not drained.
+    webhook_max_answer_bytes: int = Field(16 * 1024, ge=0, le=1024 * 1024)
     # allow provider result downloads and image fetches (not on the endpoint's own origin)
     # from loopback/private addresses: a provider whose CDN lives inside the operator's network
     provider_downloads_allow_private: bool = False
@@ -184,6 +195,17 @@ class Settings(BaseSettings):
     def _database(self) -> Settings:
         url = normalize_database_url(self.database_url or sqlite_url(self.data_dir))
         object.__setattr__(self, "database_url", url)
+        return self
+
+    @model_validator(mode="after")
+    def _webhook_shares(self) -> Settings:
+        if self.webhook_workspace_concurrency >= self.webhook_concurrency:
+            raise ValueError(
+                "GATEWAY_WEBHOOK_WORKSPACE_CONCURRENCY "
+                f"({self.webhook_workspace_concurrency}) must be below "
+                f"GATEWAY_WEBHOOK_CONCURRENCY ({self.webhook_concurrency}): one workspace's "
+                "slow receiver must leave deliveries to the others"
+            )
         return self
 
     @property

@@ -87,3 +87,28 @@ def test_wrong_values_name_the_variable(
 def test_a_wrong_flag_names_the_flag(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="--metrics-port"):
         load_settings(tmp_path, metrics_port=-1)
+
+
+def test_webhook_bounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every webhook attempt's bounds have a default, are read from their variables, and
+    a workspace's share must leave slots to the others (else one slow receiver could hold
+    every delivery of a process again)."""
+    settings = load_settings(tmp_path)
+    assert settings.webhook_deadline_seconds == 10.0
+    assert (settings.webhook_concurrency, settings.webhook_workspace_concurrency) == (16, 4)
+    assert settings.webhook_max_answer_bytes == 16 * 1024
+    monkeypatch.setenv("GATEWAY_WEBHOOK_DEADLINE_SECONDS", "2.5")
+    monkeypatch.setenv("GATEWAY_WEBHOOK_CONCURRENCY", "3")
+    monkeypatch.setenv("GATEWAY_WEBHOOK_WORKSPACE_CONCURRENCY", "2")
+    monkeypatch.setenv("GATEWAY_WEBHOOK_MAX_ANSWER_BYTES", "0")
+    settings = load_settings(tmp_path)
+    assert settings.webhook_deadline_seconds == 2.5 and settings.webhook_max_answer_bytes == 0
+    assert (settings.webhook_concurrency, settings.webhook_workspace_concurrency) == (3, 2)
+    monkeypatch.setenv("GATEWAY_WEBHOOK_WORKSPACE_CONCURRENCY", "3")
+    with pytest.raises(SettingsError) as caught:
+        load_settings(tmp_path)
+    assert "GATEWAY_WEBHOOK_WORKSPACE_CONCURRENCY (3) must be below" in str(caught.value)
+    assert "GATEWAY_WEBHOOK_CONCURRENCY (3)" in str(caught.value)
+    monkeypatch.setenv("GATEWAY_WEBHOOK_DEADLINE_SECONDS", "soon")
+    with pytest.raises(SettingsError, match="GATEWAY_WEBHOOK_DEADLINE_SECONDS must be a number"):
+        load_settings(tmp_path)

@@ -7,15 +7,26 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import ssl
+import time
+import tracemalloc
+import zlib
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+import pytest_asyncio
 from standardwebhooks import Webhook
 
-from server.db.models import WebhookDelivery
+from server.db.models import WebhookDelivery, Workspace
+from server.providers.http import provider_client
 from server.webhooks.secrets import workspace_secret
 from server.webhooks.signing import openrouter_signature
 from server.workers.webhook_dispatcher import RETRY_SCHEDULE, WebhookDispatcher
+from tests.fakes.hostile_peer import HostilePeer
 from tests.support.domain import Domain
 from tests.support.eventually import eventually
 
@@ -169,3 +180,288 @@ async def test_the_run_loop_delivers_when_woken(domain: Domain) -> None:
 async def _delivered(domain: Domain, delivery_id: str) -> WebhookDelivery | None:
     row = await _delivery(domain, delivery_id)
     return row if row.status == "delivered" else None
+
+
+# Hostile receivers (issue 29, items 2 and 3): a real loopback peer over HTTPS, the one
+# provider client, short bounds. What counts is the status; at most a small prefix of an
+# answer is read; every attempt ends by its deadline; deliveries run concurrently, at most
+# a few per workspace, so one workspace's slow receiver never holds another's webhooks.
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def peer(tmp_path: Path) -> Iterator[HostilePeer]:
+    hostile = HostilePeer(tls_ca_file=tmp_path / "peer-ca.pem", max_seconds=15, max_bytes=96 * MiB)
+    hostile.start()
+    yield hostile
+    hostile.stop()
+
+
+@pytest_asyncio.fixture
+async def tls_http(peer: HostilePeer) -> AsyncIterator[httpx.AsyncClient]:
+    """The gateway's one client (its own transport), trusting the peer's test CA."""
+    tls = ssl.create_default_context()
+    tls.load_verify_locations(cafile=peer.tls_ca_file)
+    http = provider_client(tls)
+    yield http
+    await http.aclose()
+
+
+async def _queue_to(domain: Domain, workspace: Workspace, url: str) -> WebhookDelivery:
+    delivery = WebhookDelivery(
+        id=f"msg_{secrets.token_hex(12)}",
+        workspace_id=workspace.id,
+        job_id="vid_x",
+        url=url,
+        payload=PAYLOAD,
+        status="pending",
+        next_attempt_at=domain.clock.now(),
+        created_at=domain.clock.now(),
+    )
+    async with domain.sessions() as session:
+        session.add(delivery)
+        await session.commit()
+    return delivery
+
+
+def _arrivals(peer: HostilePeer, deliveries: list[WebhookDelivery]) -> int:
+    ids = {d.id for d in deliveries}
+    return sum(1 for r in list(peer.requests) if r.headers.get("webhook-id") in ids)
+
+
+async def test_a_huge_answer_is_read_only_to_a_small_prefix(
+    domain: Domain, peer: HostilePeer, tls_http: httpx.AsyncClient
+) -> None:
+    """The issue's receiver answering 1.2 GiB, scaled down: the status (200) delivers it, at
+    most a small prefix of the body is read and the connection is closed, not drained."""
+    dispatcher = WebhookDispatcher(domain.sessions, domain.clock, tls_http, allow_private=True)
+    workspace = await domain.admin.workspace("huge-answer")
+    queued = await _queue_to(domain, workspace, peer.url(f"/huge/{256 * MiB}"))
+    assert await _attempt_due(dispatcher)
+    row = await _delivery(domain, queued.id)
+    assert (row.status, row.last_status, row.attempts) == ("delivered", 200, 1)
+    await asyncio.sleep(0.2)  # what the peer could still push before it saw the close
+    assert peer.bytes_sent < 16 * MiB, f"{peer.bytes_sent / MiB:.0f} MiB of the answer read"
+
+
+async def test_an_endless_answer_is_cut_after_its_prefix(
+    domain: Domain, peer: HostilePeer, tls_http: httpx.AsyncClient
+) -> None:
+    dispatcher = WebhookDispatcher(domain.sessions, domain.clock, tls_http, allow_private=True)
+    workspace = await domain.admin.workspace("endless-answer")
+    queued = await _queue_to(domain, workspace, peer.url("/endless"))
+    started = time.monotonic()
+    assert await _attempt_due(dispatcher)
+    assert time.monotonic() - started < 5
+    row = await _delivery(domain, queued.id)
+    assert (row.status, row.last_status) == ("delivered", 200)
+    await asyncio.sleep(0.2)
+    assert peer.bytes_sent < 16 * MiB, f"{peer.bytes_sent / MiB:.0f} MiB of the answer read"
+
+
+async def test_an_attempt_without_an_answer_fails_at_its_deadline(
+    domain: Domain, peer: HostilePeer, tls_http: httpx.AsyncClient
+) -> None:
+    """No status within the deadline (connect, send, status): the attempt fails then and is
+    retried on the backoff schedule, whatever the per-read timeouts would allow."""
+    dispatcher = WebhookDispatcher(
+        domain.sessions, domain.clock, tls_http, allow_private=True, deadline=1.0
+    )
+    workspace = await domain.admin.workspace("stalled")
+    queued = await _queue_to(domain, workspace, peer.url("/stall"))
+    failed_at = domain.clock.now()
+    started = time.monotonic()
+    assert await _attempt_due(dispatcher)
+    assert time.monotonic() - started < 2.5
+    row = await _delivery(domain, queued.id)
+    assert (row.status, row.attempts, row.last_status) == ("pending", 1, None)
+    assert row.last_error is not None and "deadline" in row.last_error
+    assert row.next_attempt_at == failed_at + RETRY_SCHEDULE[0]
+    assert row.lease_owner is None
+
+
+async def test_a_trickling_answer_counts_by_its_status_within_the_deadline(
+    domain: Domain, peer: HostilePeer, tls_http: httpx.AsyncClient
+) -> None:
+    """A 200 whose body trickles (a byte a second, 1 MiB announced): the status came, so it
+    is delivered; the body is not waited for past the deadline."""
+    dispatcher = WebhookDispatcher(
+        domain.sessions, domain.clock, tls_http, allow_private=True, deadline=1.0
+    )
+    workspace = await domain.admin.workspace("trickling")
+    queued = await _queue_to(domain, workspace, peer.url("/trickle-length/1000"))
+    started = time.monotonic()
+    assert await _attempt_due(dispatcher)
+    assert time.monotonic() - started < 2.5
+    row = await _delivery(domain, queued.id)
+    assert (row.status, row.last_status, row.attempts) == ("delivered", 200, 1)
+
+
+async def test_a_slow_workspace_leaves_the_other_slots_to_other_workspaces(
+    domain: Domain, peer: HostilePeer, tls_http: httpx.AsyncClient
+) -> None:
+    """Workspace A has four deliveries to a receiver that never answers, B two to a fast
+    one, and A's were due first. A runs at most two at once (its cap); B's are delivered at
+    once, not after A's deadlines — and again while A's first attempts are retried."""
+    dispatcher = WebhookDispatcher(
+        domain.sessions,
+        domain.clock,
+        tls_http,
+        allow_private=True,
+        deadline=3.0,
+        concurrency=3,
+        workspace_concurrency=2,
+    )
+    slow = await domain.admin.workspace("slow-receiver")
+    fast = await domain.admin.workspace("fast-receiver")
+    stalled = [await _queue_to(domain, slow, peer.url("/stall")) for _ in range(4)]
+    domain.clock.advance(timedelta(seconds=1))  # B's come due after A's
+    quick = [await _queue_to(domain, fast, peer.url("/ok")) for _ in range(2)]
+    stop = asyncio.Event()
+    started = time.monotonic()
+    loop = asyncio.create_task(dispatcher.run(stop))
+    try:
+        for delivery in quick:
+            await eventually(
+                lambda d=delivery: _delivered(domain, d.id), within=5, message="B's webhook"
+            )
+        assert time.monotonic() - started < 2.5  # before A's first attempts end (3 s)
+        assert _arrivals(peer, stalled) == 2  # A's cap, not all four
+        # A's first two fail at their deadline (retry due in 5 s); its other two follow.
+        await eventually(lambda: _arrivals(peer, stalled) == 4, within=6, message="A's next")
+        domain.clock.advance(RETRY_SCHEDULE[0])
+        again = await _queue_to(domain, fast, peer.url("/ok"))
+        dispatcher.wake.set()
+        waited = time.monotonic()
+        await eventually(lambda: _delivered(domain, again.id), within=5, message="B's next")
+        assert time.monotonic() - waited < 2.5
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+
+
+async def test_deliveries_run_concurrently_up_to_the_bound(
+    domain: Domain, peer: HostilePeer, tls_http: httpx.AsyncClient
+) -> None:
+    dispatcher = WebhookDispatcher(
+        domain.sessions,
+        domain.clock,
+        tls_http,
+        allow_private=True,
+        deadline=2.0,
+        concurrency=3,
+        workspace_concurrency=3,
+    )
+    stalled = [
+        await _queue_to(domain, await domain.admin.workspace(f"many-{i}"), peer.url("/stall"))
+        for i in range(5)
+    ]
+    stop = asyncio.Event()
+    loop = asyncio.create_task(dispatcher.run(stop))
+    try:
+        await eventually(lambda: _arrivals(peer, stalled) == 3, within=5, message="three at once")
+        await asyncio.sleep(0.5)  # still within their deadline: no fourth has started
+        assert _arrivals(peer, stalled) == 3
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 10)
+
+
+async def test_stopping_waits_for_attempts_in_flight_at_most_their_deadline(
+    domain: Domain, peer: HostilePeer, tls_http: httpx.AsyncClient
+) -> None:
+    dispatcher = WebhookDispatcher(
+        domain.sessions, domain.clock, tls_http, allow_private=True, deadline=1.5
+    )
+    workspace = await domain.admin.workspace("drained")
+    queued = await _queue_to(domain, workspace, peer.url("/stall"))
+    stop = asyncio.Event()
+    loop = asyncio.create_task(dispatcher.run(stop))
+    await eventually(lambda: _arrivals(peer, [queued]) == 1, within=5, message="in flight")
+    stopped = time.monotonic()
+    stop.set()
+    await asyncio.wait_for(loop, 10)
+    assert time.monotonic() - stopped < 2.5
+    row = await _delivery(domain, queued.id)  # the attempt ended and was recorded
+    assert (row.status, row.attempts, row.lease_owner) == ("pending", 1, None)
+
+
+async def test_the_workspace_cap_holds_across_processes(any_domain: Domain) -> None:
+    """Dispatchers of several processes claim from one outbox: each delivery exactly once,
+    and no more of one workspace's deliveries in flight at once than its cap, counted in
+    the database — also when the claims race (PostgreSQL: separate connections)."""
+    domain = any_domain
+    dispatchers = [
+        WebhookDispatcher(
+            domain.sessions, domain.clock, domain.http, concurrency=8, workspace_concurrency=2
+        )
+        for _ in range(3)
+    ]
+    slow = await domain.admin.workspace("cap-slow")
+    other = await domain.admin.workspace("cap-other")
+    for _ in range(6):
+        await _queue_to(domain, slow, "https://slow.test/hook")
+    domain.clock.advance(timedelta(seconds=1))
+    for _ in range(3):
+        await _queue_to(domain, other, "https://other.test/hook")
+    claimed = [c for c in await asyncio.gather(*claims_of(dispatchers, 4)) if c is not None]
+    ids = [c.id for c in claimed]
+    assert len(ids) == len(set(ids))  # nothing claimed twice
+    assert sorted(c.workspace_id for c in claimed) == sorted([slow.id] * 2 + [other.id] * 2)
+    # A lease that lapsed (its process died) no longer counts against the cap.
+    lease = claimed[0].lease_expires_at
+    assert lease is not None
+    assert lease - domain.clock.now() >= timedelta(seconds=10)  # outlives an attempt
+    domain.clock.set(lease + timedelta(seconds=1))
+    more = [c for c in await asyncio.gather(*claims_of(dispatchers, 4)) if c is not None]
+    assert sorted(c.workspace_id for c in more) == sorted([slow.id] * 2 + [other.id] * 2)
+
+
+def claims_of(
+    dispatchers: list[WebhookDispatcher], each: int
+) -> list[Coroutine[Any, Any, WebhookDelivery | None]]:
+    return [d.claim() for d in dispatchers for _ in range(each)]
+
+
+class _GzipBomb(httpx.AsyncByteStream):
+    """A gzip body of `size` zero bytes, compressed as it is streamed (about a thousandth
+    of its size on the wire): an answer small to receive and huge once inflated."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.chunks_sent = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        packer = zlib.compressobj(wbits=31)  # gzip framing
+        block = bytes(MiB)
+        for _ in range(self.size // MiB):
+            piece = packer.compress(block)
+            if piece:
+                self.chunks_sent += 1
+                yield piece
+        yield packer.flush()
+
+
+async def test_a_compressed_answer_is_never_inflated(domain: Domain) -> None:
+    """Content-Encoding: gzip on 256 MiB of zeros: the prefix is read raw, so what the
+    dispatcher holds is bounded by the bytes received, not by what they would inflate to."""
+    bomb = _GzipBomb(256 * MiB)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-encoding": "gzip"}, stream=bomb)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        dispatcher = WebhookDispatcher(domain.sessions, domain.clock, http, allow_private=True)
+        workspace = await domain.admin.workspace("gzip-bomb")
+        queued = await _queue_to(domain, workspace, "https://localhost:8443/bomb")
+        tracemalloc.start()
+        try:
+            assert await _attempt_due(dispatcher)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    row = await _delivery(domain, queued.id)
+    assert (row.status, row.last_status) == ("delivered", 200)
+    assert peak < 16 * MiB, f"{peak / MiB:.0f} MiB held for a compressed answer"
+    assert bomb.chunks_sent < 64  # the rest of the body was never asked for
