@@ -92,6 +92,10 @@ class Model:
     # The provider's retirement date (UTC): from that day on the model is listed as
     # unavailable and requests for it are refused, so a retirement is a one-line change.
     retires: date | None = None
+    # The provider pages the entry's model name, price and capabilities were confirmed on,
+    # and the day they were read (required of built-in entries, optional for an operator's).
+    sources: tuple[str, ...] = ()
+    checked: date | None = None
 
     def retirement(self, today: date) -> str | None:
         """Why the model is no longer offered, from its retirement date on; None before."""
@@ -148,6 +152,12 @@ def _price(value: Any) -> Any:
     )
 
 
+def _https(value: str) -> str:
+    if not value.startswith("https://"):
+        raise ValueError("must be an https:// link")
+    return value
+
+
 def _tuple(values: list[Any] | None) -> tuple[Any, ...] | None:
     return tuple(values) if values is not None else None
 
@@ -201,6 +211,17 @@ class _ModelTable(_Table):
     created: int = 0
     passthrough_parameters: list[str] = []
     retires: date | None = None  # a TOML date (retires = 2026-09-24)
+    # Where the entry's figures were confirmed (https links) and when (checked = 2026-11-27).
+    sources: list[Annotated[str, AfterValidator(_https)]] | None = Field(default=None, min_length=1)
+    checked: date | None = None
+
+    @model_validator(mode="after")
+    def _sources_with_their_date(self) -> _ModelTable:
+        if (self.sources is None) != (self.checked is None):
+            raise ValueError(
+                "sources and checked go together: the pages and the day they were read"
+            )
+        return self
 
     @model_validator(mode="after")
     def _adapters_fit_kind(self) -> _ModelTable:
@@ -261,6 +282,8 @@ class _ModelTable(_Table):
             video=video,
             output_prices=tuple(self.output_prices.items()),
             retires=self.retires,
+            sources=tuple(self.sources or ()),
+            checked=self.checked,
         )
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import date
 from decimal import Decimal
 from pathlib import Path
 
@@ -112,6 +113,40 @@ BAD = {
         ),
         "models[0].resolutions[0]: Input should be a valid string",
     ),
+    "sources not a list": (
+        _model('id = "a/b"\nkind = "stt"\nprice_per_second = "1"\nsources = "https://x.test"'),
+        "models[0].sources: Input should be a valid list",
+    ),
+    "a source that is not an https link": (
+        _model(
+            'id = "a/b"\nkind = "stt"\nprice_per_second = "1"\n'
+            'sources = ["http://x.test/pricing"]\nchecked = 2026-11-27'
+        ),
+        "models[0].sources[0]: must be an https:// link",
+    ),
+    "checked as a string, not a TOML date": (
+        _model(
+            'id = "a/b"\nkind = "stt"\nprice_per_second = "1"\n'
+            'sources = ["https://x.test/pricing"]\nchecked = "2026-11-27"'
+        ),
+        "models[0].checked: Input should be a valid date",
+    ),
+    "sources without the date they were read": (
+        _model(
+            'id = "a/b"\nkind = "stt"\nprice_per_second = "1"\nsources = ["https://x.test/pricing"]'
+        ),
+        "sources and checked go together",
+    ),
+    "a date read without the sources": (
+        _model('id = "a/b"\nkind = "stt"\nprice_per_second = "1"\nchecked = 2026-11-27'),
+        "sources and checked go together",
+    ),
+    "no sources at all": (
+        _model(
+            'id = "a/b"\nkind = "stt"\nprice_per_second = "1"\nsources = []\nchecked = 2026-11-27'
+        ),
+        "models[0].sources: List should have at least 1 item",
+    ),
     "not TOML": ("[[models]\nid = ", ""),
 }
 
@@ -165,3 +200,24 @@ def test_a_price_for_an_output_the_model_does_not_offer_is_refused(tmp_path: Pat
     path.write_text(_PRICED.replace('"1080p" = "0.40"', '"4K" = "0.90"'))
     with pytest.raises(CatalogError, match=r"output_prices\.4K"):
         load_catalog(path)
+
+
+def test_an_entry_names_the_pages_it_was_confirmed_on_and_when(tmp_path: Path) -> None:
+    """`sources` (https links) and `checked` (a TOML date): optional for an operator's entry,
+    kept on the model when given."""
+    path = tmp_path / "catalog.toml"
+    path.write_text(
+        _model(
+            'id = "acme/sourced"\nkind = "stt"\nprice_per_second = "0.0001"\n'
+            'sources = ["https://acme.test/pricing", "https://acme.test/models"]\n'
+            "checked = 2026-11-27"
+        )
+        + _model('id = "acme/unsourced"\nkind = "stt"\nprice_per_second = "0.0001"')
+    )
+    catalog = load_catalog(path)
+    sourced = catalog.get("acme/sourced")
+    assert sourced is not None
+    assert sourced.sources == ("https://acme.test/pricing", "https://acme.test/models")
+    assert sourced.checked == date(2026, 11, 27)
+    unsourced = catalog.get("acme/unsourced")
+    assert unsourced is not None and (unsourced.sources, unsourced.checked) == ((), None)
