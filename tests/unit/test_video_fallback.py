@@ -5,6 +5,7 @@ asked the same thing); a job past its deadline is cancelled at its provider."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -51,7 +52,8 @@ def _catalog(folder: Path, fal_script: str) -> Catalog:
         f'[[models]]\nid = "mixed/video"\n{CAPS}'
         + _endpoint("fal", "https://queue.fal.test", "TEST_FAL_KEY", f"fal-ai/mixed/{fal_script}")
         + _endpoint("replicate", "https://api.replicate.test/v1", "TEST_REPLICATE", "owner/ok")
-        + f'[[models]]\nid = "mixed/endless"\n{CAPS}'
+        # Seedance 2.0 makes 4 to 15 s videos (its fake refuses others, as ModelArk does).
+        + f'[[models]]\nid = "mixed/endless"\n{CAPS.replace("[2]", "[4]")}'
         + _endpoint("seedance", "https://ark.test/api/v3", "TEST_ARK", "never")
     )
     return load_catalog(path)
@@ -93,8 +95,12 @@ def _worker(
 
 async def _submit(domain: Domain, catalog: Catalog, issued: IssuedKey, model_id: str) -> str:
     model = catalog.get(model_id)
-    assert model is not None
+    assert model is not None and model.video is not None and model.video.durations
     video = video_input(model)
+    seconds = model.video.durations[0]
+    video = dataclasses.replace(
+        video, duration=seconds, params={**video.params, "duration": seconds}
+    )
     principal = await domain.principal(issued)
     async with domain.sessions() as session:
         job = await jobs.submit_job(
