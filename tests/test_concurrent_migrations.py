@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import sqlalchemy as sa
 
 from server.db.engine import create_engine
-from server.db.migrate import HEAD_REVISION, upgrade
+from server.db.migrate import HEAD_REVISION, MigrationFailed, upgrade
 from tests.conftest import Databases, _create_pg_database
 
 
@@ -27,3 +28,21 @@ async def test_concurrent_upgrades_of_a_new_database_all_succeed(databases: Data
     finally:
         await engine.dispose()
     assert [row[0] for row in versions] == [HEAD_REVISION]
+
+
+async def test_a_database_error_in_a_migration_is_named(databases: Databases) -> None:
+    """The error names what the database said, not SQLAlchemy's trailing link line."""
+    url = await _create_pg_database()
+    databases.pg_urls.append(url)
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as connection:  # in the way of the first migration
+            await connection.execute(sa.text("CREATE TABLE accounts (x int)"))
+    finally:
+        await engine.dispose()
+    with pytest.raises(MigrationFailed) as failed:
+        await upgrade(url)
+    message = str(failed.value)
+    assert message.startswith("the database migrations failed: ")
+    assert 'relation "accounts" already exists' in message
+    assert "Background on this error" not in message
