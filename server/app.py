@@ -99,6 +99,10 @@ from server.workers.webhook_dispatcher import WebhookDispatcher
 
 log = logging.getLogger("gateway.server")
 DECODE_QUEUE = 512
+# A gRPC health service that is SERVING while the process runs, whatever the database does:
+# what a liveness probe asks (restarting replicas cures no database outage). The overall
+# health ("" and each service) follows the database and the drain.
+LIVENESS_SERVICE = "liveness"
 
 
 @dataclass
@@ -450,6 +454,7 @@ async def serve(
         for service in ("", *SERVICES):
             await health_servicer.set(service, status)
 
+    await health_servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     await set_serving(True)
     log.info("gRPC server listening on %s:%s", settings.grpc_host, bound)
     workers_stop = asyncio.Event()

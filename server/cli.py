@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -62,6 +63,18 @@ def _port(text: str) -> int:
     if not 0 < port < 65536:
         raise argparse.ArgumentTypeError(f"port must be 1-65535: {text!r}")
     return port
+
+
+# A DNS name (letters, digits, hyphens, dots) or an IP address; IPv6 in brackets.
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets: [::]:8080)."""
+    host, colon, port = text.rpartition(":")
+    if not colon or not _HOST.fullmatch(host):
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, not {text!r}")
+    return host.strip("[]"), _port(port)
 
 
 def _port_or_off(text: str) -> int:
@@ -226,9 +239,18 @@ async def cmd_health(args: argparse.Namespace) -> int:
 
 
 async def cmd_envoy_config(args: argparse.Namespace) -> int:
-    from facade.compose import compose_envoy_yaml
+    from facade.compose import COMPOSE_UPSTREAM, LISTEN, compose_envoy_yaml
+    from facade.envoy_config import Upstream
+    from facade.kubernetes import KUBERNETES_UPSTREAM, kubernetes_envoy_yaml
 
-    sys.stdout.write(compose_envoy_yaml(edge_policy_from_environment(os.environ)))
+    edge = edge_policy_from_environment(os.environ)
+    listen = LISTEN if args.listen is None else Upstream(*args.listen)
+    if args.kubernetes:
+        upstream = KUBERNETES_UPSTREAM if args.upstream is None else Upstream(*args.upstream)
+        sys.stdout.write(kubernetes_envoy_yaml(edge, upstream, listen))
+    else:
+        upstream = COMPOSE_UPSTREAM if args.upstream is None else Upstream(*args.upstream)
+        sys.stdout.write(compose_envoy_yaml(edge, upstream, listen))
     return 0
 
 
@@ -709,7 +731,28 @@ def build_parser() -> argparse.ArgumentParser:
     health.set_defaults(run=cmd_health)
 
     envoy_config = commands.add_parser(
-        "envoy-config", help="print the Envoy config of the compose stack (envoy.yaml)"
+        "envoy-config",
+        help="print the Envoy config of the compose stack (envoy.yaml), or of the "
+        "Kubernetes topology (--kubernetes)",
+    )
+    envoy_config.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="the Kubernetes topology (deploy/kubernetes): replicas behind a headless "
+        "Service, dropped as soon as they leave its DNS answer",
+    )
+    envoy_config.add_argument(
+        "--upstream",
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="the DNS name every gRPC replica's address is found under, and their port "
+        "(default server:50051; gateway-server:50051 with --kubernetes)",
+    )
+    envoy_config.add_argument(
+        "--listen",
+        type=_host_port,
+        metavar="HOST:PORT",
+        help="where Envoy serves REST (default 0.0.0.0:8080)",
     )
     envoy_config.set_defaults(run=cmd_envoy_config)
 

@@ -331,10 +331,10 @@ async def test_a_finished_video_job_is_a_generation_span(
 # --- health --------------------------------------------------------------------------------------
 
 
-async def _health(target: str) -> int:
+async def _health(target: str, service: str = "") -> int:
     async with grpc.aio.insecure_channel(target) as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(), timeout=5
+            health_pb2.HealthCheckRequest(service=service), timeout=5
         )
     return reply.status
 
@@ -372,6 +372,9 @@ async def test_health_follows_database_reachability(databases: Databases, tmp_pa
         assert await _health(gateway.grpc_target) == serving
         proxy.cut()
         await _until_health(gateway.grpc_target, health_pb2.HealthCheckResponse.NOT_SERVING)
+        # Liveness (Kubernetes restarts a container that fails it) is the process's own: a
+        # database outage is no reason to restart every replica.
+        assert await _health(gateway.grpc_target, "liveness") == serving
         async with httpx.AsyncClient(timeout=30) as client:
             down = await client.get(f"{gateway.base_url}/key", headers=issued.headers)
         assert down.status_code == 503

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,8 +30,9 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 HEAD_REVISION = "0013_generations_index"
 # The child's database URL: in its environment, as a password must not be in `ps` output.
 DATABASE_URL_ENV = "GATEWAY_MIGRATE_DATABASE_URL"
-# How much of a failed child's stderr its error repeats (the end: the exception).
+# How much of a failed child's exception line its error repeats.
 _ERROR_TAIL_CHARS = 2000
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*: ")
 
 
 class MigrationFailed(RuntimeError):
@@ -91,9 +93,19 @@ async def upgrade(database_url: str, revision: str = "head") -> None:
     )
     _, stderr = await process.communicate()
     if process.returncode != 0:
-        said = stderr.decode("utf-8", "replace").strip()[-_ERROR_TAIL_CHARS:]
-        last = said.splitlines()[-1] if said else f"exit status {process.returncode}"
-        raise MigrationFailed(f"the database migrations failed: {last}")
+        said = stderr.decode("utf-8", "replace").strip()
+        reason = _reason(said, process.returncode)[:_ERROR_TAIL_CHARS]
+        raise MigrationFailed(f"the database migrations failed: {reason}")
+
+
+def _reason(said: str, returncode: int | None) -> str:
+    """The exception's line of a failed child's stderr (`module.Error: message`): a database
+    error ends with SQLAlchemy's statement and a link line after it."""
+    lines = said.splitlines()
+    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    if raised:
+        return raised[-1]
+    return lines[-1] if lines else f"exit status {returncode}"
 
 
 def main(argv: list[str]) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import sqlalchemy as sa
 from alembic import context
 from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel
@@ -12,6 +13,11 @@ from server.db import models  # noqa: F401  (registers the tables on SQLModel.me
 from server.db.engine import create_engine
 
 target_metadata = SQLModel.metadata
+# PostgreSQL: processes that migrate one database at once (on Kubernetes the migration Job
+# and every replica start together) take turns. The lock is held until the migrations'
+# transaction ends, and alembic reads the database's revision only after it is taken, so
+# the next in turn finds the schema at head and does nothing. A fixed key: "gateway1".
+MIGRATION_LOCK_KEY = 0x6761746577617931
 
 
 def _run(connection: Connection) -> None:
@@ -22,6 +28,10 @@ def _run(connection: Connection) -> None:
         compare_type=True,
     )
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            connection.execute(
+                sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+            )
         context.run_migrations()
 
 
