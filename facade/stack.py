@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from facade.envoy_config import EnvoyOptions, Upstream
 from facade.launcher import EnvoyBindError, EnvoyProcess, dying_with_this_process
-from server.app import serve
+from server.app import seal_stored_secrets, serve
 from server.config import Settings
 from server.contract import DESCRIPTOR_SET, SERVICES
 from server.db.migrate import upgrade
@@ -173,7 +173,8 @@ async def run_workers(
     written. Migrations run once, here, before any worker starts."""
     check_ports(settings, workers)
     await upgrade(settings.database_url)
-    load_master_key(settings.data_dir)  # created once here, not raced by the workers
+    # Created once here, not raced by the workers; what is left in clear sealed here too.
+    await seal_stored_secrets(settings, load_master_key(settings.data_dir))
     ports_dir = settings.data_dir / "ports"
     ports_dir.mkdir(parents=True, exist_ok=True)
     port_files = [ports_dir / f"grpc-{index}" for index in range(workers)]

@@ -276,8 +276,21 @@ async def _operator_key(settings: Settings) -> None:
 
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
+    from server.vault.crypto import load_master_key
+    from server.vault.webhook_secrets import legacy_secrets, seal_legacy_secrets
+
     settings = _settings(args)
     await _operator_key(settings)
+
+    async def seal(sessions: SessionFactory) -> int:
+        if not await legacy_secrets(sessions):
+            return 0  # no master key needed (a migration job may have none)
+        master = load_master_key(settings.data_dir)
+        return await seal_legacy_secrets(sessions, master, SystemClock().now())
+
+    sealed = await _with_sessions(settings, seal)
+    if sealed:
+        print(f"Sealed {sealed} webhook signing secrets stored in clear.")
     print("Database schema is up to date.")
     return 0
 
@@ -328,14 +341,18 @@ async def cmd_workspaces_update(args: argparse.Namespace) -> int:
 
 
 async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
-    from server.webhooks.secrets import workspace_secret
+    from server.vault.crypto import load_master_key
+    from server.vault.webhook_secrets import workspace_secret
+
+    settings = _settings(args)
+    master = load_master_key(settings.data_dir)  # the secret is sealed under it
 
     async def secret(sessions: SessionFactory) -> str:
         async with sessions() as session:
             workspace = await workspaces.workspace_by_name(session, args.name)
-        return await workspace_secret(sessions, workspace.id)
+        return await workspace_secret(sessions, master, workspace.id, SystemClock().now())
 
-    print(await _with_sessions(_settings(args), secret))
+    print(await _with_sessions(settings, secret))
     return 0
 
 

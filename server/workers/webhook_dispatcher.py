@@ -19,7 +19,8 @@ import sqlalchemy as sa
 from server.clock import Clock
 from server.db.engine import SessionFactory
 from server.db.models import WebhookDelivery
-from server.webhooks.secrets import workspace_secret
+from server.vault.crypto import MasterKey
+from server.vault.webhook_secrets import workspace_secret
 from server.webhooks.signing import signature_headers
 from server.webhooks.targets import RefusedTarget, UnresolvedTarget, resolve_target
 from server.workers.leases import Claimer
@@ -59,6 +60,7 @@ class WebhookDispatcher:
         clock: Clock,
         http: httpx.AsyncClient,
         *,
+        master: MasterKey,  # opens the workspaces' sealed signing secrets
         allow_private: bool = False,
         lease: timedelta = timedelta(minutes=1),
         idle_wait: float = 0.5,
@@ -67,6 +69,7 @@ class WebhookDispatcher:
         self._sessions = sessions
         self._clock = clock
         self._http = http
+        self._master = master
         self._allow_private = allow_private
         self._lease = lease
         self._idle_wait = idle_wait
@@ -95,7 +98,9 @@ class WebhookDispatcher:
         status: int | None = None
         error: str | None = None
         try:
-            secret = await workspace_secret(self._sessions, delivery.workspace_id)
+            secret = await workspace_secret(
+                self._sessions, self._master, delivery.workspace_id, self._clock.now()
+            )
             target = await resolve_target(delivery.url, allow_private=self._allow_private)
             sent_at = self._clock.now()
             headers = {

@@ -13,7 +13,8 @@ import pytest
 from standardwebhooks import Webhook
 
 from server.db.models import WebhookDelivery
-from server.webhooks.secrets import workspace_secret
+from server.vault.crypto import MasterKey
+from server.vault.webhook_secrets import workspace_secret
 from server.webhooks.signing import openrouter_signature
 from server.workers.webhook_dispatcher import RETRY_SCHEDULE, WebhookDispatcher
 from tests.support.domain import Domain
@@ -24,9 +25,14 @@ PAYLOAD = json.dumps(
 )
 
 
+MASTER = MasterKey(b"\x07" * 32)  # the vault's master key, which seals signing secrets
+
+
 def _dispatcher(domain: Domain) -> WebhookDispatcher:
     # localhost resolves to loopback: private addresses allowed, as for the test receiver.
-    return WebhookDispatcher(domain.sessions, domain.clock, domain.http, allow_private=True)
+    return WebhookDispatcher(
+        domain.sessions, domain.clock, domain.http, master=MASTER, allow_private=True
+    )
 
 
 async def _queue(domain: Domain, path: str) -> WebhookDelivery:
@@ -70,7 +76,9 @@ async def test_a_delivery_is_sent_once_and_signed(domain: Domain) -> None:
     assert sent.headers["host"] == "localhost:8443"
     assert sent.headers["webhook-id"] == queued.id
     assert sent.headers["webhook-timestamp"] == str(int(domain.clock.now().timestamp()))
-    secret = await workspace_secret(domain.sessions, queued.workspace_id)
+    secret = await workspace_secret(
+        domain.sessions, MASTER, queued.workspace_id, domain.clock.now()
+    )
     assert Webhook(secret).verify(sent.content, dict(sent.headers)) == json.loads(PAYLOAD)
     with pytest.raises(Exception):  # noqa: B017 (any verification failure)
         Webhook(secret).verify(sent.content + b" ", dict(sent.headers))
