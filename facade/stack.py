@@ -7,7 +7,9 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from asyncio.subprocess import Process
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -15,7 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from facade.envoy_config import EnvoyOptions, Upstream
 from facade.launcher import EnvoyBindError, EnvoyProcess, dying_with_this_process
-from server.app import serve
+from facade.supervision import RestartBudget, Supervised, supervise
+from server.app import seal_stored_secrets, serve
+from server.clock import SystemClock
 from server.config import Settings
 from server.contract import DESCRIPTOR_SET, SERVICES
 from server.db.migrate import upgrade
@@ -170,10 +174,12 @@ async def run_workers(
     """N server processes (`gateway serve`, gRPC ports grpc_port .. grpc_port+N-1, or each a
     free one for 0) behind one Envoy that balances over them. Each process writes the port
     it bound to a file of the data dir (--port-file), read before Envoy's config is
-    written. Migrations run once, here, before any worker starts."""
+    written. Migrations run once, here, before any worker starts. A worker or Envoy that
+    dies is started again (facade/supervision.py), on the port it had."""
     check_ports(settings, workers)
     await upgrade(settings.database_url)
-    load_master_key(settings.data_dir)  # created once here, not raced by the workers
+    # Created once here, not raced by the workers; what is left in clear sealed here too.
+    await seal_stored_secrets(settings, load_master_key(settings.data_dir))
     ports_dir = settings.data_dir / "ports"
     ports_dir.mkdir(parents=True, exist_ok=True)
     port_files = [ports_dir / f"grpc-{index}" for index in range(workers)]
@@ -181,14 +187,44 @@ async def run_workers(
         port_file.unlink(missing_ok=True)  # a previous run's
     children: list[asyncio.subprocess.Process] = []
     envoy: EnvoyProcess | None = None
+
+    async def spawn(index: int, port: int | None = None) -> asyncio.subprocess.Process:
+        command = [*worker_command(settings, index), "--port-file", str(port_files[index])]
+        if port is not None:
+            # A restart: the port Envoy sends to (argparse takes the last --grpc-port).
+            command += ["--grpc-port", str(port)]
+        port_files[index].unlink(missing_ok=True)
+        return await asyncio.create_subprocess_exec(
+            *dying_with_this_process(*command), stdin=asyncio.subprocess.DEVNULL
+        )
+
+    def restart_worker(index: int, port: int) -> Callable[[], Awaitable[Process]]:
+        async def restart() -> Process:
+            child = await spawn(index, port)
+            try:
+                await _worker_ready(settings.grpc_host, port_files[index], child)
+            except BaseException:
+                if child.returncode is None:
+                    child.kill()
+                    await child.wait()
+                raise
+            children[index] = child
+            return child
+
+        return restart
+
+    async def restart_envoy() -> Process:
+        nonlocal envoy
+        assert envoy is not None
+        again = EnvoyProcess(replace(envoy.options, listen_port=envoy.listen_port), envoy.work_dir)
+        await start_envoy(again)
+        envoy = again
+        assert again.process is not None
+        return again.process
+
     try:
         for index in range(workers):
-            command = [*worker_command(settings, index), "--port-file", str(port_files[index])]
-            children.append(
-                await asyncio.create_subprocess_exec(
-                    *dying_with_this_process(*command), stdin=asyncio.subprocess.DEVNULL
-                )
-            )
+            children.append(await spawn(index))
         grpc_ports = await asyncio.gather(
             *(
                 _worker_ready(settings.grpc_host, port_file, child)
@@ -200,10 +236,13 @@ async def run_workers(
         announce(
             _base_url(settings, envoy), [f"{settings.grpc_host}:{port}" for port in grpc_ports]
         )
-        stopper = asyncio.create_task(stop.wait())
-        exits = [asyncio.create_task(child.wait()) for child in children]
-        await asyncio.wait({stopper, *exits}, return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
+        assert envoy.process is not None
+        supervised = [
+            Supervised(f"worker {index}", child, restart_worker(index, port))
+            for index, (child, port) in enumerate(zip(children, grpc_ports, strict=True))
+        ]
+        supervised.append(Supervised("Envoy", envoy.process, restart_envoy))
+        await supervise(supervised, stop, RestartBudget.of(settings, SystemClock()))
     finally:
         # Drain the workers first (they refuse new calls and finish the ones in flight),
         # while Envoy still carries the answers back; then stop Envoy.
@@ -257,9 +296,27 @@ async def run_stack(
         envoy = EnvoyProcess(envoy_options(settings, grpc_ports), settings.data_dir / "envoy")
         await start_envoy(envoy)
         announce(_base_url(settings, envoy), [f"{settings.grpc_host}:{grpc_ports[0]}"])
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait({server_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
+
+        async def restart_envoy() -> Process:
+            nonlocal envoy
+            assert envoy is not None
+            again = EnvoyProcess(
+                replace(envoy.options, listen_port=envoy.listen_port), envoy.work_dir
+            )
+            await start_envoy(again)
+            envoy = again
+            assert again.process is not None
+            return again.process
+
+        assert envoy.process is not None
+        # The server runs in this process: its end (a failure) ends the gateway; Envoy is
+        # started again when it dies.
+        await supervise(
+            [Supervised("Envoy", envoy.process, restart_envoy)],
+            stop,
+            RestartBudget.of(settings, SystemClock()),
+            also=server_task,
+        )
     finally:
         # Drain the server first (it refuses new calls and finishes the ones in flight),
         # while Envoy still carries the answers back; then stop Envoy.

@@ -93,6 +93,7 @@ from server.services.vault import VaultService
 from server.services.videos import VideosService
 from server.transcription.transcriber import Transcriber
 from server.vault.crypto import MasterKey, load_master_key
+from server.vault.webhook_secrets import seal_legacy_secrets
 from server.videos.content import ContentStore
 from server.workers.video_worker import VideoWorker
 from server.workers.webhook_dispatcher import WebhookDispatcher
@@ -216,6 +217,7 @@ def build_core(
         sessions,
         clock,
         http,
+        master=vault_master,
         allow_private=settings.webhook_allow_private,
         deadline=settings.webhook_deadline_seconds,
         concurrency=settings.webhook_concurrency,
@@ -405,6 +407,16 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     return server, health_servicer
 
 
+async def seal_stored_secrets(settings: Settings, master: MasterKey) -> int:
+    """Seal what an older gateway stored in clear (webhook signing secrets), with an engine
+    of its own: `gateway up --workers N` does it once before its server processes start."""
+    engine = create_engine(settings.database_url)
+    try:
+        return await seal_legacy_secrets(session_factory(engine), master, SystemClock().now())
+    finally:
+        await engine.dispose()
+
+
 async def serve(
     settings: Settings,
     started: asyncio.Event | None = None,
@@ -422,6 +434,8 @@ async def serve(
     ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
+    # Before serving: what an older gateway stored in clear is sealed (once).
+    await seal_legacy_secrets(core.sessions, core.vault_master, core.clock.now())
     # The pools of worker processes start when first used: a WAV (the common upload) is
     # measured in this process, so the decoders are only for compressed audio, and a server
     # that never sees any keeps neither their memory nor their start-up CPU.

@@ -28,6 +28,12 @@ from server.billing.money import AmountError, exact_micros, micros_to_usd, parse
 from server.billing.periods import LIMIT_RESETS
 from server.clock import SystemClock, rfc3339
 from server.config import Settings, SettingsError, edge_policy_from_environment, load_settings
+from server.db.datadir import (
+    DataDirMismatch,
+    check_database,
+    remember_database,
+    tighten_data_dir,
+)
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
 from server.errors import GatewayError
@@ -115,9 +121,16 @@ def _on_off(text: str) -> bool:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    settings = load_settings(args.data_dir, args.database_url)
-    if settings.database_url.startswith("sqlite"):
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return _prepared(load_settings(args.data_dir, args.database_url))
+
+
+def _prepared(settings: Settings, *, create: bool = False) -> Settings:
+    """Refuse a data dir that belongs to another database (before anything is created);
+    then the data dir private (0700, its secrets 0600): created when `create` (a server
+    keeps its files there) or for the embedded default, tightened when it exists."""
+    check_database(settings.data_dir, settings.database_url)
+    if create or settings.database_url.startswith("sqlite") or settings.data_dir.is_dir():
+        tighten_data_dir(settings.data_dir)
     return settings
 
 
@@ -125,13 +138,17 @@ T = TypeVar("T")
 
 
 async def _with_sessions(settings: Settings, work: Callable[[SessionFactory], Awaitable[T]]) -> T:
-    """Migrate, run `work` with a session factory of its own, dispose of the engine."""
+    """Migrate, run `work` with a session factory of its own, dispose of the engine. The
+    data dir (when there is one, or `work` made it) remembers the database reached."""
     await upgrade(settings.database_url)
+    remember_database(settings.data_dir, settings.database_url)
     engine = create_engine(settings.database_url)
     try:
-        return await work(session_factory(engine))
+        result = await work(session_factory(engine))
     finally:
         await engine.dispose()
+    remember_database(settings.data_dir, settings.database_url)
+    return result
 
 
 async def _with_session(
@@ -162,9 +179,7 @@ def _server_settings(args: argparse.Namespace, **overrides: object) -> Settings:
         metrics_port=args.metrics_port,
         **overrides,
     )
-    if settings.database_url.startswith("sqlite"):
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return settings
+    return _prepared(settings, create=True)
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -203,6 +218,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     from server.app import serve
 
     settings = _server_settings(args, grpc_port=args.grpc_port, grpc_host=args.grpc_host)
+    await upgrade(settings.database_url)  # serve's own is then one query
+    remember_database(settings.data_dir, settings.database_url)
     port_file = args.port_file
     await serve(
         settings,
@@ -274,8 +291,21 @@ async def _operator_key(settings: Settings) -> None:
 
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
+    from server.vault.crypto import load_master_key
+    from server.vault.webhook_secrets import legacy_secrets, seal_legacy_secrets
+
     settings = _settings(args)
     await _operator_key(settings)
+
+    async def seal(sessions: SessionFactory) -> int:
+        if not await legacy_secrets(sessions):
+            return 0  # no master key needed (a migration job may have none)
+        master = load_master_key(settings.data_dir)
+        return await seal_legacy_secrets(sessions, master, SystemClock().now())
+
+    sealed = await _with_sessions(settings, seal)
+    if sealed:
+        print(f"Sealed {sealed} webhook signing secrets stored in clear.")
     print("Database schema is up to date.")
     return 0
 
@@ -326,14 +356,18 @@ async def cmd_workspaces_update(args: argparse.Namespace) -> int:
 
 
 async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
-    from server.webhooks.secrets import workspace_secret
+    from server.vault.crypto import load_master_key
+    from server.vault.webhook_secrets import workspace_secret
+
+    settings = _settings(args)
+    master = load_master_key(settings.data_dir)  # the secret is sealed under it
 
     async def secret(sessions: SessionFactory) -> str:
         async with sessions() as session:
             workspace = await workspaces.workspace_by_name(session, args.name)
-        return await workspace_secret(sessions, workspace.id)
+        return await workspace_secret(sessions, master, workspace.id, SystemClock().now())
 
-    print(await _with_sessions(_settings(args), secret))
+    print(await _with_sessions(settings, secret))
     return 0
 
 
@@ -959,9 +993,15 @@ def _database_failure(args: argparse.Namespace, error: DBAPIError) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging_from_environment()
+    # Whatever the operator's umask: what the gateway (and Envoy, its child) writes is
+    # its owner's only. Restored on return, for callers in-process.
+    umask = os.umask(0o077)
     try:
         code: int = asyncio.run(args.run(args))
         return code
+    except DataDirMismatch as error:
+        print(f"gateway: error: {error}", file=sys.stderr)
+        return 2
     except GatewayError as error:
         print(f"gateway: error: {error.message}", file=sys.stderr)
         return 2
@@ -978,6 +1018,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.debug("failure", exc_info=True)
         print(f"gateway: error: {error}", file=sys.stderr)
         return 1
+    finally:
+        os.umask(umask)
 
 
 if __name__ == "__main__":

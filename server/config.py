@@ -177,6 +177,13 @@ class Settings(BaseSettings):
     # for, so that gateways and workers on one host never contend for one fixed port.
     metrics_port: int = Field(0, ge=0, le=65535)
     shutdown_grace_seconds: float = Field(30.0, ge=0, allow_inf_nan=False)
+    # `gateway up` restarts a server process (--workers N) or Envoy that dies, after a
+    # backoff that starts here and doubles with each death in the window, up to the max;
+    # the limit-th death of one process within the window stops the gateway (exit 1).
+    restart_limit: int = Field(5, ge=1)
+    restart_window_seconds: float = Field(60.0, gt=0, allow_inf_nan=False)
+    restart_backoff_seconds: float = Field(0.5, ge=0, allow_inf_nan=False)
+    restart_backoff_max_seconds: float = Field(10.0, ge=0, allow_inf_nan=False)
     health_interval_seconds: float = Field(2.0, gt=0, allow_inf_nan=False)
     # Worker processes for CPU-bound work (server.compute), per server process: audio
     # decoding before admission, and the local speech model with its queue (a request

@@ -5,6 +5,7 @@ the gRPC rpc's 409/404 as rich status."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import grpc
 import httpx
@@ -16,7 +17,8 @@ from standardwebhooks import Webhook
 
 from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.models import CreditHold, VideoJob
-from server.webhooks.secrets import workspace_secret
+from server.vault.crypto import load_master_key
+from server.vault.webhook_secrets import workspace_secret
 from tests.conftest import Stack
 from tests.support.admin import IssuedKey
 from tests.support.eventually import eventually
@@ -78,7 +80,12 @@ async def test_rest_cancel_stops_the_job_at_the_provider_and_sends_the_webhook(
         ).all()
     assert holds == []  # released, nothing charged
     (hook,) = await hooks_for(stack, path, 1)
-    secret = await workspace_secret(stack.admin.sessions, funded.workspace.id)
+    secret = await workspace_secret(
+        stack.admin.sessions,
+        load_master_key(stack.gateway.data_dir),
+        funded.workspace.id,
+        datetime.now(UTC),
+    )
     assert Webhook(secret).verify(hook.body, hook.headers)["type"] == "video.generation.cancelled"
     assert verify_openrouter(secret, hook.body, hook.headers["x-openrouter-signature"])
     assert hook.headers["x-openrouter-idempotency-key"] == f"{job_id}-cancelled"

@@ -14,7 +14,8 @@ from standardwebhooks import Webhook
 
 from server.accounts.workspaces import update_workspace, workspace_by_id
 from server.db.models import WebhookDelivery
-from server.webhooks.secrets import workspace_secret
+from server.vault.crypto import MasterKey, load_master_key
+from server.vault.webhook_secrets import workspace_secret
 from server.webhooks.targets import RefusedTarget, resolve_target
 from server.workers.webhook_dispatcher import WebhookDispatcher
 from tests.conftest import Stack
@@ -74,7 +75,12 @@ async def test_completed_job_sends_one_verifiable_signed_webhook(
         stack, funded, model="local/renderer", callback_url=stack.webhooks.url(path)
     )
     (hook,) = await hooks_for(stack, path, 1)
-    secret = await workspace_secret(stack.admin.sessions, funded.workspace.id)
+    secret = await workspace_secret(
+        stack.admin.sessions,
+        load_master_key(stack.gateway.data_dir),
+        funded.workspace.id,
+        datetime.now(UTC),
+    )
     assert secret.startswith("whsec_")
     payload = Webhook(secret).verify(hook.body, hook.headers)
     assert hook.headers["webhook-id"].startswith("msg_")
@@ -173,7 +179,9 @@ async def test_a_private_target_is_never_contacted(admin_db: Admin, unique: str)
         )
         await session.commit()
     async with httpx.AsyncClient() as http:
-        dispatcher = WebhookDispatcher(admin_db.sessions, admin_db.clock, http)
+        dispatcher = WebhookDispatcher(
+            admin_db.sessions, admin_db.clock, http, master=MasterKey(b"\x07" * 32)
+        )
         delivery = await dispatcher.claim()
         assert delivery is not None
         await dispatcher.attempt(delivery)
@@ -202,7 +210,9 @@ async def _attempt_once(admin_db: Admin, delivery_id: str, url: str) -> WebhookD
         )
         await session.commit()
     async with httpx.AsyncClient() as http:
-        dispatcher = WebhookDispatcher(admin_db.sessions, admin_db.clock, http)
+        dispatcher = WebhookDispatcher(
+            admin_db.sessions, admin_db.clock, http, master=MasterKey(b"\x07" * 32)
+        )
         delivery = await dispatcher.claim()
         assert delivery is not None and delivery.id == delivery_id
         await dispatcher.attempt(delivery)

@@ -21,6 +21,7 @@ from sqlmodel import col
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts.keys import hash_key, hashes_match
+from server.db.datadir import FILE_MODE, private_dir
 from server.db.engine import SessionFactory
 from server.db.models import OperatorKey
 
@@ -50,9 +51,10 @@ class OperatorKeyFile:
 def _write_private(path: Path, text: str) -> Path:
     """`text` into a new file of mode 0600 beside `path` (renamed into place by the caller),
     readable by the operator's user only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    os.fchmod(descriptor, FILE_MODE)  # os.open's mode is masked by the umask
     with os.fdopen(descriptor, "w") as file:
         file.write(text + "\n")
     return temporary

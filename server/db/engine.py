@@ -6,11 +6,14 @@ import asyncio
 import sqlite3
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
+
+from server.db.datadir import private_file
 
 SessionFactory = async_sessionmaker[AsyncSession]
 CONNECT_TIMEOUT_SECONDS = 5
@@ -48,6 +51,23 @@ def sqlite_file(engine: AsyncEngine) -> str | None:
     if not database or database == ":memory:" or url.query.get("mode") == "memory":
         return None
     return database
+
+
+def _private_sqlite_files(engine: AsyncEngine) -> None:
+    """The database file created 0600 before SQLite opens it, whatever the umask (SQLite
+    gives its -wal and -shm files the database file's mode); existing ones tightened. A
+    file in a folder that does not exist is left to SQLite's own error."""
+    database = sqlite_file(engine)
+    if database is None or database.startswith("file:"):
+        return
+    path = Path(database)
+    if not path.parent.is_dir():
+        return
+    private_file(path)
+    for suffix in ("-wal", "-shm"):
+        companion = path.with_name(path.name + suffix)
+        if companion.exists():
+            private_file(companion)
 
 
 def connect_sqlite(path: str, *, cached_statements: int = 128) -> sqlite3.Connection:
@@ -186,6 +206,7 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         # pool's extra ROLLBACK on every check-in would only add a hop to aiosqlite's thread.
         kwargs.setdefault("pool_reset_on_return", None)
         engine = create_async_engine(url, **kwargs)
+        _private_sqlite_files(engine)
         sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         writes = PoolWrites()
         _pool_writes[engine.sync_engine] = writes

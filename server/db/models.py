@@ -72,7 +72,12 @@ class Workspace(TableModel, table=True):
     intern_programme: bool = False
     vault_writes_disabled: bool = False
     default_callback_url: str | None = Field(default=None, max_length=2048)
-    # Standard Webhooks signing secret ("whsec_..."); created when first needed.
+    # Standard Webhooks signing secret ("whsec_..."), created when first needed and sealed
+    # (server/vault/webhook_secrets.py): AES-256-GCM ciphertext and nonce.
+    webhook_secret_sealed: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+    webhook_secret_nonce: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+    # Where gateways before migration 0014 kept it in clear: sealed and cleared at start,
+    # never written.
     webhook_secret: str | None = Field(default=None, max_length=128)
     created_at: datetime = Field(sa_type=UtcDateTime)
 

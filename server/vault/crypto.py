@@ -22,6 +22,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.keywrap import aes_key_unwrap, aes_key_wrap
 
+from server.db.datadir import FILE_MODE, private_dir, private_file
+
 KEY_BYTES = 32
 NONCE_BYTES = 12
 
@@ -59,18 +61,20 @@ def load_master_key(data_dir: Path) -> MasterKey:
         return MasterKey.from_base64(configured)
     path = data_dir / "vault-master.key"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        private_dir(path.parent)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        os.fchmod(fd, FILE_MODE)  # os.open's mode is masked by the umask
         with os.fdopen(fd, "w") as handle:
             handle.write(MasterKey.generate_base64() + "\n")
-    return MasterKey.from_base64(path.read_text())
+    return MasterKey.from_base64(private_file(path).read_text())
 
 
 def replace_key_file(data_dir: Path, key_base64: str) -> None:
     """Swap the embedded default's key file atomically (after a rotation)."""
     path = data_dir / "vault-master.key"
     scratch = path.with_suffix(".new")
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)
     with os.fdopen(fd, "w") as handle:
         handle.write(key_base64 + "\n")
     os.replace(scratch, path)

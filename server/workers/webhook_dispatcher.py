@@ -33,7 +33,8 @@ from server.clock import Clock
 from server.db.driver import fetch_rows
 from server.db.engine import SessionFactory, is_database_unavailable
 from server.db.models import WebhookDelivery
-from server.webhooks.secrets import workspace_secret
+from server.vault.crypto import MasterKey
+from server.vault.webhook_secrets import workspace_secret
 from server.webhooks.signing import signature_headers
 from server.webhooks.targets import (
     Lookup,
@@ -107,6 +108,7 @@ class WebhookDispatcher:
         clock: Clock,
         http: httpx.AsyncClient,
         *,
+        master: MasterKey,  # opens the workspaces' sealed signing secrets
         allow_private: bool = False,
         deadline: float = DEADLINE_SECONDS,
         concurrency: int = CONCURRENCY,
@@ -118,6 +120,7 @@ class WebhookDispatcher:
         self._sessions = sessions
         self._clock = clock
         self._http = http
+        self._master = master
         self._allow_private = allow_private
         self._deadline = deadline
         self._concurrency = concurrency
@@ -181,7 +184,9 @@ class WebhookDispatcher:
         status: int | None = None
         error: str | None = None
         refused = False
-        secret = await workspace_secret(self._sessions, delivery.workspace_id)
+        secret = await workspace_secret(
+            self._sessions, self._master, delivery.workspace_id, self._clock.now()
+        )
         try:
             async with asyncio.timeout(self._deadline):
                 response = await self._post(delivery, secret)

@@ -23,7 +23,8 @@ from standardwebhooks import Webhook
 
 from server.db.models import WebhookDelivery, Workspace
 from server.providers.http import provider_client
-from server.webhooks.secrets import workspace_secret
+from server.vault.crypto import MasterKey
+from server.vault.webhook_secrets import workspace_secret
 from server.webhooks.signing import openrouter_signature
 from server.workers.webhook_dispatcher import RETRY_SCHEDULE, WebhookDispatcher
 from tests.fakes.hostile_peer import HostilePeer
@@ -35,9 +36,14 @@ PAYLOAD = json.dumps(
 )
 
 
+MASTER = MasterKey(b"\x07" * 32)  # the vault's master key, which seals signing secrets
+
+
 def _dispatcher(domain: Domain) -> WebhookDispatcher:
     # localhost resolves to loopback: private addresses allowed, as for the test receiver.
-    return WebhookDispatcher(domain.sessions, domain.clock, domain.http, allow_private=True)
+    return WebhookDispatcher(
+        domain.sessions, domain.clock, domain.http, master=MASTER, allow_private=True
+    )
 
 
 async def _queue(domain: Domain, path: str) -> WebhookDelivery:
@@ -81,7 +87,9 @@ async def test_a_delivery_is_sent_once_and_signed(domain: Domain) -> None:
     assert sent.headers["host"] == "localhost:8443"
     assert sent.headers["webhook-id"] == queued.id
     assert sent.headers["webhook-timestamp"] == str(int(domain.clock.now().timestamp()))
-    secret = await workspace_secret(domain.sessions, queued.workspace_id)
+    secret = await workspace_secret(
+        domain.sessions, MASTER, queued.workspace_id, domain.clock.now()
+    )
     assert Webhook(secret).verify(sent.content, dict(sent.headers)) == json.loads(PAYLOAD)
     with pytest.raises(Exception):  # noqa: B017 (any verification failure)
         Webhook(secret).verify(sent.content + b" ", dict(sent.headers))
@@ -235,7 +243,9 @@ async def test_a_huge_answer_is_read_only_to_a_small_prefix(
 ) -> None:
     """The issue's receiver answering 1.2 GiB, scaled down: the status (200) delivers it, at
     most a small prefix of the body is read and the connection is closed, not drained."""
-    dispatcher = WebhookDispatcher(domain.sessions, domain.clock, tls_http, allow_private=True)
+    dispatcher = WebhookDispatcher(
+        domain.sessions, domain.clock, tls_http, master=MASTER, allow_private=True
+    )
     workspace = await domain.admin.workspace("huge-answer")
     queued = await _queue_to(domain, workspace, peer.url(f"/huge/{256 * MiB}"))
     assert await _attempt_due(dispatcher)
@@ -248,7 +258,9 @@ async def test_a_huge_answer_is_read_only_to_a_small_prefix(
 async def test_an_endless_answer_is_cut_after_its_prefix(
     domain: Domain, peer: HostilePeer, tls_http: httpx.AsyncClient
 ) -> None:
-    dispatcher = WebhookDispatcher(domain.sessions, domain.clock, tls_http, allow_private=True)
+    dispatcher = WebhookDispatcher(
+        domain.sessions, domain.clock, tls_http, master=MASTER, allow_private=True
+    )
     workspace = await domain.admin.workspace("endless-answer")
     queued = await _queue_to(domain, workspace, peer.url("/endless"))
     started = time.monotonic()
@@ -266,7 +278,7 @@ async def test_an_attempt_without_an_answer_fails_at_its_deadline(
     """No status within the deadline (connect, send, status): the attempt fails then and is
     retried on the backoff schedule, whatever the per-read timeouts would allow."""
     dispatcher = WebhookDispatcher(
-        domain.sessions, domain.clock, tls_http, allow_private=True, deadline=1.0
+        domain.sessions, domain.clock, tls_http, master=MASTER, allow_private=True, deadline=1.0
     )
     workspace = await domain.admin.workspace("stalled")
     queued = await _queue_to(domain, workspace, peer.url("/stall"))
@@ -287,7 +299,7 @@ async def test_a_trickling_answer_counts_by_its_status_within_the_deadline(
     """A 200 whose body trickles (a byte a second, 1 MiB announced): the status came, so it
     is delivered; the body is not waited for past the deadline."""
     dispatcher = WebhookDispatcher(
-        domain.sessions, domain.clock, tls_http, allow_private=True, deadline=1.0
+        domain.sessions, domain.clock, tls_http, master=MASTER, allow_private=True, deadline=1.0
     )
     workspace = await domain.admin.workspace("trickling")
     queued = await _queue_to(domain, workspace, peer.url("/trickle-length/1000"))
@@ -308,6 +320,7 @@ async def test_a_slow_workspace_leaves_the_other_slots_to_other_workspaces(
         domain.sessions,
         domain.clock,
         tls_http,
+        master=MASTER,
         allow_private=True,
         deadline=3.0,
         concurrency=3,
@@ -348,6 +361,7 @@ async def test_deliveries_run_concurrently_up_to_the_bound(
         domain.sessions,
         domain.clock,
         tls_http,
+        master=MASTER,
         allow_private=True,
         deadline=2.0,
         concurrency=3,
@@ -372,7 +386,7 @@ async def test_stopping_waits_for_attempts_in_flight_at_most_their_deadline(
     domain: Domain, peer: HostilePeer, tls_http: httpx.AsyncClient
 ) -> None:
     dispatcher = WebhookDispatcher(
-        domain.sessions, domain.clock, tls_http, allow_private=True, deadline=1.5
+        domain.sessions, domain.clock, tls_http, master=MASTER, allow_private=True, deadline=1.5
     )
     workspace = await domain.admin.workspace("drained")
     queued = await _queue_to(domain, workspace, peer.url("/stall"))
@@ -394,7 +408,12 @@ async def test_the_workspace_cap_holds_across_processes(any_domain: Domain) -> N
     domain = any_domain
     dispatchers = [
         WebhookDispatcher(
-            domain.sessions, domain.clock, domain.http, concurrency=8, workspace_concurrency=2
+            domain.sessions,
+            domain.clock,
+            domain.http,
+            master=MASTER,
+            concurrency=8,
+            workspace_concurrency=2,
         )
         for _ in range(3)
     ]
@@ -452,7 +471,9 @@ async def test_a_compressed_answer_is_never_inflated(domain: Domain) -> None:
         return httpx.Response(200, headers={"content-encoding": "gzip"}, stream=bomb)
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
-        dispatcher = WebhookDispatcher(domain.sessions, domain.clock, http, allow_private=True)
+        dispatcher = WebhookDispatcher(
+            domain.sessions, domain.clock, http, master=MASTER, allow_private=True
+        )
         workspace = await domain.admin.workspace("gzip-bomb")
         queued = await _queue_to(domain, workspace, "https://localhost:8443/bomb")
         tracemalloc.start()
