@@ -147,7 +147,7 @@ class DashScopeVideoAdapter:
         if status in _RUNNING:
             return VideoProgress(state="running", provider_job_id=provider_job_id)
         if status == "SUCCEEDED":
-            video = await self._downloads.fetch(endpoint, output.get("video_url"))
+            video = self._downloads.remote(endpoint, output.get("video_url"))
             usage = body.get("usage")
             duration = usage.get("video_duration") if isinstance(usage, dict) else None
             seconds = seconds_of(duration)
