@@ -177,6 +177,7 @@ class VideoWorker:
         until `stop`; then let the steps under way finish (for up to `drain_seconds`, then
         they are cancelled) and return."""
         running: set[asyncio.Task[None]] = set()
+        under_way: set[str] = set()  # the ids of the jobs those tasks run
 
         async def work_once() -> bool:
             if len(running) >= self._jobs_at_once:
@@ -191,9 +192,16 @@ class VideoWorker:
             job = await self.claim()
             if job is None:
                 return False
+            if job.id in under_way:
+                # Its lease lapsed while its step runs here (the database was unreachable
+                # when it was due for renewal): claimed again by this very worker, it is
+                # leased afresh, and run once.
+                return True
             task = asyncio.create_task(self._run_job(job), name=f"video job {job.id}")
             running.add(task)
+            under_way.add(job.id)
             task.add_done_callback(running.discard)
+            task.add_done_callback(lambda _: under_way.discard(job.id))
             return True
 
         try:
