@@ -19,7 +19,7 @@ import re
 import ssl
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache, partial
 from json import dumps as json_dumps
@@ -655,7 +655,7 @@ class RemoteVideo:
     downloads: Downloads
     endpoint: Endpoint
     url: str
-    headers: dict[str, str] | None = None
+    headers: dict[str, str] | None = field(default=None, repr=False)  # may hold a credential
     failure_of: FailureOf = failure_from_response
     origin: str | None = None
 

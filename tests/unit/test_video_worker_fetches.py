@@ -302,3 +302,14 @@ async def test_a_transient_download_failure_is_retried_at_the_next_poll(
             domain.clock.advance(timedelta(seconds=30))
     assert await _status(domain, job_id) == jobs.COMPLETED
     assert store.path(job_id, 0).read_bytes() == b"the video"
+
+
+async def test_a_result_files_credential_is_not_in_its_repr() -> None:
+    """A RemoteVideo carries the credential its download sends on the provider's own
+    origin: a log line or a traceback that shows the object must not show the key."""
+    endpoint = Endpoint("vidco", "openai", "http://video.test/v1", model="ok")
+    async with httpx.AsyncClient() as http:
+        remote = Downloads(http).remote(
+            endpoint, "http://video.test/v1/out.mp4", headers={"Authorization": "Bearer sk-x"}
+        )
+    assert "sk-x" not in repr(remote) and "video.test/v1/out.mp4" in repr(remote)
