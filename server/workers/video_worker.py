@@ -168,6 +168,9 @@ class VideoWorker:
         self._retention = retention
         self._idle_wait = idle_wait
         self.owner = f"worker-{secrets.token_hex(6)}"
+        # Set, per job under way in run(), once its lease is no longer this worker's (the
+        # job was cancelled, or taken over): its download stops.
+        self._lease_lost: dict[str, asyncio.Event] = {}
         self.wake = asyncio.Event()  # set on submit: no need to wait for the next poll
 
     # --- the loop -----------------------------------------------------------------------------
@@ -221,7 +224,8 @@ class VideoWorker:
     async def _run_job(self, job: VideoJob) -> None:
         """One step of one claimed job, its lease renewed while it runs; a failure is logged
         (the job's lease lapses and it is taken up again)."""
-        renewing = asyncio.create_task(self._keep_leased(job))
+        lost = self._lease_lost[job.id] = asyncio.Event()
+        renewing = asyncio.create_task(self._keep_leased(job, lost))
         try:
             await self.step(job)
         except Exception as exc:
@@ -232,10 +236,12 @@ class VideoWorker:
         finally:
             renewing.cancel()
             await asyncio.wait({renewing})
+            del self._lease_lost[job.id]
 
-    async def _keep_leased(self, job: VideoJob) -> None:
+    async def _keep_leased(self, job: VideoJob, lost: asyncio.Event) -> None:
         """Renews the job's lease every third of it while its step runs (a download may
-        take longer than one lease); stops when the lease is no longer this worker's."""
+        take longer than one lease); once the lease is no longer this worker's, sets
+        `lost` and stops."""
         every = self._lease.total_seconds() / 3
         while True:
             await asyncio.sleep(every)
@@ -254,7 +260,8 @@ class VideoWorker:
                 log.warning("renewing the lease of %s: database unavailable", job.id)
                 continue
             if not kept:
-                return  # cancelled, or taken over: its finish will write nothing
+                lost.set()  # cancelled, or taken over: its finish would write nothing
+                return
 
     async def claim(self) -> VideoJob | None:
         now = self._clock.now()
@@ -323,20 +330,27 @@ class VideoWorker:
         """Stream the job's videos into the store, each within the size and time bounds.
         False when they are not all stored (none is left then): a bound passed fails the job
         for good; a provider's transient failure has it polled (and fetched) again later."""
-        try:
+        writing = asyncio.ensure_future(self._write_videos(job, videos))
+        lost = self._lease_lost.get(job.id)
+        if lost is not None:
+            losing = asyncio.ensure_future(lost.wait())
             try:
-                for index, video in enumerate(videos):
-                    await self._store.write(
-                        job.id,
-                        index,
-                        _chunks_of(video),
-                        max_bytes=self._max_video_bytes,
-                        seconds=self._download_seconds,
-                    )
-            except BaseException:
-                # Shielded: a cancelled step (a drain) still removes the videos it stored.
-                await asyncio.shield(self._store.delete(job.id))
-                raise
+                await asyncio.wait({writing, losing}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                losing.cancel()
+                if not writing.done():
+                    # Cancelled meanwhile, or taken over (or this step is being cancelled):
+                    # the download stops now and leaves nothing.
+                    writing.cancel()
+                    await asyncio.wait({writing})
+        try:
+            await writing
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if lost is None or not lost.is_set() or (current is not None and current.cancelling()):
+                raise  # this step itself is being cancelled (a drain)
+            log.info("video job %s: download stopped, the job is no longer this worker's", job.id)
+            return False
         except ContentRefused as refused:
             log.warning("video job %s: %s", job.id, refused)
             await self.finish(job, model, error=str(refused))
@@ -349,6 +363,21 @@ class VideoWorker:
                 await self._reschedule(job)
             return False
         return True
+
+    async def _write_videos(self, job: VideoJob, videos: Sequence[VideoSource]) -> None:
+        try:
+            for index, video in enumerate(videos):
+                await self._store.write(
+                    job.id,
+                    index,
+                    _chunks_of(video),
+                    max_bytes=self._max_video_bytes,
+                    seconds=self._download_seconds,
+                )
+        except BaseException:
+            # Shielded: a cancelled download (a cancel, a drain) still removes what it stored.
+            await asyncio.shield(self._store.delete(job.id))
+            raise
 
     @property
     def adapters(self) -> Mapping[str, VideoAdapter]:

@@ -18,6 +18,7 @@ from server.providers.endpoint import Endpoint
 from server.providers.http import Downloads
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress, VideoSource
 from server.videos import jobs
+from server.videos.cancel import cancel_job
 from server.videos.content import LocalContentStore
 from server.videos.request import VideoInput
 from server.workers.video_worker import VideoWorker
@@ -313,3 +314,63 @@ async def test_a_result_files_credential_is_not_in_its_repr() -> None:
             endpoint, "http://video.test/v1/out.mp4", headers={"Authorization": "Bearer sk-x"}
         )
     assert "sk-x" not in repr(remote) and "video.test/v1/out.mp4" in repr(remote)
+
+
+async def test_cancelling_a_downloading_job_stops_its_download_and_frees_its_slot(
+    domain: Domain, tmp_path: Path
+) -> None:
+    """Before: a cancelled job's download went on to its end (or its deadline), holding the
+    worker's slot, and the next job waited for it."""
+    chunks_sent: list[int] = []
+
+    async def trickle() -> AsyncIterator[bytes]:
+        for _ in range(400):  # 20 s at most
+            await asyncio.sleep(0.05)
+            chunks_sent.append(1)
+            yield b"x"
+
+    endpoint = Endpoint("vidco", "openai", "http://video.test/v1", model="ok")
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, content=trickle()))
+    async with httpx.AsyncClient(transport=transport) as http:
+        remote = Downloads(http).remote(endpoint, "http://video.test/v1/files/out.mp4")
+        adapter = ScriptedAdapter({"downloading": remote, "next": b"next video"})
+        store = LocalContentStore(tmp_path / "content")
+        worker = _worker(
+            domain,
+            store,
+            adapter,
+            lease=timedelta(seconds=0.3),
+            download_seconds=20,
+            jobs_at_once=1,
+        )
+        issued = await domain.funded_key("cancelled-download")
+        job_id = await _submit(domain, issued, "downloading")
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await eventually(lambda: len(chunks_sent) > 2, within=10, message="downloading")
+            await cancel_job(
+                domain.sessions,
+                await domain.principal(issued),
+                job_id,
+                domain.clock.now(),
+                worker.cancel_at_provider,
+            )
+            next_job = await _submit(domain, issued, "next")
+            worker.wake.set()
+            started = asyncio.get_running_loop().time()
+
+            async def next_done() -> bool:
+                return await _status(domain, next_job) == jobs.COMPLETED
+
+            await eventually(next_done, within=10, message="the next job to complete")
+            assert asyncio.get_running_loop().time() - started < 3
+            sent = len(chunks_sent)
+            await asyncio.sleep(0.3)
+            assert len(chunks_sent) == sent  # the download was stopped, not left running
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, timeout=10)
+    assert await _status(domain, job_id) == jobs.CANCELLED
+    assert _files(store) == [next_job, f"{next_job}/0.mp4"]
+    assert await domain.count(CreditHold, CreditHold.account_id == issued.workspace.account_id) == 0
