@@ -12,9 +12,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
+import pytest
 
 from server.db.models import CreditHold, VideoJob
 from server.providers.endpoint import Endpoint
+from server.providers.failures import SERVER_ERROR, ProviderFailure
 from server.providers.http import Downloads
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress, VideoSource
 from server.videos import jobs
@@ -25,6 +27,7 @@ from server.workers.video_worker import VideoWorker
 from tests.support.admin import IssuedKey
 from tests.support.domain import Domain
 from tests.support.eventually import eventually
+from tests.support.video_content import video_bytes
 
 
 class ScriptedAdapter:
@@ -374,3 +377,24 @@ async def test_cancelling_a_downloading_job_stops_its_download_and_frees_its_slo
     assert await _status(domain, job_id) == jobs.CANCELLED
     assert _files(store) == [next_job, f"{next_job}/0.mp4"]
     assert await domain.count(CreditHold, CreditHold.account_id == issued.workspace.account_id) == 0
+
+
+async def test_a_download_errors_body_is_read_only_in_part() -> None:
+    """A provider answering its result URL with an error and an endless body: the failure
+    is read from the first 64 KiB, the rest never read (before: the whole body was read
+    into memory to find the error's words)."""
+    sent: list[int] = []
+
+    async def endless() -> AsyncIterator[bytes]:
+        for _ in range(100_000):  # bounded: a few reads are all that is taken
+            sent.append(1)
+            yield b'{"error": "x' + b"x" * 8192
+
+    transport = httpx.MockTransport(lambda r: httpx.Response(503, content=endless()))
+    endpoint = Endpoint("vidco", "openai", "http://video.test/v1", model="ok")
+    async with httpx.AsyncClient(transport=transport) as http:
+        remote = Downloads(http).remote(endpoint, "http://video.test/v1/files/out.mp4")
+        with pytest.raises(ProviderFailure) as failed:
+            await asyncio.wait_for(video_bytes([remote]), timeout=10)
+    assert failed.value.kind == SERVER_ERROR and failed.value.status == 503
+    assert len(sent) <= 10
