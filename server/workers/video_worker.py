@@ -256,7 +256,8 @@ class VideoWorker:
                     )
             except Exception as exc:
                 if not is_database_unavailable(exc):
-                    raise
+                    log.exception("renewing the lease of %s failed; no longer renewed", job.id)
+                    return
                 log.warning("renewing the lease of %s: database unavailable", job.id)
                 continue
             if not kept:
