@@ -94,7 +94,7 @@ from server.services.videos import VideosService
 from server.transcription.transcriber import Transcriber
 from server.vault.crypto import MasterKey, load_master_key
 from server.vault.webhook_secrets import seal_legacy_secrets
-from server.videos.content import ContentStore
+from server.videos.content import ContentStore, LocalContentStore
 from server.workers.video_worker import VideoWorker
 from server.workers.webhook_dispatcher import WebhookDispatcher
 
@@ -182,10 +182,15 @@ def build_core(
     # Result URLs off the endpoint's own origin: https to public addresses, DNS-pinned.
     allow_private = settings.provider_downloads_allow_private
     downloads = Downloads(http, allow_private=allow_private)
-    images = ImageFetcher(http, allow_private=allow_private)
+    images = ImageFetcher(
+        http,
+        allow_private=allow_private,
+        max_bytes=settings.video_image_max_bytes,
+        seconds=settings.video_image_fetch_seconds,
+    )
     video_adapters: dict[str, VideoAdapter] = {
         "local": LocalVideoAdapter(),
-        "openai": OpenAIVideoAdapter(http),
+        "openai": OpenAIVideoAdapter(http, downloads),
         "queue": QueueVideoAdapter(http, downloads),
         "gemini": GeminiVideoAdapter(http, images=images, downloads=downloads),
         "vertex": VertexVideoAdapter(http, images=images, downloads=downloads),
@@ -198,7 +203,7 @@ def build_core(
     }
     # Every catalog endpoint must name a registered adapter (startup error otherwise).
     catalog = served_by(catalog, stt_adapters.keys(), video_adapters.keys())
-    content = ContentStore(settings.content_dir)
+    content = LocalContentStore(settings.content_dir)
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
     byok = ByokRouting(
         vault_master,
@@ -264,6 +269,10 @@ def build_core(
             byok=byok,
             cooldowns=cooldowns,
             writer=writer,
+            max_video_bytes=settings.video_max_bytes,
+            download_seconds=settings.video_download_seconds,
+            jobs_at_once=settings.video_jobs_at_once,
+            drain_seconds=settings.shutdown_grace_seconds,
         ),
         webhooks=webhooks,
         maintenance=Maintenance(

@@ -27,6 +27,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from server.hostnames import dns_name
 
 DEFAULT_DATA_DIR = "gateway-data"
+# The video worker's outbound bounds (defaults of the settings below, used where a component
+# is built without settings: tests, benches).
+VIDEO_MAX_BYTES = 2 * 1024**3  # one provider result file
+VIDEO_DOWNLOAD_SECONDS = 900.0  # one provider result download, start to end
+VIDEO_IMAGE_MAX_BYTES = 20 * 1024**2  # one client image (Veo's own inline limit)
+VIDEO_IMAGE_FETCH_SECONDS = 30.0  # one client image fetch, start to end
+VIDEO_JOBS_AT_ONCE = 8  # jobs one server process's video worker runs concurrently
 ANY_ORIGIN = "*"
 ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 
@@ -152,6 +159,17 @@ class Settings(BaseSettings):
     # the operator's catalog, added to the built-in one
     catalog_file: str | None = Field(None, validation_alias=_variable("GATEWAY_CATALOG"))
     job_lease_seconds: float = Field(120.0, gt=0, allow_inf_nan=False)  # dead worker's job
+    # A provider's result file: streamed into the content store, at most this many bytes
+    # and within this many seconds (past either the job fails, uncharged, and is not
+    # fetched again).
+    video_max_bytes: int = Field(VIDEO_MAX_BYTES, gt=0)
+    video_download_seconds: float = Field(VIDEO_DOWNLOAD_SECONDS, gt=0, allow_inf_nan=False)
+    # A client's image URL the gateway fetches for a provider that takes images inline
+    # (Veo): at most this many bytes, within this many seconds (past either: the job fails).
+    video_image_max_bytes: int = Field(VIDEO_IMAGE_MAX_BYTES, gt=0)
+    video_image_fetch_seconds: float = Field(VIDEO_IMAGE_FETCH_SECONDS, gt=0, allow_inf_nan=False)
+    # Video jobs one server process works on at once (a slow fetch holds only its own job).
+    video_jobs_at_once: int = Field(VIDEO_JOBS_AT_ONCE, ge=1)
     video_retention_seconds: float = Field(86400.0, gt=0, allow_inf_nan=False)
     # how often housekeeping runs (server/maintenance/)
     maintenance_interval_seconds: float = Field(5.0, gt=0, allow_inf_nan=False)

@@ -190,7 +190,8 @@ class Maintenance:
                     await self._queue_expired_webhooks(session, expired, now)
                 await session.commit()
             if expired:
-                await asyncio.to_thread(self._delete_content, expired)
+                for job_id in expired:
+                    await self._content.delete(job_id)
             self._count(VIDEOS, len(expired))
             total += len(expired)
             if len(expired) < BATCH:
@@ -207,10 +208,6 @@ class Maintenance:
         )
         for job in hooked.all():
             await jobs.queue_webhook(session, job, now)
-
-    def _delete_content(self, job_ids: list[str]) -> None:
-        for job_id in job_ids:
-            self._content.delete(job_id)
 
     async def _delete(self, task: str, params: dict[str, Any]) -> int:
         """Run `task`'s DELETE batch by batch, each in its own transaction."""

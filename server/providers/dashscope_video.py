@@ -210,7 +210,7 @@ class DashScopeVideoAdapter:
         if status in _RUNNING:
             return VideoProgress(state="running", provider_job_id=provider_job_id)
         if status == "SUCCEEDED":
-            video = await self._downloads.fetch(endpoint, output.get("video_url"))
+            video = self._downloads.remote(endpoint, output.get("video_url"))
             usage = body.get("usage")
             usage = usage if isinstance(usage, dict) else {}
             # wan2.7 reports output_video_duration; earlier models video_duration.

@@ -143,7 +143,7 @@ class FalVideoAdapter:
         urls = [e.get("url") if isinstance(e, dict) else None for e in entries]
         if not urls:
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
-        videos = [await self._downloads.fetch(endpoint, url) for url in urls]
+        videos = [self._downloads.remote(endpoint, url) for url in urls]
         return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=videos)
 
     async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:

@@ -128,7 +128,7 @@ class GeminiVideoAdapter:
             return veo.filtered(name, result)
         # The key goes only to the API's own host, never to a host the response names.
         videos = [
-            await self._downloads.fetch(
+            self._downloads.remote(
                 endpoint, uri, headers=self._headers(endpoint), failure_of=veo.failure_of
             )
             for uri in uris

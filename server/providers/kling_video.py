@@ -213,7 +213,7 @@ class KlingVideoAdapter:
         for entry in entries:
             if not isinstance(entry, dict):
                 raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video")
-            videos.append(await self._downloads.fetch(endpoint, entry.get("url")))
+            videos.append(self._downloads.remote(endpoint, entry.get("url")))
             seconds = seconds or seconds_of(entry.get("duration"))
         return VideoProgress(
             state="completed", provider_job_id=job_id, videos=videos, seconds=seconds

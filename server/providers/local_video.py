@@ -83,8 +83,9 @@ class LocalVideoAdapter:
     """Renders in worker threads, a bounded number at once (it is CPU-bound). Threads, not
     processes: libx264 and Pillow release the GIL while they work (measured: rendering
     1280x720 for 4 s in a thread left the event loop's thread without the GIL for at most
-    24 ms at a time, 1.7 ms on average), and the MP4 need not be copied between processes;
-    the video worker renders one job at a time per server process."""
+    24 ms at a time, 1.7 ms on average), and the MP4 need not be copied between processes.
+    `max_parallel` render at once per server process, however many jobs the video worker
+    runs at once (GATEWAY_VIDEO_JOBS_AT_ONCE): the others wait for a slot."""
 
     def __init__(self, max_parallel: int = 1) -> None:
         self._slots = asyncio.Semaphore(max_parallel)

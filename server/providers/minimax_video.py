@@ -184,5 +184,5 @@ class MiniMaxVideoAdapter:
             raise failure_of_code(response, *coded)
         file = answer.get("file")
         url = file.get("download_url") if isinstance(file, dict) else None
-        video = await self._downloads.fetch(endpoint, url)
+        video = self._downloads.remote(endpoint, url)
         return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=[video])

@@ -21,6 +21,7 @@ import httpx
 from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
+from server.providers.http import Downloads
 from server.providers.video import VideoCall, VideoProgress
 from server.providers.video_tasks import merged
 
@@ -28,8 +29,9 @@ _RUNNING = ("queued", "in_progress", "processing", "pending")
 
 
 class OpenAIVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
         self._http = http
+        self._downloads = downloads or Downloads(http)
 
     def _progress(self, body: dict[str, Any]) -> VideoProgress:
         status = body.get("status")
@@ -86,11 +88,10 @@ class OpenAIVideoAdapter:
 
     async def _finish(self, endpoint: Endpoint, progress: VideoProgress) -> VideoProgress:
         if progress.state == "completed":
-            content = await provider_http.call(
-                self._http,
+            content = self._downloads.remote(
                 endpoint,
-                "GET",
                 f"{endpoint.base_url}/videos/{progress.provider_job_id}/content",
+                headers=provider_http.authorized(endpoint),
             )
-            progress.videos = [content.content]
+            progress.videos = [content]
         return progress

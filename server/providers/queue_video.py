@@ -23,7 +23,7 @@ import httpx
 from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
-from server.providers.http import Downloads
+from server.providers.http import Downloads, RemoteVideo
 from server.providers.video import VideoCall, VideoProgress
 from server.providers.video_tasks import merged
 
@@ -103,11 +103,9 @@ class QueueVideoAdapter:
             videos.append(await self._fetch(endpoint, url))
         return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=videos)
 
-    async def _fetch(self, endpoint: Endpoint, url: str) -> bytes:
+    async def _fetch(self, endpoint: Endpoint, url: str) -> RemoteVideo:
         """A result file: with the key only under the endpoint's base URL (the API host);
         elsewhere (fal's CDN) without it, and only from a public https host."""
         if endpoint.base_url and provider_http.same_origin(url, endpoint.base_url):
-            return await self._downloads.fetch(
-                endpoint, url, headers=provider_http.authorized(endpoint)
-            )
-        return await self._downloads.fetch(endpoint, url)
+            return self._downloads.remote(endpoint, url, headers=provider_http.authorized(endpoint))
+        return self._downloads.remote(endpoint, url)

@@ -127,7 +127,7 @@ class ReplicateVideoAdapter:
             urls = output if isinstance(output, list) else [output]
             if not urls:
                 raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
-            videos = [await self._downloads.fetch(endpoint, u) for u in urls]
+            videos = [self._downloads.remote(endpoint, u) for u in urls]
             return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=videos)
         if status not in ("failed", "canceled"):
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid status")

@@ -136,7 +136,7 @@ class SeedanceVideoAdapter:
         if status == "succeeded":
             content = task.get("content")
             url = content.get("video_url") if isinstance(content, dict) else None
-            video = await self._downloads.fetch(endpoint, url)
+            video = self._downloads.remote(endpoint, url)
             duration = task.get("duration")
             seconds = seconds_of(duration)
             return VideoProgress(

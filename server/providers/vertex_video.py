@@ -64,7 +64,7 @@ from server.providers.failures import (
     ProviderFailure,
 )
 from server.providers.http import Downloads, ImageFetcher, json_object, send
-from server.providers.video import VideoCall, VideoProgress
+from server.providers.video import VideoCall, VideoProgress, VideoSource
 
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 GLOBAL_HOST = "aiplatform.googleapis.com"
@@ -232,7 +232,7 @@ class VertexVideoAdapter:
         content = [await self._video(endpoint, video) for video in videos]
         return VideoProgress(state="completed", provider_job_id=name, videos=content)
 
-    async def _video(self, endpoint: Endpoint, video: object) -> bytes:
+    async def _video(self, endpoint: Endpoint, video: object) -> VideoSource:
         if isinstance(video, dict) and isinstance(video.get("bytesBase64Encoded"), str):
             try:
                 return base64.b64decode(video["bytesBase64Encoded"], validate=True)
@@ -246,7 +246,7 @@ class VertexVideoAdapter:
             f"{self._storage_base}/storage/v1/b/{quote(bucket, safe='')}"
             f"/o/{quote(name, safe='')}?alt=media"
         )
-        return await self._downloads.fetch(
+        return self._downloads.remote(
             endpoint,
             url,
             headers=await self._headers(endpoint),

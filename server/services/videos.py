@@ -250,9 +250,9 @@ class VideosService(videos_pb2_grpc.VideosServicer):
             principal = await self._auth.authenticate(session, metadata_of(context))
             job = await jobs.find_job(session, principal, request.job_id)
         index = request.index if request.HasField("index") else 0
-        jobs.check_content(job, index, self._store)
+        await jobs.check_content(job, index, self._store)
         first = True
-        for chunk in self._store.chunks(job.id, index):
+        async for chunk in self._store.read(job.id, index):
             # The first message's content type becomes the response's Content-Type.
             yield httpbody_pb2.HttpBody(content_type="video/mp4" if first else "", data=chunk)
             first = False

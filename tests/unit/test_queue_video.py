@@ -11,6 +11,7 @@ from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.http import Downloads
 from server.providers.queue_video import QueueVideoAdapter
 from server.providers.video import VideoCall
+from tests.support.video_content import video_bytes
 
 BASE = "https://queue.test/queue"
 KEY = "queue-test-key"
@@ -43,7 +44,7 @@ async def poll(video_url: str, seen: list[httpx.Request]) -> list[bytes]:
     progress = await adapter_with(video_url, seen).poll(
         endpoint(), "r1", VideoCall(model="m", params={"duration": 4})
     )
-    return progress.videos
+    return await video_bytes(progress.videos)
 
 
 async def test_cdn_video_is_fetched_without_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
