@@ -1,0 +1,208 @@
+"""Request bodies within bounds (issue 29, server/transcription/body.py): a body is read only
+after its caller is known, never past the per-request limit, and within a process-wide budget
+(wait briefly, then 503 + Retry-After); a failed call keeps none of its body alive."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+import pytest
+from google.api import httpbody_pb2
+from opentelemetry.trace import NoOpTracer
+
+from server.contract import audio_pb2_grpc
+from server.errors import GatewayError
+from server.observability.metrics import Metrics
+from server.services.rpc import ObservedServer, RequestObserver
+from server.transcription.body import BODY_COPIES, BodyBudget, declared_length, read_body
+
+MIB = 1024 * 1024
+
+
+class _Messages:
+    """A client stream of HttpBody messages that counts what the reader pulled."""
+
+    def __init__(self, *chunks: bytes, content_type: str = "application/json") -> None:
+        self.chunks = chunks
+        self.content_type = content_type
+        self.pulled = 0
+
+    async def __aiter__(self) -> AsyncIterator[httpbody_pb2.HttpBody]:
+        for index, chunk in enumerate(self.chunks):
+            self.pulled += 1
+            yield httpbody_pb2.HttpBody(
+                content_type=self.content_type if index == 0 else "", data=chunk
+            )
+
+
+def _budget(capacity: int, wait: float = 0.1) -> BodyBudget:
+    return BodyBudget(capacity, wait_seconds=wait, retry_after_seconds=3)
+
+
+async def test_a_body_is_joined_with_the_content_type_of_its_first_message() -> None:
+    budget = _budget(BODY_COPIES * 100)
+    async with budget.reservation() as reservation:
+        body = await read_body(_Messages(b"ab", b"cd", b"e").__aiter__(), reservation, 100, 5)
+        assert (body.data, body.content_type) == (b"abcde", "application/json")
+        assert budget.free == BODY_COPIES * 95
+    assert budget.free == budget.capacity
+
+
+async def test_a_declared_body_over_the_limit_is_refused_before_it_is_read() -> None:
+    messages = _Messages(b"x" * 10)
+    async with _budget(BODY_COPIES * 100).reservation() as reservation:
+        with pytest.raises(GatewayError) as refused:
+            await read_body(messages.__aiter__(), reservation, 9, 10)
+    assert refused.value.status == 413 and messages.pulled == 0
+
+
+async def test_a_chunked_body_over_the_limit_is_refused_at_the_chunk_that_crosses_it() -> None:
+    messages = _Messages(b"x" * 4, b"x" * 4, b"x" * 4, b"x" * 4)
+    budget = _budget(BODY_COPIES * 100)
+    async with budget.reservation() as reservation:
+        with pytest.raises(GatewayError) as refused:
+            await read_body(messages.__aiter__(), reservation, 10, None)
+    assert refused.value.status == 413 and messages.pulled == 3
+    assert budget.free == budget.capacity
+
+
+async def test_a_body_that_finds_the_budget_spent_waits_then_gets_503_with_retry_after() -> None:
+    budget = _budget(BODY_COPIES * 100, wait=0.2)
+    async with budget.reservation() as holder:
+        await holder.take(BODY_COPIES * 60)
+        messages = _Messages(b"x" * 50)
+        async with budget.reservation() as reservation:
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(GatewayError) as refused:
+                await read_body(messages.__aiter__(), reservation, 100, 50)
+            waited = asyncio.get_running_loop().time() - started
+    assert refused.value.status == 503 and refused.value.retry_after_seconds == 3
+    assert 0.15 <= waited < 2 and messages.pulled == 0  # nothing read while it waited
+    assert budget.free == budget.capacity
+
+
+async def test_a_waiting_body_goes_on_as_soon_as_another_gives_its_share_back() -> None:
+    budget = _budget(BODY_COPIES * 100, wait=5)
+    holder = budget.reservation()
+    await holder.take(BODY_COPIES * 60)
+
+    async def second() -> bytes:
+        async with budget.reservation() as reservation:
+            body = await read_body(_Messages(b"y" * 50).__aiter__(), reservation, 100, 50)
+            return body.data
+
+    waiting = asyncio.ensure_future(second())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await holder.__aexit__(None, None, None)
+    assert await asyncio.wait_for(waiting, 2) == b"y" * 50
+    assert budget.free == budget.capacity
+
+
+async def test_a_chunked_body_holding_part_of_the_budget_never_waits_for_more() -> None:
+    """Bodies each holding part of the budget while waiting for more would wait for each
+    other: one of unknown length is refused at once when the budget runs out."""
+    budget = _budget(BODY_COPIES * 10, wait=30)
+    messages = _Messages(b"x" * 6, b"x" * 6)
+    async with budget.reservation() as reservation:
+        with pytest.raises(GatewayError) as refused:
+            async with asyncio.timeout(2):
+                await read_body(messages.__aiter__(), reservation, 100, None)
+    assert refused.value.status == 503 and messages.pulled == 2
+    assert budget.free == budget.capacity
+
+
+async def test_a_body_larger_than_the_whole_budget_is_refused_at_once() -> None:
+    budget = _budget(BODY_COPIES * 10, wait=30)
+    async with budget.reservation() as reservation:
+        with pytest.raises(GatewayError) as refused:
+            async with asyncio.timeout(2):
+                await read_body(_Messages(b"x" * 11).__aiter__(), reservation, 100, 11)
+    assert refused.value.status == 503
+
+
+@pytest.mark.parametrize(
+    ("value", "length"),
+    [("12", 12), ("0", 0), (None, None), ("", None), ("-1", None), ("1e3", None), ("9" * 19, None)],
+)
+def test_only_a_plain_declared_length_is_trusted(value: str | None, length: int | None) -> None:
+    assert declared_length(value) == length
+
+
+# --- A failed call keeps none of its body alive --------------------------------------------
+
+
+class _Body(bytearray):
+    """A body that can be watched (bytes cannot be weakly referenced)."""
+
+
+class _Context:
+    """grpc.aio's servicer context as far as the observer uses it; like grpc, it keeps the
+    AbortError it raised (grpc's RPCState does, past the call)."""
+
+    def __init__(self) -> None:
+        self.kept: list[BaseException] = []
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("x-request-id", "rid-1"),)
+
+    async def abort(self, code: Any, details: str, trailing_metadata: Any = ()) -> None:
+        error = grpc.aio.AbortError()
+        self.kept.append(error)
+        raise error
+
+
+class _Refusing(audio_pb2_grpc.AudioServicer):
+    def __init__(self) -> None:
+        self.bodies: list[weakref.ref[_Body]] = []
+
+    async def Transcribe(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        body = _Body()
+        async for message in requests:
+            body += message.data
+        self.bodies.append(weakref.ref(body))
+        _parse(body)
+
+
+def _parse(body: _Body) -> None:
+    raise GatewayError(413, "The audio is larger than 25 MB")
+
+
+class _Registrations:
+    def __init__(self) -> None:
+        self.registered: dict[str, dict[str, Any]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
+        self.registered[service] = handlers
+
+
+@pytest.fixture
+def no_collector() -> Iterator[None]:
+    """What reference counting alone frees: the collector may not run for a long while (the
+    server raises its thresholds, app.tune_garbage_collector)."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+async def test_a_failed_call_keeps_none_of_its_body_alive(no_collector: None) -> None:
+    servicer = _Refusing()
+    registrations = _Registrations()
+    server: Any = ObservedServer(registrations, RequestObserver(Metrics(), NoOpTracer()))  # type: ignore[arg-type]
+    audio_pb2_grpc.add_AudioServicer_to_server(servicer, server)
+    handler = registrations.registered["gateway.v1.Audio"]["Transcribe"]
+    context = _Context()
+    with pytest.raises(grpc.aio.AbortError):
+        await handler.stream_unary(_Messages(b"x" * MIB).__aiter__(), context)
+    assert context.kept, "the context keeps the abort, as grpc does"
+    assert servicer.bodies[0]() is None, "the kept exception holds the handler's body"
