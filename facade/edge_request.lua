@@ -9,9 +9,13 @@
 --   ALLOWED_ORIGINS: nil (any origin) or a set of the origins allowed to call from a browser.
 --   MAX_REQUEST_BYTES: the request body limit (the buffer filter enforces it on the bytes).
 --   FORWARDED: the set of request headers that go on to the server.
+--   BODY_METHODS: the set of methods whose requests carry a body.
 --   ERROR_MESSAGES: HTTP status -> its default message.
 --
 -- * Request whose Content-Length is over the limit: 413 at once, before its body is read.
+-- * Request with a body (POST, PUT, PATCH) without a well-formed key: 401 at once, before its
+--   body is read or buffered (every route with a body needs a key; the server would refuse
+--   it with the same words, but only once the transcoder had buffered the body).
 -- * Request with an Origin that is not allowed: 400 before anything else runs (preflights
 --   included, so they get no allow headers). OPTIONS that is no preflight: 404.
 
@@ -32,6 +36,25 @@ local function keep_only_forwarded(h)
   end
   for _, name in ipairs(dropped) do h:remove(name) end
   return unprintable
+end
+
+-- The server's words (server/auth.py, bearer_token) for an Authorization it cannot use, or
+-- nil when the value has the shape of a key (the server still checks the key itself).
+local function unusable_authorization(value)
+  if value == nil then
+    return "Missing Authorization header: send 'Authorization: Bearer <API key>'"
+  end
+  value = value:gsub("^%s+", ""):gsub("%s+$", "")
+  local space = value:find(" ", 1, true)
+  local token = space and value:sub(space + 1):gsub("^%s+", "") or ""
+  if space == nil or value:sub(1, space - 1):lower() ~= "bearer" or token == "" then
+    return "Malformed Authorization header: expected 'Bearer <API key>'"
+  end
+  local kind, digits = token:match("^sk%-gw%-(%w%w)%-([0-9a-f]+)$")
+  if (kind ~= "v1" and kind ~= "op") or #digits ~= 64 then
+    return "Invalid API key"
+  end
+  return nil
 end
 
 function envoy_on_request(handle)
@@ -73,6 +96,13 @@ function envoy_on_request(handle)
   if length ~= nil and length > MAX_REQUEST_BYTES then
     handle:respond({ [":status"] = "413" }, ERROR_MESSAGES[413])
     return
+  end
+  if BODY_METHODS[h:get(":method")] and path:sub(1, 8) == "/api/v1/" then
+    local refused = unusable_authorization(h:get("authorization"))
+    if refused ~= nil then
+      handle:respond({ [":status"] = "401" }, refused)
+      return
+    end
   end
   if ALLOWED_ORIGINS == nil then return end
   local origin = h:get("origin")
