@@ -24,7 +24,7 @@ from server.byok.cache import ByokKeysCache
 from server.byok.fees import ByokFees
 from server.byok.routing import ByokRouting
 from server.clock import Clock, SystemClock
-from server.compute import ComputePool
+from server.compute import ComputePool, release_free_memory
 from server.config import EdgePolicy, Settings
 from server.console import ConsoleAssets
 from server.contract import (
@@ -373,6 +373,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
                 core.settings.body_budget_bytes,
                 core.settings.body_budget_wait_seconds,
                 retry_after_for(core.settings.body_budget_wait_seconds),
+                trim=release_free_memory,
             ),
             core.settings.max_request_bytes,
         ),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -32,14 +32,28 @@ def too_large(limit: int) -> GatewayError:
 
 class BodyBudget:
     """Bytes of request bodies this process may hold at once (`capacity`), handed out in
-    reservations; waiting at most `wait_seconds` for room, then 503 + Retry-After."""
+    reservations; waiting at most `wait_seconds` for room, then 503 + Retry-After.
 
-    def __init__(self, capacity: int, wait_seconds: float, retry_after_seconds: int) -> None:
+    `trim` (server.compute.release_free_memory) gives the heap's free pages back; it runs in
+    a thread when the budget is idle again after a quarter of it was lent since the last
+    time: the memory a burst of bodies took goes back to the system once the burst is over,
+    and small bodies one at a time trim rarely."""
+
+    def __init__(
+        self,
+        capacity: int,
+        wait_seconds: float,
+        retry_after_seconds: int,
+        trim: Callable[[], None] | None = None,
+    ) -> None:
         self.capacity = capacity
         self.free = capacity
         self._wait_seconds = wait_seconds
         self._retry_after = retry_after_seconds
         self._changed = asyncio.Condition()
+        self._trim = trim
+        self._lent_since_trim = 0
+        self._trimming: asyncio.Future[None] | None = None
 
     def reservation(self) -> Reservation:
         return Reservation(self)
@@ -49,6 +63,7 @@ class BodyBudget:
             raise service_unavailable(self._retry_after)
         if self.free >= size:  # the common case: no waiting, no lock
             self.free -= size
+            self._lent_since_trim += size
             return
         if not wait:
             raise service_unavailable(self._retry_after)
@@ -60,11 +75,22 @@ class BodyBudget:
             except TimeoutError:
                 raise service_unavailable(self._retry_after) from None
             self.free -= size
+            self._lent_since_trim += size
 
     async def _give(self, size: int) -> None:
         self.free += size
+        if self.free == self.capacity:
+            self._trim_when_due()
         async with self._changed:
             self._changed.notify_all()
+
+    def _trim_when_due(self) -> None:
+        if self._trim is None or self._lent_since_trim < self.capacity // 4:
+            return
+        if self._trimming is not None and not self._trimming.done():
+            return
+        self._lent_since_trim = 0
+        self._trimming = asyncio.get_running_loop().run_in_executor(None, self._trim)
 
 
 class Reservation:
@@ -120,12 +146,14 @@ async def read_body(
         if length > limit:
             raise too_large(limit)
         await reservation.take(BODY_COPIES * length)
-    chunks: list[bytes] = []  # joined once at the end: a one-message body is not copied
+    # The bytes gather in one buffer, each message's released as soon as it is copied: kept
+    # side by side until a join, thousands of small allocations would fragment the heap and
+    # stay with the process after the body is gone. A one-message body is used as it came.
+    first = b""
+    gathered: bytearray | None = None
     received = 0
     content_type = ""
     async for message in messages:
-        if not chunks:
-            content_type = message.content_type
         chunk = message.data
         if received + len(chunk) > limit:
             raise too_large(limit)
@@ -133,9 +161,17 @@ async def read_body(
             # Unknown length, or more bytes than declared: reserve what arrives.
             extra = received + len(chunk) - max(length or 0, received)
             await reservation.take(BODY_COPIES * extra)
-        chunks.append(chunk)
+        if received == 0 and gathered is None:
+            content_type = message.content_type
+            first = chunk
+        else:
+            if gathered is None:
+                gathered = bytearray(first)
+                first = b""
+            gathered += chunk
         received += len(chunk)
-    return Body(b"".join(chunks), content_type)
+        del message, chunk
+    return Body(first if gathered is None else bytes(gathered), content_type)
 
 
 def retry_after_for(wait_seconds: float) -> int:

@@ -20,6 +20,7 @@ from server.errors import GatewayError
 from server.observability.metrics import Metrics
 from server.services.rpc import ObservedServer, RequestObserver
 from server.transcription.body import BODY_COPIES, BodyBudget, declared_length, read_body
+from tests.support.eventually import eventually
 
 MIB = 1024 * 1024
 
@@ -206,3 +207,24 @@ async def test_a_failed_call_keeps_none_of_its_body_alive(no_collector: None) ->
         await handler.stream_unary(_Messages(b"x" * MIB).__aiter__(), context)
     assert context.kept, "the context keeps the abort, as grpc does"
     assert servicer.bodies[0]() is None, "the kept exception holds the handler's body"
+
+
+async def test_the_heap_is_trimmed_once_the_budget_is_idle_after_a_burst() -> None:
+    """The pages a burst of bodies took go back to the system when the burst is over (in a
+    thread, once a quarter of the budget was lent since the last trim), not while bodies are
+    held, and not after every small body."""
+    trims: list[int] = []
+    budget = BodyBudget(100, wait_seconds=0.1, retry_after_seconds=1, trim=lambda: trims.append(1))
+    async with budget.reservation() as small:
+        await small.take(10)
+    assert trims == []  # less than a quarter lent
+    async with budget.reservation() as first, budget.reservation() as second:
+        await first.take(20)
+        await second.take(20)
+        await first.__aexit__(None, None, None)
+        assert trims == []  # still held by the second
+    await eventually(lambda: trims == [1], within=2)  # in the executor's thread
+    async with budget.reservation() as again:
+        await again.take(10)
+    await asyncio.sleep(0.05)
+    assert trims == [1]  # the count starts again after a trim
