@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from server.config import DEFAULT_EDGE, EdgePolicy
+from server.contract import http_routes
 from server.errors import (
     ERROR_STATUS,
     ERROR_STATUSES,
@@ -224,6 +225,35 @@ def _lua_set(names: tuple[str, ...]) -> str:
     return "{" + ", ".join(f"[{_lua_string(n)}] = true" for n in names) + "}"
 
 
+# The routes whose bodies carry media (base64 or multipart audio, data: URL images): they
+# take up to max_request_bytes; every other route's body is JSON of a few KiB, bounded by
+# the edge's max_control_body_bytes.
+MEDIA_PATHS = ("/api/v1/audio/transcriptions", "/api/v1/videos")
+
+
+def body_routes() -> dict[str, tuple[str, ...]]:
+    """The REST routes with a body, by method, as Lua patterns of their paths (a path
+    parameter is one segment): from the contract's http rules."""
+    routes: dict[str, list[str]] = {method: [] for method in BODY_METHODS}
+    for route in http_routes().values():
+        method, _, template = route.partition(" ")
+        if method in routes:
+            segments = (
+                "[^/]+" if part.startswith("{") else part.replace("-", "%-")
+                for part in template.split("/")
+            )
+            routes[method].append("^" + "/".join(segments) + "$")
+    return {method: tuple(sorted(patterns)) for method, patterns in routes.items()}
+
+
+def _lua_body_routes() -> str:
+    by_method = (
+        f"  [{_lua_string(method)}] = {{ {', '.join(_lua_string(p) for p in patterns)} }},"
+        for method, patterns in body_routes().items()
+    )
+    return "BODY_ROUTES = {\n" + "\n".join(by_method) + "\n}\n"
+
+
 def _lua_prelude(edge: EdgePolicy, max_request_bytes: int) -> str:
     """The operator's settings the Lua filters read, as Lua globals."""
     if edge.any_origin:
@@ -234,8 +264,9 @@ def _lua_prelude(edge: EdgePolicy, max_request_bytes: int) -> str:
         "-- Rendered from the operator's settings (facade/envoy_config.py).\n"
         f"ALLOWED_ORIGINS = {origins}\n"
         f"MAX_REQUEST_BYTES = {max_request_bytes}\n"
-        f"BODY_METHODS = {_lua_set(BODY_METHODS)}\n"
-        f"FORWARDED = {_lua_set(FORWARDED_HEADERS)}\n"
+        f"MAX_CONTROL_BODY_BYTES = {edge.max_control_body_bytes}\n"
+        f"MEDIA_PATHS = {_lua_set(MEDIA_PATHS)}\n"
+        f"FORWARDED = {_lua_set(FORWARDED_HEADERS)}\n" + _lua_body_routes()
     )
 
 
@@ -375,7 +406,10 @@ def _plain_request(edge: EdgePolicy, max_request_bytes: int) -> dict[str, Any]:
         _absent(_request_header_is, "upgrade"),
         _any_of(
             _absent(_request_header_is, "content-length"),
-            _request_header_is("content-length", _regex(_at_most(max_request_bytes))),
+            _request_header_is(
+                "content-length",
+                _regex(_at_most(min(max_request_bytes, edge.max_control_body_bytes))),
+            ),
         ),
         # A method with a body carries a well-formed key: edge_request.lua refuses one
         # without before its body is read.
@@ -564,6 +598,29 @@ CLIENT_STREAM_WINDOW_BYTES = 64 * 1024
 CLIENT_CONNECTION_WINDOW_BYTES = 1024 * 1024
 
 
+def _media_routes(timeout: str) -> list[dict[str, Any]]:
+    """The media routes' REST paths, matched before transcoding (the filters before the
+    transcoder see the REST path): they skip the buffer filter. The transcoder then clears
+    the route, and the request is routed by its gRPC path like every other."""
+    return [
+        {
+            "match": {
+                "path": path,
+                "headers": [{"name": ":method", "string_match": {"exact": "POST"}}],
+            },
+            "route": {"cluster": "gateway_grpc", "timeout": timeout},
+            "typed_per_filter_config": {
+                "envoy.filters.http.buffer": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3."
+                    "BufferPerRoute",
+                    "disabled": True,
+                }
+            },
+        }
+        for path in MEDIA_PATHS
+    ]
+
+
 def render(options: EnvoyOptions) -> dict[str, Any]:
     edge = options.edge
     timeout = _seconds(edge.upstream_timeout_seconds)
@@ -573,7 +630,8 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
             "name": "streaming",
         }
     }
-    routes = [
+    routes = _media_routes(timeout)
+    routes += [
         {
             "match": {"path": method},
             "route": {"cluster": "gateway_grpc", "timeout": timeout},
@@ -729,6 +787,17 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                 # Before anything reads a body: a flood is refused at the door.
                 "name": "envoy.filters.http.local_ratelimit",
                 "typed_config": _flood_protection(edge),
+            },
+            {
+                # Bounds the body of every route without media (keys, vault, ...: JSON of a
+                # few KiB), announced or chunked: past the limit Envoy answers 413 itself. The
+                # media routes (MEDIA_PATHS) skip it (_media_routes): the transcriber's body
+                # streams to the server, a video submission is bounded by the transcoder.
+                "name": "envoy.filters.http.buffer",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                    "max_request_bytes": edge.max_control_body_bytes,
+                },
             },
             {
                 "name": "envoy.filters.http.grpc_json_transcoder",

@@ -84,6 +84,12 @@ class EdgePolicy(BaseModel):
     max_request_headers_kb: int = Field(60, gt=0, alias="GATEWAY_EDGE_MAX_HEADERS_KB")
     # open client connections per Envoy; more are refused
     max_connections: int = Field(10000, gt=0, alias="GATEWAY_EDGE_MAX_CONNECTIONS")
+    # the body of a request to a route that carries no media (keys, vault, guardrails,
+    # workspaces, BYOK: JSON of a few KiB); 413 past it. Media routes (transcriptions, video
+    # submissions) take up to GATEWAY_MAX_REQUEST_BYTES
+    max_control_body_bytes: int = Field(
+        1024 * 1024, gt=0, alias="GATEWAY_EDGE_MAX_CONTROL_BODY_BYTES"
+    )
     # Envoy's heap: past 95% of it new requests get 503 + Retry-After until it falls
     max_heap_bytes: int = Field(1024**3, ge=64 * 1024**2, alias="GATEWAY_EDGE_MAX_HEAP_BYTES")
 

@@ -72,9 +72,7 @@ def _pids(own: OwnGateway) -> tuple[int, int]:
 def _json_body(audio_bytes: int) -> bytes:
     """A transcription request whose base64 audio is `audio_bytes` long (random bytes)."""
     data = base64.b64encode(os.urandom(audio_bytes)).decode("ascii")
-    return json.dumps(
-        {"model": "fake/ok", "input_audio": {"data": data, "format": "wav"}}
-    ).encode()
+    return json.dumps({"model": "fake/ok", "input_audio": {"data": data, "format": "wav"}}).encode()
 
 
 def _documented(answer: Answer, status: int) -> bool:
@@ -138,12 +136,15 @@ async def test_anonymous_big_bodies_are_refused_before_they_are_buffered(
 async def test_anonymous_bodies_on_the_typed_json_routes_are_refused_before_envoy_buffers(
     gateway: OwnGateway,
 ) -> None:
-    """The typed JSON routes (videos, vault, keys: the transcoder buffers their bodies whole)
-    refuse a body without a well-formed key at the edge, before it is read."""
+    """The typed JSON routes (the transcoder buffers their bodies whole) refuse a body
+    without a well-formed key, or over the route's limit, at the edge, before it is read."""
     body = b'{"model": "fake/x", "prompt": "' + b"x" * (40 * MIB) + b'"}'
     _, envoy = _pids(gateway)
     before = settle_rss(envoy)
-    routes = [("/api/v1/videos", {}), ("/api/v1/keys", {"authorization": "Bearer sk-x"})]
+    routes = [
+        ("/api/v1/videos", {}, 401),  # a media route: no key
+        ("/api/v1/keys", {"authorization": "Bearer sk-x"}, 413),  # over 1 MiB: first refusal
+    ]
     with RssSampler(envoy) as envoy_rss:
         answers = await asyncio.gather(
             *(
@@ -154,11 +155,11 @@ async def test_anonymous_bodies_on_the_typed_json_routes_are_refused_before_envo
                     {"content-type": "application/json", **headers},
                     answer_within=60,
                 )
-                for path, headers in routes * 4
+                for path, headers, _ in routes * 4
             )
         )
-    assert [a.status for a in answers] == [401] * 8
-    assert all(_documented(a, 401) for a in answers)
+    assert [a.status for a in answers] == [status for _, _, status in routes * 4]
+    assert all(_documented(a, a.status) for a in answers)
     assert all(a.sent < len(body) for a in answers), "refused before the body was read"
     assert envoy_rss.peak - before < ENVOY_PEAK_GROWTH, envoy_rss.peak - before
 
@@ -177,10 +178,7 @@ async def test_authenticated_bodies_beyond_the_budget_get_503_with_retry_after(
     headers = {"content-type": "application/json", **gateway.issued.headers}
     with RssSampler(server) as server_rss:
         answers = await asyncio.gather(
-            *(
-                post(gateway.port, TRANSCRIPTIONS, body, headers, chunked=chunked)
-                for _ in range(16)
-            )
+            *(post(gateway.port, TRANSCRIPTIONS, body, headers, chunked=chunked) for _ in range(16))
         )
     statuses = sorted(a.status for a in answers)
     assert set(statuses) <= {400, 503} and 400 in statuses and 503 in statuses, statuses
@@ -193,3 +191,27 @@ async def test_authenticated_bodies_beyond_the_budget_get_503_with_retry_after(
     assert server_rss.peak - before < BUDGET + 64 * MIB, server_rss.peak - before
     assert settle_rss(server) - before < KEPT_GROWTH
     assert rss_bytes(server) > 0
+
+
+async def test_a_route_without_media_refuses_a_body_larger_than_its_json_needs(
+    gateway: OwnGateway,
+) -> None:
+    """Keys, vault, guardrails, workspaces and BYOK carry JSON of a few KiB: a body over
+    GATEWAY_EDGE_MAX_CONTROL_BODY_BYTES (1 MiB) is a 413 at the edge, declared (before it is
+    read) or chunked (once that much arrived), even with a good key; the media routes still
+    take large bodies."""
+    body = b'{"name": "' + b"x" * (2 * MIB) + b'"}'
+    headers = {"content-type": "application/json", **gateway.issued.headers}
+    refused = list(
+        await asyncio.gather(
+            post(gateway.port, "/api/v1/keys", body, headers),
+            post(gateway.port, "/api/v1/vault/secrets/big", body, headers, method="PUT"),
+            post(gateway.port, "/api/v1/guardrails", body, headers),
+        )
+    )
+    chunked = await post(gateway.port, "/api/v1/keys", body, headers, chunked=True)
+    refused.append(chunked)
+    assert [a.status for a in refused] == [413] * 4
+    assert all(_documented(a, 413) for a in refused)
+    media = await post(gateway.port, TRANSCRIPTIONS, _json_body(1_600_000), headers)
+    assert media.status == 400  # read and parsed: random bytes are no WAV

@@ -51,8 +51,10 @@ async def post(
     *,
     chunked: bool = False,
     answer_within: float = 60.0,
+    method: str = "POST",
 ) -> Answer:
-    """POST `body` (Content-Length, or chunked), reading the answer as soon as it comes."""
+    """`method` (POST) with `body` (Content-Length, or chunked), reading the answer as soon
+    as it comes."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     sent = 0
     started = time.monotonic()
@@ -60,7 +62,7 @@ async def post(
     async def send() -> None:
         nonlocal sent
         framing = "transfer-encoding: chunked" if chunked else f"content-length: {len(body)}"
-        head = f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{framing}\r\n"
+        head = f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{framing}\r\n"
         head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
         writer.write((head + "\r\n").encode("latin-1"))
         view = memoryview(body)
