@@ -149,7 +149,7 @@ async def read_body(
     # The bytes gather in one buffer, each message's released as soon as it is copied: kept
     # side by side until a join, thousands of small allocations would fragment the heap and
     # stay with the process after the body is gone. A one-message body is used as it came.
-    first = b""
+    first: bytes | None = None
     gathered: bytearray | None = None
     received = 0
     content_type = ""
@@ -161,7 +161,7 @@ async def read_body(
             # Unknown length, or more bytes than declared: reserve what arrives.
             extra = received + len(chunk) - max(length or 0, received)
             await reservation.take(BODY_COPIES * extra)
-        if received == 0 and gathered is None:
+        if first is None:
             content_type = message.content_type
             first = chunk
         else:
@@ -171,7 +171,9 @@ async def read_body(
             gathered += chunk
         received += len(chunk)
         del message, chunk
-    return Body(first if gathered is None else bytes(gathered), content_type)
+    if gathered is not None:
+        return Body(bytes(gathered), content_type)
+    return Body(first or b"", content_type)
 
 
 def retry_after_for(wait_seconds: float) -> int:

@@ -54,6 +54,14 @@ async def test_a_body_is_joined_with_the_content_type_of_its_first_message() -> 
     assert budget.free == budget.capacity
 
 
+async def test_the_content_type_comes_from_the_first_message_even_without_bytes() -> None:
+    async with _budget(BODY_COPIES * 100).reservation() as reservation:
+        body = await read_body(_Messages(b"", b"ab", b"").__aiter__(), reservation, 100, None)
+        empty = await read_body(_Messages().__aiter__(), reservation, 100, 0)
+    assert (body.data, body.content_type) == (b"ab", "application/json")
+    assert (empty.data, empty.content_type) == (b"", "")
+
+
 async def test_a_declared_body_over_the_limit_is_refused_before_it_is_read() -> None:
     messages = _Messages(b"x" * 10)
     async with _budget(BODY_COPIES * 100).reservation() as reservation:
