@@ -60,7 +60,8 @@ class BodyBudget:
 
     async def _take(self, size: int, wait: bool) -> None:
         if size > self.capacity:
-            raise service_unavailable(self._retry_after)
+            # Never fits, however long it waits: not a 503 to retry.
+            raise GatewayError(413, "The request body is larger than this server accepts")
         if self.free >= size:  # the common case: no waiting, no lock
             self.free -= size
             self._lent_since_trim += size

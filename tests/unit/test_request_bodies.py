@@ -15,6 +15,9 @@ import pytest
 from google.api import httpbody_pb2
 from opentelemetry.trace import NoOpTracer
 
+from facade.compose import compose_envoy_options
+from facade.envoy_config import render
+from server.config import EdgePolicy
 from server.contract import audio_pb2_grpc
 from server.errors import GatewayError
 from server.observability.metrics import Metrics
@@ -126,13 +129,13 @@ async def test_a_chunked_body_holding_part_of_the_budget_never_waits_for_more() 
     assert budget.free == budget.capacity
 
 
-async def test_a_body_larger_than_the_whole_budget_is_refused_at_once() -> None:
+async def test_a_body_larger_than_the_whole_budget_is_413_at_once_not_a_503_to_retry() -> None:
     budget = _budget(BODY_COPIES * 10, wait=30)
     async with budget.reservation() as reservation:
         with pytest.raises(GatewayError) as refused:
             async with asyncio.timeout(2):
                 await read_body(_Messages(b"x" * 11).__aiter__(), reservation, 100, 11)
-    assert refused.value.status == 503
+    assert refused.value.status == 413 and refused.value.retry_after_seconds is None
 
 
 @pytest.mark.parametrize(
@@ -236,3 +239,24 @@ async def test_the_heap_is_trimmed_once_the_budget_is_idle_after_a_burst() -> No
         await again.take(10)
     await asyncio.sleep(0.05)
     assert trims == [1]  # the count starts again after a trim
+
+
+def test_envoy_holds_bounded_bodies_per_connection_per_stream_and_as_a_whole() -> None:
+    config = render(compose_envoy_options(edge=EdgePolicy(GATEWAY_EDGE_MAX_HEAP_BYTES=256 * MIB)))
+    listener = config["static_resources"]["listeners"][0]
+    assert listener["per_connection_buffer_limit_bytes"] == MIB
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    assert manager["http2_protocol_options"] == {
+        "initial_stream_window_size": 64 * 1024,
+        "initial_connection_window_size": MIB,
+    }
+    overload = config["overload_manager"]
+    heap = [m for m in overload["resource_monitors"] if m["name"].endswith("fixed_heap")]
+    assert heap[0]["typed_config"]["max_heap_size_bytes"] == 256 * MIB
+    actions = {a["name"]: a["triggers"][0]["threshold"]["value"] for a in overload["actions"]}
+    assert actions == {
+        "envoy.overload_actions.shrink_heap": 0.90,
+        "envoy.overload_actions.stop_accepting_requests": 0.95,
+    }
+    buffers = [f for f in manager["http_filters"] if f["name"] == "envoy.filters.http.buffer"]
+    assert buffers[0]["typed_config"]["max_request_bytes"] == MIB  # the control routes' limit
