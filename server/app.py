@@ -24,7 +24,7 @@ from server.byok.cache import ByokKeysCache
 from server.byok.fees import ByokFees
 from server.byok.routing import ByokRouting
 from server.clock import Clock, SystemClock
-from server.compute import ComputePool
+from server.compute import ComputePool, release_free_memory
 from server.config import EdgePolicy, Settings
 from server.console import ConsoleAssets
 from server.contract import (
@@ -91,6 +91,7 @@ from server.services.operator import OperatorService
 from server.services.rpc import ObservedServer, RequestObserver
 from server.services.vault import VaultService
 from server.services.videos import VideosService
+from server.transcription.body import BodyBudget, retry_after_for
 from server.transcription.transcriber import Transcriber
 from server.vault.crypto import MasterKey, load_master_key
 from server.vault.webhook_secrets import seal_legacy_secrets
@@ -325,6 +326,10 @@ def metadata_limit_bytes(edge: EdgePolicy) -> int:
     return 2 * edge.max_request_headers_kb * 1024 + 64 * 1024
 
 
+# The HTTP/2 window of each stream from Envoy (see build_server).
+STREAM_WINDOW_BYTES = 256 * 1024
+
+
 def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
     metadata_limit = metadata_limit_bytes(core.settings.edge)
@@ -338,6 +343,11 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             ("grpc.max_metadata_size", metadata_limit),
             ("grpc.absolute_max_metadata_size", metadata_limit),
             ("grpc.so_reuseport", 0),
+            # A stream's unread bytes are held by gRPC (Envoy sends as far as the window
+            # lets it): a fixed window, not one BDP probing grows to megabytes, bounds what
+            # a body nobody reads yet (waiting for the body budget, or refused unread) costs.
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
         ],
     )
     # Every gateway service is registered through the observer (server/services/rpc.py):
@@ -377,7 +387,19 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         observed,
     )
     audio_pb2_grpc.add_AudioServicer_to_server(
-        AudioService(core.auth, core.sessions, core.transcriber), observed
+        AudioService(
+            core.auth,
+            core.sessions,
+            core.transcriber,
+            BodyBudget(
+                core.settings.body_budget_bytes,
+                core.settings.body_budget_wait_seconds,
+                retry_after_for(core.settings.body_budget_wait_seconds),
+                trim=release_free_memory,
+            ),
+            core.settings.max_request_bytes,
+        ),
+        observed,
     )
     byok_pb2_grpc.add_ByokServicer_to_server(
         ByokService(core.auth, core.sessions, core.clock, core.catalog, core.vault_master),
