@@ -225,3 +225,15 @@ async def test_the_lean_client_sends_extra_headers() -> None:
         await server.wait_closed()
     assert b"\r\nx-portkey-provider: openai\r\n" in heads[0]
     assert b"Authorization: Bearer k\r\n" in heads[0]
+
+
+def test_peers_peak_rss_is_shown_but_not_judged() -> None:
+    targets = {
+        t.name: t
+        for t in evaluate({}, {}, {"gateway": 120.0}, {"Portkey (node)": 160.0, "LiteLLM": None})
+    }
+    assert targets["peak RSS <= 150 MiB (gateway)"].met is True
+    peer = targets["(not a target) peak RSS (Portkey (node))"]
+    assert (peer.figure, peer.met) == (160.0, None)
+    assert targets["(not a target) peak RSS (LiteLLM)"].figure is None
+    assert not any(name.startswith("peak RSS <= 150 MiB (Portkey") for name in targets)
