@@ -15,13 +15,15 @@ One run starts, side by side on 127.0.0.1:
   database) sending each request to the same fake, as its headers say
   (x-portkey-provider: openai, x-portkey-custom-host: the fake's URL). It needs node and npm
   on the machine (Debian: nodejs, npm); without them the run says so and goes on without it.
-Then it measures, in `--rounds` interleaved rounds (so drift of a shared machine falls on
-every side), at concurrency 1 and 16: GET /key on F1 and the gateway, and a transcription of
-the same 32 KB WAV (1 s, 16 kHz mono) directly to the fake, on F2, on the gateway, on
-LiteLLM and on Portkey. Around each measurement it reads the CPU time (user + system, from
-/proc) of the whole process tree serving the case (the gateway: `gateway up`, its server
-process and Envoy; a floor: its process and Envoy; Portkey: node and any children; LiteLLM:
-its tree), so each case also has requests per CPU-second (warm-up included on both sides).
+Each case first gets `--prewarm` unmeasured requests at concurrency 16 (Node's JIT needs
+about 2,000 to warm up). Then it measures, in `--rounds` interleaved rounds (so drift of a
+shared machine falls on every side), at concurrency 1 and 16: GET /key on F1 and the
+gateway, and a transcription of the same 32 KB WAV (1 s, 16 kHz mono) directly to the
+fake, on F2, on the gateway, on LiteLLM and on Portkey. Around each measurement it reads
+the CPU time (user + system, from /proc) of the whole process tree serving the case (the
+gateway: `gateway up`, its server process and Envoy; a floor: its process and Envoy;
+Portkey: node and any children; LiteLLM: its tree), so each case also has requests per
+CPU-second (the measurement's own warm-up included on both sides).
 Each figure is the median over the rounds; ratios are taken within the run. Video
 submissions (202 = durably stored) are measured by `python -m bench.videos` on SQLite and
 PostgreSQL after the rounds (there is no floor to pair them with). Peak RSS (VmHWM) of each
@@ -37,7 +39,8 @@ peak RSS per server process <= 150 MiB; video submissions >= 500 accepted/s at 1
     python -m bench.hotpath                    # 5 rounds, 500 requests per case
     python -m bench.hotpath --rounds 7 --json out.json
     python -m bench.hotpath --no-litellm --no-videos
-    python -m bench.hotpath --rounds 1 --requests 100 --warmup 10 --no-litellm --no-videos
+    python -m bench.hotpath --rounds 1 --requests 100 --warmup 10 --prewarm 200 \
+        --no-litellm --no-videos                # a small run, to see that it works
 
 Every load loop is bounded by a request count and a time cap; only processes this run
 started are stopped, by PID. Targets are reported, never enforced (exit status 1 only when
@@ -304,6 +307,16 @@ async def run_rounds(
     `cpu`."""
     for case in cases:
         await preflight(case)
+    # Unmeasured, before round 1: Node's JIT (Portkey) took about 2,000 requests here to
+    # reach its steady CPU per request, so a first round alone would count it cold.
+    if args.prewarm > 0:
+        print(f"warm-up: {args.prewarm} requests per case", file=sys.stderr, flush=True)
+        for case in cases:
+            call, close = await case.open_call(16)
+            try:
+                await measure(case.path, call, 16, args.prewarm, 0, args.time_cap)
+            finally:
+                await close()
     results: list[CaseResult] = []
     for round_index in range(args.rounds):
         print(f"round {round_index + 1}/{args.rounds}", file=sys.stderr, flush=True)
@@ -716,6 +729,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--warmup", type=int, default=50, help="warm-up requests per case (50)")
     parser.add_argument(
+        "--prewarm",
+        type=int,
+        default=2000,
+        help="unmeasured requests per case at concurrency 16 before the first round, within "
+        "--time-cap (2000: Node's JIT warms up)",
+    )
+    parser.add_argument(
         "--time-cap", type=float, default=30.0, help="hard time cap per case in seconds (30)"
     )
     parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM")
@@ -859,6 +879,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "rounds": args.rounds,
                         "requests": args.requests,
                         "warmup": args.warmup,
+                        "prewarm": args.prewarm,
                         "audio_bytes": len(audio),
                         "litellm": None if args.no_litellm else litellm_proxy.VERSION,
                         "portkey": portkey_gateway.VERSION if use_portkey else None,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench import portkey
-from bench.harness.load import LOOPBACK, CaseResult, LeanHttpClient
+from bench.harness.load import LOOPBACK, Call, CaseResult, LeanHttpClient
 from bench.hotpath import (
     DIRECT_STT,
     F1_KEY,
@@ -17,9 +18,11 @@ from bench.hotpath import (
     GW_STT,
     LITELLM_STT,
     PORTKEY_STT,
+    Case,
     CaseCpu,
     build_parser,
     evaluate,
+    run_rounds,
     stat_cpu_seconds,
     summarise,
 )
@@ -237,3 +240,35 @@ def test_peers_peak_rss_is_shown_but_not_judged() -> None:
     assert (peer.figure, peer.met) == (160.0, None)
     assert targets["(not a target) peak RSS (LiteLLM)"].figure is None
     assert not any(name.startswith("peak RSS <= 150 MiB (Portkey") for name in targets)
+
+
+async def test_every_case_is_warmed_up_before_the_first_round() -> None:
+    # Node's JIT (Portkey) reached its steady CPU per request only after about 2,000
+    # requests here: each case gets --prewarm requests, unmeasured, before round 1.
+    calls: dict[str, int] = {}
+
+    def counting_case(path: str) -> Case:
+        async def open_call(concurrency: int) -> tuple[Call, Callable[[], Awaitable[None]]]:
+            async def call() -> str | None:
+                calls[path] = calls.get(path, 0) + 1
+                return None
+
+            async def close() -> None:
+                return None
+
+            return call, close
+
+        return Case(path, open_call)
+
+    args = build_parser().parse_args(["--rounds", "1", "--requests", "5", "--warmup", "0"])
+    assert args.prewarm == 2000
+    args.prewarm = 7
+    results = await run_rounds([counting_case("a"), counting_case("b")], args)
+    # 1 preflight + 7 warm-up + 5 at concurrency 1 + 5 at 16; only the rounds are results.
+    assert calls == {"a": 18, "b": 18}
+    assert [(r.path, r.concurrency, r.requests) for r in results] == [
+        ("a", 1, 5),
+        ("b", 1, 5),
+        ("a", 16, 5),
+        ("b", 16, 5),
+    ]
