@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import pytest
 
 from bench import portkey
 from bench.harness.load import LOOPBACK, Call, CaseResult, LeanHttpClient
@@ -272,3 +276,24 @@ async def test_every_case_is_warmed_up_before_the_first_round() -> None:
         ("a", 16, 5),
         ("b", 16, 5),
     ]
+
+
+def test_the_preload_keeps_portkey_on_loopback() -> None:
+    # Portkey's start script listens as @hono/node-server does: listen(port, undefined, cb),
+    # which Node alone binds to every interface.
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (the bench then runs without Portkey)")
+    script = (
+        "const server = require('node:net').createServer();"
+        "server.listen(0, undefined, () => {"
+        " console.log(server.address().address); server.close(); });"
+    )
+    done = subprocess.run(
+        [node, "--import", portkey.LOOPBACK_PRELOAD, "-e", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert done.stdout.strip() == "127.0.0.1"
