@@ -26,7 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -112,6 +112,16 @@ def ensure_installed(directory: Path = DIRECTORY) -> Path:
     return directory / ENTRY
 
 
+def portkey_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """Portkey's environment: the caller's, less what would send its calls elsewhere or
+    refuse the fake (proxies, another list of trusted custom hosts, Node options)."""
+    dropped = {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NODE_OPTIONS", "PORT"}
+    env = {name: value for name, value in environ.items() if name.upper() not in dropped}
+    env["TRUSTED_CUSTOM_HOSTS"] = LOOPBACK  # its default list holds it too; said, not assumed
+    env["NO_PROXY"] = "*"
+    return env
+
+
 def provider_headers(provider_base_url: str) -> dict[str, str]:
     """The headers that send a request through Portkey to an OpenAI-compatible provider."""
     return {"x-portkey-provider": "openai", "x-portkey-custom-host": provider_base_url}
@@ -143,8 +153,7 @@ class PortkeyGateway:
         self.process = subprocess.Popen(
             [node, "--import", LOOPBACK_PRELOAD, str(entry), f"--port={self.port}", "--headless"],
             cwd=entry.parent,
-            # No proxy for Portkey's own calls; nothing else of the environment matters to it.
-            env={**os.environ, "NO_PROXY": "*"},
+            env=portkey_environment(os.environ),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

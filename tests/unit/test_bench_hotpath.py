@@ -297,3 +297,16 @@ def test_the_preload_keeps_portkey_on_loopback() -> None:
         check=True,
     )
     assert done.stdout.strip() == "127.0.0.1"
+
+
+def test_portkey_runs_without_proxies_and_trusts_only_loopback() -> None:
+    env = portkey.portkey_environment(
+        {
+            "PATH": "/usr/bin",
+            "https_proxy": "http://proxy:3128",
+            "HTTP_PROXY": "http://proxy:3128",
+            "TRUSTED_CUSTOM_HOSTS": "example.com",
+            "NODE_OPTIONS": "--inspect",
+        }
+    )
+    assert env == {"PATH": "/usr/bin", "TRUSTED_CUSTOM_HOSTS": "127.0.0.1", "NO_PROXY": "*"}
