@@ -290,6 +290,8 @@ class CaseCpu:
         served: int,
     ) -> CaseCpu:
         """From the CPU seconds the tree's processes used while serving `served` requests."""
+        if served <= 0:  # cut off by the time cap before any answer
+            return cls(path, concurrency, 0.0, 0.0, None)
         used = server_seconds + envoy_seconds
         return cls(
             path,
@@ -578,8 +580,8 @@ def evaluate(
     )
     if pk_added is not None:
         # Not targets: whether the stack itself (Envoy + gRPC), with one httpx call (F2) or
-        # the least possible provider call (F2-bare), is within Portkey's latency; if not,
-        # no gateway on this stack can meet that target here.
+        # the least possible provider call (F2-bare), is within Portkey's latency; if even
+        # F2-bare is not, no gateway on this stack can meet that target here.
         for floor_path in (F2_STT, F2_BARE_STT):
             floor_added = added(floor_path)
             if floor_added is not None:

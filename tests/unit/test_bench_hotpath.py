@@ -115,6 +115,7 @@ def test_requests_per_cpu_second_count_the_whole_process_tree() -> None:
     used = CaseCpu.of(GW_STT, 16, 1.2, 0.6, 1200)
     assert (used.server_ms, used.envoy_ms, used.requests_per_cpu_second) == (1.0, 0.5, 666.7)
     assert CaseCpu.of(GW_STT, 16, 0.0, 0.0, 1200).requests_per_cpu_second is None
+    assert CaseCpu.of(GW_STT, 16, 0.5, 0.0, 0).requests_per_cpu_second is None  # none served
     rounds = [CaseCpu.of(GW_STT, 16, s, 0.0, 1000) for s in (1.0, 2.0, 4.0)]
     figure = summarise([_result(GW_STT, 16, 500, 30)] * 3, rounds)[(GW_STT, 16)]
     assert figure.requests_per_cpu_second == 500  # the median of 1000, 500 and 250
