@@ -92,6 +92,7 @@ from server.services.rpc import ObservedServer, RequestObserver
 from server.services.vault import VaultService
 from server.services.videos import VideosService
 from server.transcription.transcriber import Transcriber
+from server.vault import keycheck
 from server.vault.crypto import MasterKey, load_master_key
 from server.vault.webhook_secrets import seal_legacy_secrets
 from server.videos.content import ContentStore
@@ -407,12 +408,15 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     return server, health_servicer
 
 
-async def seal_stored_secrets(settings: Settings, master: MasterKey) -> int:
-    """Seal what an older gateway stored in clear (webhook signing secrets), with an engine
-    of its own: `gateway up --workers N` does it once before its server processes start."""
+async def prepare_vault(settings: Settings, master: MasterKey) -> int:
+    """Refuse a master key that is not the database's (MasterKeyMismatch), then seal what an
+    older gateway stored in clear (webhook signing secrets), with an engine of its own:
+    `gateway up --workers N` does it once before its server processes start."""
     engine = create_engine(settings.database_url)
     try:
-        return await seal_legacy_secrets(session_factory(engine), master, SystemClock().now())
+        sessions = session_factory(engine)
+        await keycheck.verify(sessions, master, SystemClock().now())
+        return await seal_legacy_secrets(sessions, master, SystemClock().now())
     finally:
         await engine.dispose()
 
@@ -434,8 +438,14 @@ async def serve(
     ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
-    # Before serving: what an older gateway stored in clear is sealed (once).
-    await seal_legacy_secrets(core.sessions, core.vault_master, core.clock.now())
+    try:
+        # Before serving: the master key is the database's (else refuse to start), and what
+        # an older gateway stored in clear is sealed (once).
+        await keycheck.verify(core.sessions, core.vault_master, core.clock.now())
+        await seal_legacy_secrets(core.sessions, core.vault_master, core.clock.now())
+    except BaseException:
+        await core.close()
+        raise
     # The pools of worker processes start when first used: a WAV (the common upload) is
     # measured in this process, so the decoders are only for compressed audio, and a server
     # that never sees any keeps neither their memory nor their start-up CPU.

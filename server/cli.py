@@ -291,6 +291,7 @@ async def _operator_key(settings: Settings) -> None:
 
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
+    from server.vault import keycheck
     from server.vault.crypto import load_master_key
     from server.vault.webhook_secrets import legacy_secrets, seal_legacy_secrets
 
@@ -301,6 +302,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         if not await legacy_secrets(sessions):
             return 0  # no master key needed (a migration job may have none)
         master = load_master_key(settings.data_dir)
+        await keycheck.verify(sessions, master, SystemClock().now())
         return await seal_legacy_secrets(sessions, master, SystemClock().now())
 
     sealed = await _with_sessions(settings, seal)
@@ -356,6 +358,7 @@ async def cmd_workspaces_update(args: argparse.Namespace) -> int:
 
 
 async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
+    from server.vault import keycheck
     from server.vault.crypto import load_master_key
     from server.vault.webhook_secrets import workspace_secret
 
@@ -363,6 +366,7 @@ async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
     master = load_master_key(settings.data_dir)  # the secret is sealed under it
 
     async def secret(sessions: SessionFactory) -> str:
+        await keycheck.verify(sessions, master, SystemClock().now())
         async with sessions() as session:
             workspace = await workspaces.workspace_by_name(session, args.name)
         return await workspace_secret(sessions, master, workspace.id, SystemClock().now())
@@ -372,6 +376,7 @@ async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
 
 
 async def cmd_vault_rotate(args: argparse.Namespace) -> int:
+    from server.vault import keycheck
     from server.vault.crypto import MasterKey, load_master_key, replace_key_file
     from server.vault.store import rotate_master_key
 
@@ -389,10 +394,17 @@ async def cmd_vault_rotate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise GatewayError(400, str(exc)) from exc
 
-    async def work(session: AsyncSession, now: datetime) -> Any:
-        return await rotate_master_key(session, old, new)
+    async def work(sessions: SessionFactory) -> int:
+        now = SystemClock().now()
+        await keycheck.verify(sessions, old, now)  # a wrong key rotates nothing
+        async with sessions() as session:
+            count = await rotate_master_key(session, old, new)
+            # With the re-wrap: a process still holding the old key refuses at its next start.
+            await keycheck.record(session, new, now)
+            await session.commit()
+        return count
 
-    count = await _with_session(args, work)
+    count = await _with_sessions(settings, work)
     if os.environ.get("GATEWAY_VAULT_MASTER_KEY"):
         print(
             f"Re-wrapped {count} vault keys. Set GATEWAY_VAULT_MASTER_KEY to the new key "
@@ -592,6 +604,7 @@ def _byok_key_text(args: argparse.Namespace) -> str:
 async def cmd_byok_create(args: argparse.Namespace) -> int:
     from server.byok import keys as store
     from server.routing.catalog import load_catalog
+    from server.vault import keycheck
     from server.vault.crypto import load_master_key
 
     settings = load_settings(args.data_dir, args.database_url)
@@ -609,20 +622,25 @@ async def cmd_byok_create(args: argparse.Namespace) -> int:
     )
     key = _byok_key_text(args)
 
-    async def work(session: AsyncSession, now: datetime) -> Any:
-        workspace = await _workspace(session, args.workspace, now)
-        return await store.create_key(
-            session,
-            master,
-            catalog,
-            workspace_id=workspace.id,
-            provider=args.provider,
-            key=key,
-            changes=changes,
-            now=now,
-        )
+    async def work(sessions: SessionFactory) -> Any:
+        now = SystemClock().now()
+        await keycheck.verify(sessions, master, now)  # the key is sealed under it
+        async with sessions() as session:
+            workspace = await _workspace(session, args.workspace, now)
+            row = await store.create_key(
+                session,
+                master,
+                catalog,
+                workspace_id=workspace.id,
+                provider=args.provider,
+                key=key,
+                changes=changes,
+                now=now,
+            )
+            await session.commit()
+            return row
 
-    row = await _with_session(args, work)
+    row = await _with_sessions(_settings(args), work)
     print(f"Created BYOK key {row.label} for {row.provider} in {args.workspace or 'default'}")
     print(row.id)
     return 0
