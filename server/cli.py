@@ -201,6 +201,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         args, grpc_port=args.grpc_port, http_port=args.http_port, http_host=args.host
     )
     stop = stop_on_signals()
+    await _master_key(settings)  # before anything is written: no operator key for a refused host
     await _operator_key(settings)
 
     def announce(base_url: str, grpc_targets: list[str]) -> None:
@@ -269,6 +270,18 @@ async def cmd_envoy_config(args: argparse.Namespace) -> int:
         upstream = COMPOSE_UPSTREAM if args.upstream is None else Upstream(*args.upstream)
         sys.stdout.write(compose_envoy_yaml(edge, upstream, listen))
     return 0
+
+
+async def _master_key(settings: Settings) -> None:
+    """Migrate, and refuse a vault master key that is not the database's (the database
+    keeps the first one's check value: server/vault/keycheck.py)."""
+    from server.vault import keycheck
+    from server.vault.crypto import load_master_key
+
+    master = load_master_key(settings.data_dir)
+    await _with_sessions(
+        settings, lambda sessions: keycheck.verify(sessions, master, SystemClock().now())
+    )
 
 
 async def _operator_key(settings: Settings) -> None:
