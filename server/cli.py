@@ -620,7 +620,8 @@ async def cmd_byok_create(args: argparse.Namespace) -> int:
     from server.vault import keycheck
     from server.vault.crypto import load_master_key
 
-    settings = load_settings(args.data_dir, args.database_url)
+    # The data dir checked against the database before the key file is created in it.
+    settings = _settings(args)
     catalog = load_catalog(settings.catalog_file)
     master = load_master_key(settings.data_dir)
     changes = store.check_changes(
@@ -653,7 +654,7 @@ async def cmd_byok_create(args: argparse.Namespace) -> int:
             await session.commit()
             return row
 
-    row = await _with_sessions(_settings(args), work)
+    row = await _with_sessions(settings, work)
     print(f"Created BYOK key {row.label} for {row.provider} in {args.workspace or 'default'}")
     print(row.id)
     return 0
