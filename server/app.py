@@ -40,6 +40,7 @@ from server.contract import (
     vault_pb2_grpc,
     videos_pb2_grpc,
 )
+from server.db.clockcheck import check_clock
 from server.db.driver import HotReads
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
@@ -439,9 +440,11 @@ async def serve(
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
     try:
-        # Before serving: the master key is the database's (else refuse to start), and what
-        # an older gateway stored in clear is sealed (once).
+        # Before serving: the master key is the database's and the clock agrees with the
+        # database server's (else refuse to start), and what an older gateway stored in
+        # clear is sealed (once).
         await keycheck.verify(core.sessions, core.vault_master, core.clock.now())
+        await check_clock(core.sessions, core.clock, settings.max_clock_skew_seconds)
         await seal_legacy_secrets(core.sessions, core.vault_master, core.clock.now())
     except BaseException:
         await core.close()

@@ -201,7 +201,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         args, grpc_port=args.grpc_port, http_port=args.http_port, http_host=args.host
     )
     stop = stop_on_signals()
-    await _master_key(settings)  # before anything is written: no operator key for a refused host
+    await _agreements(settings)  # before anything is written: no operator key for a refused host
     await _operator_key(settings)
 
     def announce(base_url: str, grpc_targets: list[str]) -> None:
@@ -272,16 +272,22 @@ async def cmd_envoy_config(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _master_key(settings: Settings) -> None:
-    """Migrate, and refuse a vault master key that is not the database's (the database
-    keeps the first one's check value: server/vault/keycheck.py)."""
+async def _agreements(settings: Settings) -> None:
+    """Migrate, and refuse what this host must agree on with every other process on the
+    database and does not: its vault master key (the database keeps the first one's check
+    value: server/vault/keycheck.py) and its clock (server/db/clockcheck.py)."""
+    from server.db.clockcheck import check_clock
     from server.vault import keycheck
     from server.vault.crypto import load_master_key
 
     master = load_master_key(settings.data_dir)
-    await _with_sessions(
-        settings, lambda sessions: keycheck.verify(sessions, master, SystemClock().now())
-    )
+    clock = SystemClock()
+
+    async def check(sessions: SessionFactory) -> None:
+        await keycheck.verify(sessions, master, clock.now())
+        await check_clock(sessions, clock, settings.max_clock_skew_seconds)
+
+    await _with_sessions(settings, check)
 
 
 async def _operator_key(settings: Settings) -> None:
