@@ -40,6 +40,7 @@ from server.contract import (
     vault_pb2_grpc,
     videos_pb2_grpc,
 )
+from server.db.clockcheck import check_clock
 from server.db.driver import HotReads
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
@@ -93,6 +94,7 @@ from server.services.vault import VaultService
 from server.services.videos import VideosService
 from server.transcription.body import BodyBudget, retry_after_for
 from server.transcription.transcriber import Transcriber
+from server.vault import keycheck
 from server.vault.crypto import MasterKey, load_master_key
 from server.vault.webhook_secrets import seal_legacy_secrets
 from server.videos.content import ContentStore, LocalContentStore
@@ -438,12 +440,15 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     return server, health_servicer
 
 
-async def seal_stored_secrets(settings: Settings, master: MasterKey) -> int:
-    """Seal what an older gateway stored in clear (webhook signing secrets), with an engine
-    of its own: `gateway up --workers N` does it once before its server processes start."""
+async def prepare_vault(settings: Settings, master: MasterKey) -> int:
+    """Refuse a master key that is not the database's (MasterKeyMismatch), then seal what an
+    older gateway stored in clear (webhook signing secrets), with an engine of its own:
+    `gateway up --workers N` does it once before its server processes start."""
     engine = create_engine(settings.database_url)
     try:
-        return await seal_legacy_secrets(session_factory(engine), master, SystemClock().now())
+        sessions = session_factory(engine)
+        await keycheck.verify(sessions, master, SystemClock().now())
+        return await seal_legacy_secrets(sessions, master, SystemClock().now())
     finally:
         await engine.dispose()
 
@@ -465,8 +470,16 @@ async def serve(
     ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
-    # Before serving: what an older gateway stored in clear is sealed (once).
-    await seal_legacy_secrets(core.sessions, core.vault_master, core.clock.now())
+    try:
+        # Before serving: the master key is the database's and the clock agrees with the
+        # database server's (else refuse to start), and what an older gateway stored in
+        # clear is sealed (once).
+        await keycheck.verify(core.sessions, core.vault_master, core.clock.now())
+        await check_clock(core.sessions, core.clock, settings.max_clock_skew_seconds)
+        await seal_legacy_secrets(core.sessions, core.vault_master, core.clock.now())
+    except BaseException:
+        await core.close()
+        raise
     # The pools of worker processes start when first used: a WAV (the common upload) is
     # measured in this process, so the decoders are only for compressed audio, and a server
     # that never sees any keeps neither their memory nor their start-up CPU.

@@ -217,6 +217,9 @@ class Settings(BaseSettings):
     restart_backoff_seconds: float = Field(0.5, ge=0, allow_inf_nan=False)
     restart_backoff_max_seconds: float = Field(10.0, ge=0, allow_inf_nan=False)
     health_interval_seconds: float = Field(2.0, gt=0, allow_inf_nan=False)
+    # How far this host's clock may be from the database server's (PostgreSQL) at start:
+    # processes on one database compare times each of them wrote (server/db/clockcheck.py).
+    max_clock_skew_seconds: float = Field(2.0, gt=0, le=3600, allow_inf_nan=False)
     # Worker processes for CPU-bound work (server.compute), per server process: audio
     # decoding before admission, and the local speech model with its queue (a request
     # finding both full is answered 429 with Retry-After, never left to stall others).
