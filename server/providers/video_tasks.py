@@ -1,16 +1,40 @@
-"""What the task-style video adapters share beyond HTTP (server/providers/http.py): mapping a
-request's images and a client's provider.options, reading a reported duration, and a task
-that ended without a video."""
+"""The task-polling video adapter every task-style provider runs on (submit → poll → result
+URLs → the result streamed by http.Downloads), driven by a small per-provider TaskSpec, and
+what those providers share beyond HTTP (server/providers/http.py): mapping a request's images
+and a client's provider.options, reading a reported duration, and a task that ended without
+a video. What a provider does its own way stays in its module: its request body, its states
+and fields, its error body, and its credential where it is not a plain key (Kling's JWT)."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
-from server.providers.http import MAX_PROVIDER_MESSAGE
-from server.providers.video import VideoProgress
+import httpx
+
+from server.providers.endpoint import Endpoint
+from server.providers.failures import INVALID_RESPONSE, REJECTED_CREDENTIALS, ProviderFailure
+from server.providers.http import (
+    MAX_PROVIDER_MESSAGE,
+    Downloads,
+    FailureOf,
+    failure_from_response,
+    json_object,
+    same_origin,
+    send,
+)
+from server.providers.video import VideoCall, VideoProgress
 
 # provider.options never set where the provider calls back (the gateway polls).
 UNFORWARDED_OPTIONS = frozenset({"callback_url", "callbackUrl", "webhook_url"})
+
+# Where a provider's task stands, in the adapter's words (TaskSpec.states maps the provider's).
+RUNNING, SUCCEEDED, FAILED, CANCELLED = "running", "succeeded", "failed", "cancelled"
+Stage = Literal["submit", "poll", "result"]
+Answer = dict[str, Any]
+Auth = Callable[[Endpoint], dict[str, str]]
 
 
 def merged(body: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
@@ -46,3 +70,162 @@ def failed(provider_job_id: str, detail: object) -> VideoProgress:
         provider_job_id=provider_job_id,
         error=f"Provider failed: {str(detail)[:MAX_PROVIDER_MESSAGE]}",
     )
+
+
+def field_of(answer: object, *path: str) -> Any:
+    """answer[path[0]][path[1]]...; None where a level is missing or not an object."""
+    for name in path:
+        answer = answer.get(name) if isinstance(answer, dict) else None
+    return answer
+
+
+def key_auth(scheme: str = "Bearer") -> Auth:
+    """`Authorization: <scheme> <the endpoint's key>`; no key configured is said before any
+    call."""
+
+    def headers(endpoint: Endpoint) -> dict[str, str]:
+        key = endpoint.credential()
+        if not key:
+            raise ProviderFailure(REJECTED_CREDENTIALS, "No credential is configured")
+        return {"Authorization": f"{scheme} {key}"}
+
+    return headers
+
+
+def json_answer(response: httpx.Response, stage: Stage) -> Answer:
+    return json_object(response)
+
+
+def _none(answer: Answer) -> None:
+    return None
+
+
+def _same(task_id: str, call: VideoCall) -> str:
+    return task_id
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One provider's task API. Paths are below the endpoint's base URL; `{task}` in them
+    is where the job's task lives (`locate` of the id the gateway keeps)."""
+
+    # (path, body) of the submit POST; raises a client error for what the provider refuses
+    request: Callable[[VideoCall], tuple[str, dict[str, Any]]]
+    # the job id the gateway keeps, from the submit answer and path
+    task_id: Callable[[Answer, str, Endpoint], object]
+    # every job id, on submit and poll, must match it whole (it becomes part of a URL)
+    id_pattern: re.Pattern[str]
+    poll_path: str
+    state: Callable[[Answer], object]  # the provider's state in a poll answer
+    states: Mapping[str, str]  # the provider's states -> RUNNING | SUCCEEDED | FAILED | CANCELLED
+    videos: Callable[[Answer], Sequence[object]]  # result URLs of a succeeded task
+    error: Callable[[Answer], object]  # what a failed task's answer says about why
+    failure_of: FailureOf = failure_from_response  # an HTTP error, in ProviderFailure kinds
+    seconds: Callable[[Answer], float | None] = _none  # output length a poll answer reports
+    # a second GET for the result of a succeeded task (its path from the poll answer)
+    result_path: Callable[[Answer, str], str] | None = None
+    cancel: tuple[str, str] | None = None  # (method, path) that cancels a task
+    auth: Auth = field(default_factory=key_auth)
+    submit_headers: Mapping[str, str] = field(default_factory=dict)
+    answer: Callable[[httpx.Response, Stage], Answer] = json_answer  # unwraps an envelope
+    locate: Callable[[str, VideoCall], str] = _same  # the `{task}` of a kept job id
+
+
+class TaskVideoAdapter:
+    """Submit, poll, result URLs, for any provider a TaskSpec describes. A result URL on the
+    endpoint's own base URL is fetched with the credential, any other (a CDN, signed
+    storage) without it."""
+
+    spec: ClassVar[TaskSpec]
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        downloads: Downloads | None = None,
+        *,
+        spec: TaskSpec | None = None,
+    ) -> None:
+        self._http = http
+        self._downloads = downloads or Downloads(http)
+        self._spec = spec or self.spec
+
+    async def _answer(
+        self,
+        endpoint: Endpoint,
+        method: str,
+        path: str,
+        stage: Stage,
+        body: dict[str, Any] | None = None,
+    ) -> Answer:
+        return self._spec.answer(await self._send(endpoint, method, path, stage, body), stage)
+
+    async def _send(
+        self,
+        endpoint: Endpoint,
+        method: str,
+        path: str,
+        stage: Stage | None,
+        body: dict[str, Any] | None = None,
+    ) -> httpx.Response:
+        extra = self._spec.submit_headers if stage == "submit" else {}
+        request = self._http.build_request(
+            method,
+            f"{str(endpoint.base_url).rstrip('/')}/{path}",
+            headers={**extra, **self._spec.auth(endpoint)},
+            json=body,
+            timeout=endpoint.timeout_seconds,
+        )
+        return await send(self._http, request, self._spec.failure_of)
+
+    def _checked(self, task_id: object) -> str:
+        if not isinstance(task_id, str) or not self._spec.id_pattern.fullmatch(task_id):
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid task id")
+        return task_id
+
+    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
+        path, body = self._spec.request(call)
+        answer = await self._answer(endpoint, "POST", path, "submit", body)
+        task_id = self._checked(self._spec.task_id(answer, path, endpoint))
+        return VideoProgress(state="running", provider_job_id=task_id)
+
+    async def poll(
+        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
+    ) -> VideoProgress:
+        task = self._spec.locate(self._checked(provider_job_id), call)
+        answer = await self._answer(endpoint, "GET", self._spec.poll_path.format(task=task), "poll")
+        provider_state = self._spec.state(answer)
+        state = self._spec.states.get(provider_state) if isinstance(provider_state, str) else None
+        if state is None:
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid status")
+        if state == RUNNING:
+            return VideoProgress(state="running", provider_job_id=provider_job_id)
+        if state != SUCCEEDED:
+            return failed(provider_job_id, self._spec.error(answer) or provider_state)
+        result = answer
+        if self._spec.result_path is not None:
+            result = await self._answer(
+                endpoint, "GET", self._spec.result_path(answer, task), "result"
+            )
+        urls = self._spec.videos(result)
+        if not urls:
+            raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
+        videos = [self._download(endpoint, url) for url in urls]
+        return VideoProgress(
+            state="completed",
+            provider_job_id=provider_job_id,
+            videos=videos,
+            seconds=self._spec.seconds(answer),
+        )
+
+    def _download(self, endpoint: Endpoint, url: object) -> Any:
+        own = endpoint.base_url is not None and same_origin(url, endpoint.base_url)
+        return self._downloads.remote(
+            endpoint, url, headers=self._spec.auth(endpoint) if own else None
+        )
+
+    async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:
+        if self._spec.cancel is None:
+            return
+        method, path = self._spec.cancel
+        task = self._spec.locate(self._checked(provider_job_id), call)
+        await self._send(endpoint, method, path.format(task=task), None)
