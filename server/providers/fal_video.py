@@ -39,10 +39,9 @@ as `image_url` to a text-to-video model id is not used by it.
 The `queue` adapter name is this adapter for servers that speak fal's queue protocol with
 `Authorization: Bearer <key>` (the fakes, a self-hosted queue): it is the same adapter with
 that one difference. Such a server may answer the submit with `{request_id}` only: the job
-is then `{model}/requests/{request_id}`, as fal builds the URLs of a model id without a
-sub-path; a job id kept before the two adapters were one (a bare request id) is read the
-same way. A status other than the documented ones (a `FAILED` such servers send) fails the
-job; a result file under the endpoint's base URL is fetched with the key, any other without.
+id is then that request id, its URLs `{model}/requests/{request_id}`, as fal builds them
+for a model id without a sub-path. A `FAILED` status (such servers send it) fails the job;
+a result file under the endpoint's base URL is fetched with the key, any other without.
 
 How an operator configures it: an endpoint `adapter = "fal"`, `base_url =
 "https://queue.fal.run"`, `api_key_env = "FAL_KEY"`, and `model` the fal model id, e.g.
@@ -75,7 +74,7 @@ from server.providers.video_tasks import (
 
 _REQUEST_ID = r"[A-Za-z0-9_-]{1,128}"
 _SEGMENT = r"(?!\.\.?/)[A-Za-z0-9._~-]+"  # a path segment, never . or ..
-# fal's job path (`fal-ai/kling-video/requests/{id}`), or a bare request id kept before
+# fal's job path (`fal-ai/kling-video/requests/{id}`), or a bare request id
 _JOB_PATH = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*/requests/{_REQUEST_ID}|{_REQUEST_ID}")
 
 
@@ -113,14 +112,13 @@ def fal_input(call: VideoCall) -> dict[str, Any]:
     return merged(body, call.options)
 
 
-def job_path(answer: dict[str, Any], model: str, endpoint: Endpoint) -> object:
+def job_path(answer: dict[str, Any], path: str, endpoint: Endpoint) -> object:
     """The path of fal's response_url below the endpoint's base URL, once it is checked (a
-    response_url off the endpoint's host is refused); `{model}/requests/{request_id}` when
-    the answer has no response_url."""
+    response_url off the endpoint's host is refused); the request_id when the answer has
+    no response_url."""
     response_url = answer.get("response_url")
     if response_url is None:
-        request_id = answer.get("request_id")
-        return f"{model}/requests/{request_id}" if isinstance(request_id, str) else None
+        return answer.get("request_id")
     base = str(endpoint.base_url).rstrip("/")
     if not provider_http.same_origin(response_url, base) or not str(response_url).isprintable():
         raise ProviderFailure(INVALID_RESPONSE, "Provider returned a response URL off its host")
