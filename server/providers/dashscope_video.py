@@ -51,7 +51,6 @@ region), `api_key_env = "DASHSCOPE_API_KEY"`, and `model` the Wan model name, e.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import httpx
@@ -60,15 +59,13 @@ from server.providers import http as provider_http
 from server.providers.failures import CLIENT_ERROR, ProviderFailure
 from server.providers.video import VideoCall
 from server.providers.video_tasks import (
-    CANCELLED,
-    FAILED,
-    RUNNING,
-    SUCCEEDED,
+    TASK_ID,
     TaskSpec,
     TaskVideoAdapter,
     field_of,
     merged,
     seconds_of,
+    states_of,
 )
 
 _INPUT_OPTIONS = ("negative_prompt",)
@@ -186,17 +183,16 @@ def _seconds(answer: dict[str, Any]) -> float | None:
 SPEC = TaskSpec(
     request=task_request,
     task_id=lambda answer, path, endpoint: field_of(answer, "output", "task_id"),
-    id_pattern=re.compile(r"[A-Za-z0-9_-]{1,128}"),
+    id_pattern=TASK_ID,
     poll_path="tasks/{task}",
     state=lambda answer: field_of(answer, "output", "task_status"),
-    states={
-        "PENDING": RUNNING,
-        "RUNNING": RUNNING,
-        "SUCCEEDED": SUCCEEDED,
-        "FAILED": FAILED,
-        "CANCELED": CANCELLED,
-        "UNKNOWN": FAILED,  # expired after 24 h
-    },
+    # UNKNOWN: the task expired (after 24 h)
+    states=states_of(
+        running=("PENDING", "RUNNING"),
+        succeeded="SUCCEEDED",
+        failed=("FAILED", "UNKNOWN"),
+        cancelled="CANCELED",
+    ),
     videos=lambda answer: [field_of(answer, "output", "video_url")],
     seconds=_seconds,
     error=lambda answer: (

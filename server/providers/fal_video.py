@@ -62,14 +62,12 @@ from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall
 from server.providers.video_tasks import (
-    FAILED,
-    RUNNING,
-    SUCCEEDED,
     TaskSpec,
     TaskVideoAdapter,
     image_urls,
     key_auth,
     merged,
+    states_of,
 )
 
 _REQUEST_ID = r"[A-Za-z0-9_-]{1,128}"
@@ -145,7 +143,9 @@ SPEC = TaskSpec(
     id_pattern=_JOB_PATH,
     poll_path="{task}/status",
     state=_state,
-    states={"IN_QUEUE": RUNNING, "IN_PROGRESS": RUNNING, "COMPLETED": SUCCEEDED, "FAILED": FAILED},
+    states=states_of(
+        running=("IN_QUEUE", "IN_PROGRESS"), succeeded="COMPLETED", failed=("FAILED",)
+    ),
     result_path=lambda answer, task: task,
     videos=_videos,
     error=lambda answer: answer.get("error"),

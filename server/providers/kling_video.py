@@ -64,9 +64,6 @@ from server.providers.failures import (
 from server.providers.http import Downloads, data_url_image, http_failure, json_object, json_or_none
 from server.providers.video import VideoCall
 from server.providers.video_tasks import (
-    FAILED,
-    RUNNING,
-    SUCCEEDED,
     Stage,
     TaskSpec,
     TaskVideoAdapter,
@@ -74,6 +71,7 @@ from server.providers.video_tasks import (
     image_urls,
     merged,
     seconds_of,
+    states_of,
 )
 
 TOKEN_LIFETIME = timedelta(minutes=30)
@@ -174,7 +172,7 @@ SPEC = TaskSpec(
     id_pattern=_JOB_ID,
     poll_path="v1/videos/{task}",
     state=lambda data: data.get("task_status"),
-    states={"submitted": RUNNING, "processing": RUNNING, "succeed": SUCCEEDED, "failed": FAILED},
+    states=states_of(running=("submitted", "processing"), succeeded="succeed", failed=("failed",)),
     videos=lambda data: [field_of(e, "url") for e in _entries(data)],
     seconds=_seconds,
     error=lambda data: data.get("task_status_msg"),

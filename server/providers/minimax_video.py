@@ -39,7 +39,6 @@ and 02 take durations 6 / 10 s at 768P and 6 s at 1080P."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from urllib.parse import quote
 
@@ -57,15 +56,14 @@ from server.providers.failures import (
 from server.providers.http import failure_from_response, http_failure, json_object, json_or_none
 from server.providers.video import VideoCall
 from server.providers.video_tasks import (
-    FAILED,
-    RUNNING,
-    SUCCEEDED,
+    TASK_ID,
     Stage,
     TaskSpec,
     TaskVideoAdapter,
     field_of,
     image_urls,
     merged,
+    states_of,
 )
 
 _RATE_CODES = {1002, 1039}
@@ -147,16 +145,12 @@ def _file(answer: dict[str, Any], task: str) -> str:
 SPEC = TaskSpec(
     request=lambda call: ("v1/video_generation", task_body(call)),
     task_id=lambda answer, path, endpoint: answer.get("task_id"),
-    id_pattern=re.compile(r"[A-Za-z0-9_-]{1,128}"),
+    id_pattern=TASK_ID,
     poll_path="v1/query/video_generation?task_id={task}",
     state=lambda answer: answer.get("status"),
-    states={
-        "Queueing": RUNNING,
-        "Preparing": RUNNING,
-        "Processing": RUNNING,
-        "Success": SUCCEEDED,
-        "Fail": FAILED,
-    },
+    states=states_of(
+        running=("Queueing", "Preparing", "Processing"), succeeded="Success", failed=("Fail",)
+    ),
     result_path=_file,
     videos=lambda answer: [field_of(answer, "file", "download_url")],
     error=lambda answer: field_of(answer, "base_resp", "status_msg") or "the task failed",

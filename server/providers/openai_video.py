@@ -23,7 +23,7 @@ from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.http import Downloads
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_tasks import merged
+from server.providers.video_tasks import failed, field_of, merged
 
 _RUNNING = ("queued", "in_progress", "processing", "pending")
 
@@ -42,11 +42,7 @@ class OpenAIVideoAdapter:
             return VideoProgress(state="running", provider_job_id=job_id)
         if status == "completed":
             return VideoProgress(state="completed", provider_job_id=job_id)
-        error = body.get("error")
-        message = error.get("message") if isinstance(error, dict) else None
-        return VideoProgress(
-            state="failed", provider_job_id=job_id, error=f"Provider failed: {message or status}"
-        )
+        return failed(job_id, field_of(body, "error", "message") or status)
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         params = call.params

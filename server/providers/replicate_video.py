@@ -47,13 +47,10 @@ from server.providers import http as provider_http
 from server.providers.failures import RATE_LIMITED, ProviderFailure
 from server.providers.video import VideoCall
 from server.providers.video_tasks import (
-    CANCELLED,
-    FAILED,
-    RUNNING,
-    SUCCEEDED,
     TaskSpec,
     TaskVideoAdapter,
     merged,
+    states_of,
 )
 
 _THROTTLED = re.compile(r"available in (\d+) seconds?", re.IGNORECASE)
@@ -110,13 +107,12 @@ SPEC = TaskSpec(
     id_pattern=re.compile(r"[A-Za-z0-9]{1,64}"),
     poll_path="predictions/{task}",
     state=lambda answer: answer.get("status"),
-    states={
-        "starting": RUNNING,
-        "processing": RUNNING,
-        "succeeded": SUCCEEDED,
-        "failed": FAILED,
-        "canceled": CANCELLED,
-    },
+    states=states_of(
+        running=("starting", "processing"),
+        succeeded="succeeded",
+        failed=("failed",),
+        cancelled="canceled",
+    ),
     videos=_output,
     error=lambda answer: answer.get("error"),
     failure_of=failure_of,

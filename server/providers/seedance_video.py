@@ -42,21 +42,18 @@ How an operator configures it: an endpoint `adapter = "seedance"`, `base_url =
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from server.providers.failures import CLIENT_ERROR, ProviderFailure
 from server.providers.video import VideoCall
 from server.providers.video_tasks import (
-    CANCELLED,
-    FAILED,
-    RUNNING,
-    SUCCEEDED,
+    TASK_ID,
     TaskSpec,
     TaskVideoAdapter,
     field_of,
     merged,
     seconds_of,
+    states_of,
 )
 
 RESOLUTIONS = ("480p", "720p", "1080p")
@@ -105,17 +102,15 @@ def task_body(call: VideoCall) -> dict[str, Any]:
 SPEC = TaskSpec(
     request=lambda call: (TASKS, task_body(call)),
     task_id=lambda answer, path, endpoint: answer.get("id"),
-    id_pattern=re.compile(r"[A-Za-z0-9_-]{1,128}"),
+    id_pattern=TASK_ID,
     poll_path=TASKS + "/{task}",
     state=lambda answer: answer.get("status"),
-    states={
-        "queued": RUNNING,
-        "running": RUNNING,
-        "succeeded": SUCCEEDED,
-        "failed": FAILED,
-        "expired": FAILED,
-        "cancelled": CANCELLED,
-    },
+    states=states_of(
+        running=("queued", "running"),
+        succeeded="succeeded",
+        failed=("failed", "expired"),
+        cancelled="cancelled",
+    ),
     videos=lambda answer: [field_of(answer, "content", "video_url")],
     seconds=lambda answer: seconds_of(answer.get("duration")),
     error=lambda answer: field_of(answer, "error", "message") or field_of(answer, "error", "code"),

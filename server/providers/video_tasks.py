@@ -1,9 +1,6 @@
-"""The task-polling video adapter every task-style provider runs on (submit → poll → result
-URLs → the result streamed by http.Downloads), driven by a small per-provider TaskSpec, and
-what those providers share beyond HTTP (server/providers/http.py): mapping a request's images
-and a client's provider.options, reading a reported duration, and a task that ended without
-a video. What a provider does its own way stays in its module: its request body, its states
-and fields, its error body, and its credential where it is not a plain key (Kling's JWT)."""
+"""The one task-polling video adapter (submit → poll → result URLs → streamed by
+http.Downloads), driven by a per-provider TaskSpec, and what task-style providers share
+beyond HTTP: mapping images and provider.options, a reported duration, a failed task."""
 
 from __future__ import annotations
 
@@ -31,10 +28,11 @@ from server.providers.video import VideoCall, VideoProgress
 UNFORWARDED_OPTIONS = frozenset({"callback_url", "callbackUrl", "webhook_url"})
 
 # Where a provider's task stands, in the adapter's words (TaskSpec.states maps the provider's).
-RUNNING, SUCCEEDED, FAILED, CANCELLED = "running", "succeeded", "failed", "cancelled"
+TaskState = Literal["running", "succeeded", "failed", "cancelled"]
 Stage = Literal["submit", "poll", "result"]
 Answer = dict[str, Any]
 Auth = Callable[[Endpoint], dict[str, str]]
+TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # the task ids most providers hand out
 
 
 def merged(body: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
@@ -92,16 +90,36 @@ def key_auth(scheme: str = "Bearer") -> Auth:
     return headers
 
 
+async def send_json(
+    http: httpx.AsyncClient,
+    endpoint: Endpoint,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    failure_of: FailureOf,
+    body: dict[str, Any] | None = None,
+) -> httpx.Response:
+    """One request with a JSON body (or none) within the endpoint's timeout."""
+    request = http.build_request(
+        method, url, headers=headers, json=body, timeout=endpoint.timeout_seconds
+    )
+    return await send(http, request, failure_of)
+
+
+def states_of(
+    running: tuple[str, ...], succeeded: str, failed: tuple[str, ...], cancelled: str = ""
+) -> dict[str, TaskState]:
+    """A provider's task states, by what they mean."""
+    states: dict[str, TaskState] = {state: "running" for state in running}
+    states |= {state: "failed" for state in failed}
+    states[succeeded] = "succeeded"
+    if cancelled:
+        states[cancelled] = "cancelled"
+    return states
+
+
 def json_answer(response: httpx.Response, stage: Stage) -> Answer:
     return json_object(response)
-
-
-def _none(answer: Answer) -> None:
-    return None
-
-
-def _same(task_id: str, call: VideoCall) -> str:
-    return task_id
 
 
 @dataclass(frozen=True)
@@ -117,18 +135,18 @@ class TaskSpec:
     id_pattern: re.Pattern[str]
     poll_path: str
     state: Callable[[Answer], object]  # the provider's state in a poll answer
-    states: Mapping[str, str]  # the provider's states -> RUNNING | SUCCEEDED | FAILED | CANCELLED
+    states: Mapping[str, TaskState]  # the provider's states, in the adapter's words
     videos: Callable[[Answer], Sequence[object]]  # result URLs of a succeeded task
     error: Callable[[Answer], object]  # what a failed task's answer says about why
     failure_of: FailureOf = failure_from_response  # an HTTP error, in ProviderFailure kinds
-    seconds: Callable[[Answer], float | None] = _none  # output length a poll answer reports
+    seconds: Callable[[Answer], float | None] = lambda answer: None  # output length reported
     # a second GET for the result of a succeeded task (its path from the poll answer)
     result_path: Callable[[Answer, str], str] | None = None
     cancel: tuple[str, str] | None = None  # (method, path) that cancels a task
     auth: Auth = field(default_factory=key_auth)
     submit_headers: Mapping[str, str] = field(default_factory=dict)
     answer: Callable[[httpx.Response, Stage], Answer] = json_answer  # unwraps an envelope
-    locate: Callable[[str, VideoCall], str] = _same  # the `{task}` of a kept job id
+    locate: Callable[[str, VideoCall], str] = lambda task_id, call: task_id  # its `{task}`
 
 
 class TaskVideoAdapter:
@@ -150,32 +168,19 @@ class TaskVideoAdapter:
         self._spec = spec or self.spec
 
     async def _answer(
-        self,
-        endpoint: Endpoint,
-        method: str,
-        path: str,
-        stage: Stage,
-        body: dict[str, Any] | None = None,
+        self, endpoint: Endpoint, method: str, path: str, stage: Stage, body: Answer | None = None
     ) -> Answer:
         return self._spec.answer(await self._send(endpoint, method, path, stage, body), stage)
 
     async def _send(
-        self,
-        endpoint: Endpoint,
-        method: str,
-        path: str,
-        stage: Stage | None,
-        body: dict[str, Any] | None = None,
+        self, endpoint: Endpoint, method: str, path: str, stage: Stage | None, body: Answer | None
     ) -> httpx.Response:
         extra = self._spec.submit_headers if stage == "submit" else {}
-        request = self._http.build_request(
-            method,
-            f"{str(endpoint.base_url).rstrip('/')}/{path}",
-            headers={**extra, **self._spec.auth(endpoint)},
-            json=body,
-            timeout=endpoint.timeout_seconds,
+        url = f"{str(endpoint.base_url).rstrip('/')}/{path}"
+        headers = {**extra, **self._spec.auth(endpoint)}
+        return await send_json(
+            self._http, endpoint, method, url, headers, self._spec.failure_of, body
         )
-        return await send(self._http, request, self._spec.failure_of)
 
     def _checked(self, task_id: object) -> str:
         if not isinstance(task_id, str) or not self._spec.id_pattern.fullmatch(task_id):
@@ -197,9 +202,9 @@ class TaskVideoAdapter:
         state = self._spec.states.get(provider_state) if isinstance(provider_state, str) else None
         if state is None:
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid status")
-        if state == RUNNING:
+        if state == "running":
             return VideoProgress(state="running", provider_job_id=provider_job_id)
-        if state != SUCCEEDED:
+        if state != "succeeded":
             return failed(provider_job_id, self._spec.error(answer) or provider_state)
         result = answer
         if self._spec.result_path is not None:
@@ -228,4 +233,4 @@ class TaskVideoAdapter:
             return
         method, path = self._spec.cancel
         task = self._spec.locate(self._checked(provider_job_id), call)
-        await self._send(endpoint, method, path.format(task=task), None)
+        await self._send(endpoint, method, path.format(task=task), None, None)
