@@ -142,6 +142,8 @@ class TaskSpec:
     seconds: Callable[[Answer], float | None] = lambda answer: None  # output length reported
     # a second GET for the result of a succeeded task (its path from the poll answer)
     result_path: Callable[[Answer, str], str] | None = None
+    # where a succeeded task's video is, when it is not in the answer (OpenAI's /content)
+    content_path: str | None = None
     cancel: tuple[str, str] | None = None  # (method, path) that cancels a task
     auth: Auth = field(default_factory=key_auth)
     submit_headers: Mapping[str, str] = field(default_factory=dict)
@@ -211,7 +213,9 @@ class TaskVideoAdapter:
             result = await self._answer(
                 endpoint, "GET", self._spec.result_path(answer, task), "result"
             )
-        urls = self._spec.videos(result)
+        content = self._spec.content_path
+        base = str(endpoint.base_url).rstrip("/")
+        urls = [f"{base}/{content.format(task=task)}"] if content else self._spec.videos(result)
         if not urls:
             raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
         videos = [self._download(endpoint, url) for url in urls]

@@ -19,6 +19,7 @@ from server.providers.fal_video import QUEUE_SPEC, FalVideoAdapter
 from server.providers.http import Downloads
 from server.providers.kling_video import KlingVideoAdapter
 from server.providers.minimax_video import MiniMaxVideoAdapter
+from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.video import VideoCall
@@ -64,6 +65,7 @@ CASES: dict[str, tuple[Make, str, dict[str, Any], str]] = {
         {"task_id": "106\n", "base_resp": {"status_code": 0, "status_msg": "success"}},
         "106\n",
     ),
+    "openai": (OpenAIVideoAdapter, "sora-2", {"id": "video_1\n", "status": "queued"}, "video_1\n"),
     "fal": (
         FalVideoAdapter,
         "fal-ai/m",
@@ -85,7 +87,9 @@ def _endpoint(name: str, model: str) -> Endpoint:
 
 
 def _call(model: str) -> VideoCall:
-    return VideoCall(model=model, params={"prompt": "a cat", "duration": 6})
+    return VideoCall(
+        model=model, params={"prompt": "a cat", "duration": 6, "width": 1280, "height": 720}
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -130,6 +134,7 @@ GOOD_IDS: dict[type[TaskVideoAdapter], str] = {
     ReplicateVideoAdapter: "gm3qorzdhgbfurvjtvhg6dckhu",
     KlingVideoAdapter: "text2video/CjMTPWkGcJIAAAAAAB0Yzw",
     MiniMaxVideoAdapter: "106916112212032",
+    OpenAIVideoAdapter: "video_68d7512d07848190b3e45da0ecbebcde004da08e1e0678d5",
     FalVideoAdapter: "fal-ai/kling-video/requests/764cabcf-b745-4b3e-ae38-1200304cf45b",
 }
 
