@@ -17,6 +17,7 @@ from server.providers.http import (
     MAX_PROVIDER_MESSAGE,
     Downloads,
     FailureOf,
+    RemoteVideo,
     failure_from_response,
     json_object,
     same_origin,
@@ -226,13 +227,15 @@ class TaskVideoAdapter:
             seconds=self._spec.seconds(answer),
         )
 
-    def _download(self, endpoint: Endpoint, url: object) -> Any:
+    def _download(self, endpoint: Endpoint, url: object) -> RemoteVideo:
         own = endpoint.base_url is not None and same_origin(url, endpoint.base_url)
         return self._downloads.remote(
             endpoint, url, headers=self._spec.auth(endpoint) if own else None
         )
 
     async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:
+        """Best effort; nothing to send where the provider has no cancel call (the gateway's
+        side of a cancel does not depend on it)."""
         if self._spec.cancel is None:
             return
         method, path = self._spec.cancel
