@@ -62,7 +62,7 @@ from server.providers.azure_openai_stt import AzureOpenAISttAdapter
 from server.providers.dashscope_video import DashScopeVideoAdapter
 from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
-from server.providers.fal_video import FalVideoAdapter
+from server.providers.fal_video import QUEUE_SPEC, FalVideoAdapter
 from server.providers.gemini_video import GeminiVideoAdapter
 from server.providers.http import Downloads, ImageFetcher, provider_client
 from server.providers.kling_video import KlingVideoAdapter
@@ -71,7 +71,6 @@ from server.providers.minimax_video import MiniMaxVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
-from server.providers.queue_video import QueueVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.stt import SttAdapter
@@ -194,7 +193,7 @@ def build_core(
     video_adapters: dict[str, VideoAdapter] = {
         "local": LocalVideoAdapter(),
         "openai": OpenAIVideoAdapter(http, downloads),
-        "queue": QueueVideoAdapter(http, downloads),
+        "queue": FalVideoAdapter(http, downloads, spec=QUEUE_SPEC),
         "gemini": GeminiVideoAdapter(http, images=images, downloads=downloads),
         "vertex": VertexVideoAdapter(http, images=images, downloads=downloads),
         "kling": KlingVideoAdapter(http, clock, downloads),
