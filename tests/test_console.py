@@ -2,11 +2,16 @@
 never a downloaded browser — against the real stack (`gateway up` of this module's own), plus
 the REST routes it reads (/activity, /generations, /videos, /videos/{id}/webhooks) end to end.
 
-Screenshots of every page at desktop (1280x800) and phone (390x844) width are written to
-test-artifacts/console/ (gitignored). The browser waits on elements, never on time."""
+Screenshots of every page at desktop (1366x900) and phone (390x844) width are written to
+test-artifacts/console/ (gitignored; GATEWAY_CONSOLE_ARTIFACTS names another folder, which
+.ci/run uses to bring them back from its isolated clone). The browser waits on elements, never
+on time."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,8 +32,11 @@ from tests.support.audio import fixture
 from tests.support.eventually import eventually
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "console"
-DESKTOP = {"width": 1280, "height": 800}
+ARTIFACTS = Path(
+    os.environ.get("GATEWAY_CONSOLE_ARTIFACTS")
+    or Path(__file__).resolve().parent.parent / "test-artifacts" / "console"
+)
+DESKTOP = {"width": 1366, "height": 900}
 PHONE = {"width": 390, "height": 844}
 PAGES = ("", "keys", "credits", "activity", "videos", "vault", "guardrails", "byok")
 
@@ -82,9 +90,13 @@ async def browser() -> AsyncIterator[Browser]:
 
 
 async def signed_in(
-    browser: Browser, console: Console, key: str, first_page: str = "Usage"
+    browser: Browser,
+    console: Console,
+    key: str,
+    first_page: str = "Usage",
+    viewport: dict[str, int] = DESKTOP,
 ) -> Page:
-    context = await browser.new_context(viewport=DESKTOP)
+    context = await browser.new_context(viewport=viewport)
     page = await context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -107,7 +119,7 @@ def nav(page: Page, name: str) -> Locator:
 
 
 async def screenshots(page: Page, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(ARTIFACTS.mkdir, parents=True, exist_ok=True)
     for label, size in (("desktop", DESKTOP), ("phone", PHONE)):
         await page.set_viewport_size(size)
         await page.screenshot(path=ARTIFACTS / f"{name}-{label}.png", full_page=True)
@@ -488,3 +500,298 @@ async def test_the_operator_page_works_with_the_keyboard_alone(
     )
     await expect(row.get_by_role("cell", name="on", exact=True)).to_be_visible()
     await context.close()
+
+
+# ---- issue 33: the console, second round ----------------------------------------------------
+
+
+@dataclass
+class Fresh:
+    workspace: Workspace
+    management: IssuedKey
+    standard: IssuedKey
+
+
+async def fresh_workspace(console: Console, name: str, *, interns: bool = False) -> Fresh:
+    """A workspace of its own (10 USD), so what a test counts is its own."""
+    workspace = await console.admin.workspace(name, intern_programme=interns)
+    await console.admin.credits(workspace, "10")
+    management = await console.admin.key(workspace, f"{name} admin", management=True)
+    standard = await console.admin.key(workspace, f"{name} app")
+    return Fresh(workspace, management, standard)
+
+
+def not_logged(page: Page) -> list[str]:
+    return page.errors  # type: ignore[attr-defined,no-any-return]
+
+
+async def test_the_vault_outside_the_intern_programme_says_who_turns_it_on(
+    console: Console, browser: Browser
+) -> None:
+    """Defect 1: a workspace made as the README says has no intern programme, so no vault: the
+    page says so and who turns it on, and offers no form that can only fail."""
+    fresh = await fresh_workspace(console, "no-programme")
+    page = await signed_in(browser, console, fresh.management.key)
+    await nav(page, "Vault").click()
+    notice = page.get_by_role("status").filter(has_text="intern programme")
+    await expect(notice).to_contain_text("operator")
+    await expect(page.get_by_role("button", name="Save secret")).to_have_count(0)
+    await expect(page.get_by_role("alert")).to_have_count(0)
+    await screenshots(page, "vault-outside-programme")
+    assert not_logged(page) == []  # nothing asked that could only be a 404
+    await page.context.close()
+
+
+async def test_guardrails_say_whom_they_apply_to_and_are_edited_assigned_and_budgeted(
+    console: Console, browser: Browser
+) -> None:
+    """Defect 2: the page says an unassigned guardrail applies to every key; a guardrail is
+    created with ignored models, a video length, a budget and one key, then edited."""
+    fresh = await fresh_workspace(console, "guarded")
+    page = await signed_in(browser, console, fresh.management.key)
+    await nav(page, "Guardrails").click()
+    await expect(page.get_by_text("applies to every key of the workspace")).to_be_visible()
+    await page.get_by_label("Name", exact=True).fill("video only")
+    await page.get_by_label("Ignored models").fill("local/pocketsphinx-en")
+    await page.get_by_label("Max video duration (s)").fill("4")
+    await page.get_by_label("Budget per key (USD)").fill("2.5")
+    await page.get_by_label("Budget resets").select_option("daily")
+    await page.get_by_role("checkbox", name="guarded app").check()
+    await page.get_by_role("button", name="Create guardrail").click()
+    row = page.get_by_role("region", name="Guardrails").get_by_role(
+        "row", name=re.compile("video only")
+    )
+    await expect(row).to_contain_text("guarded app")
+    await expect(row).to_contain_text("local/pocketsphinx-en")
+    await expect(row).to_contain_text("$2.50 daily")
+    await row.get_by_role("button", name="Edit").click()
+    await expect(page.get_by_label("Name", exact=True)).to_have_value("video only")
+    await page.get_by_label("Max video duration (s)").fill("6")
+    await page.get_by_role("button", name="Save guardrail").click()
+    await expect(row.get_by_role("cell", name="6", exact=True)).to_be_visible()
+    async with httpx.AsyncClient(base_url=console.api) as client:
+        listed = (await client.get("/guardrails", headers=fresh.management.headers)).json()
+        (guardrail,) = listed["data"]
+        assigned = await client.get(
+            f"/guardrails/{guardrail['id']}/assignments/keys", headers=fresh.management.headers
+        )
+    assert guardrail["max_video_duration_seconds"] == 6
+    assert guardrail["ignored_models"] == ["local/pocketsphinx-en"]
+    assert guardrail["limit_usd"] == 2.5 and guardrail["reset_interval"] == "daily"
+    assert [a["key_hash"] for a in assigned.json()["data"]] == [fresh.standard.hash]
+    await screenshots(page, "guardrails-edit")
+    assert not_logged(page) == []
+    await page.context.close()
+
+
+async def test_usage_shows_the_workspace_beside_the_key_and_money_exactly(
+    console: Console, browser: Browser
+) -> None:
+    """Defects 3 and 8: a management key's usage names its workspace and shows the workspace's
+    spend today beside its own ($0.00), the account's free-model counter apart; Credits shows
+    the balance to the micro-dollar; every amount has one format."""
+    fresh = await fresh_workspace(console, "spender")
+    await transcribe(console, fresh.standard.key)
+    async with httpx.AsyncClient(base_url=console.api) as client:
+        credits = (await client.get("/credits", headers=fresh.management.headers)).json()["data"]
+    spent_micros = round(credits["total_usage"] * 1_000_000)
+    assert spent_micros > 0
+    page = await signed_in(browser, console, fresh.management.key)
+    await expect(page.get_by_test_id("workspace-name")).to_have_text("spender")
+    await expect(page.get_by_test_id("usage-daily")).to_have_text("$0.00")
+    spent = f"${spent_micros / 1_000_000:.6f}".rstrip("0")
+    await expect(page.get_by_test_id("workspace-daily")).to_have_text(spent)
+    account = page.get_by_role("region", name="Account")
+    await expect(account).to_contain_text("Free-model requests today")
+    await expect(page.get_by_role("region", name="This key")).not_to_contain_text("Free-model")
+    await nav(page, "Credits").click()
+    balance = 10_000_000 - spent_micros
+    await expect(page.get_by_test_id("balance")).to_have_text(
+        f"${balance // 1_000_000}.{balance % 1_000_000:06d}".rstrip("0")
+    )
+    formatted = await page.evaluate(
+        "async () => { const m = await import('/console/money.js');"
+        " return [0, 10, 0.002, 9.991739, 0.00002, 1234.5, -0.25].map((v) => m.usd(v)); }"
+    )
+    assert formatted == [
+        "$0.00",
+        "$10.00",
+        "$0.002",
+        "$9.991739",
+        "$0.00002",
+        "$1,234.50",
+        "-$0.25",
+    ]
+    await screenshots(page, "credits-exact")
+    assert not_logged(page) == []
+    await page.context.close()
+
+
+async def test_a_video_job_shows_what_it_is_and_its_coming_webhook(
+    console: Console, browser: Browser
+) -> None:
+    """Defect 4: list and detail show the prompt, duration, resolution and key; a running job
+    with a callback URL says a webhook will be sent, not that none was."""
+    fresh = await fresh_workspace(console, "filmmaker")
+    async with httpx.AsyncClient(base_url=console.api) as client:
+        submitted = await client.post(
+            "/videos",
+            headers=fresh.standard.headers,
+            json={
+                "model": "local/renderer",
+                "prompt": "a red kite over dunes",
+                "duration": 1,
+                "callback_url": console.webhooks.url("/filmmaker-hook"),
+            },
+        )
+    assert submitted.status_code == 202, submitted.text
+    job_id = submitted.json()["id"]
+    page = await signed_in(browser, console, fresh.management.key)
+
+    # The job seen while it runs (the answers held at "in progress", no delivery yet).
+    async def running(route) -> None:  # type: ignore[no-untyped-def]
+        answer = await route.fetch()
+        body = await answer.json()
+        body["status"] = "in_progress"
+        body.pop("usage", None)
+        body["unsigned_urls"] = []
+        await route.fulfill(response=answer, body=json.dumps(body))
+
+    async def no_deliveries(route) -> None:  # type: ignore[no-untyped-def]
+        await route.fulfill(json={"data": []})
+
+    await page.route(f"**/api/v1/videos/{job_id}", running)
+    await page.route(f"**/api/v1/videos/{job_id}/webhooks", no_deliveries)
+    await nav(page, "Videos").click()
+    jobs = page.get_by_role("region", name="Video jobs")
+    await expect(jobs).to_contain_text("a red kite over dunes")
+    await expect(jobs).to_contain_text("filmmaker app")
+    await jobs.get_by_role("link").first.click()
+    details = page.locator("dl.detail")
+    await expect(details).to_contain_text("a red kite over dunes")
+    await expect(details).to_contain_text("1 s")
+    await expect(details).to_contain_text("filmmaker app")
+    await expect(page.get_by_text("will be sent to")).to_be_visible()
+    await expect(page.get_by_text("No webhook was sent")).to_have_count(0)
+    await page.context.close()
+
+
+async def test_phone_width_keeps_actions_and_legends_on_screen(
+    console: Console, browser: Browser
+) -> None:
+    """Defect 5: at 390 px the workspaces' actions and the usage chart's legend are on
+    screen."""
+    page = await signed_in(
+        browser, console, console.operator_key, first_page="Workspaces", viewport=PHONE
+    )
+    button = (
+        page.get_by_role("region", name="Workspaces")
+        .get_by_role("button", name="Add credits")
+        .first
+    )
+    box = await button.bounding_box()
+    assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
+    await page.context.close()
+    fresh = await fresh_workspace(console, "narrow")
+    await transcribe(console, fresh.management.key)
+    page = await signed_in(browser, console, fresh.management.key, viewport=PHONE)
+    legend = page.locator(".u-legend").first
+    await expect(legend).to_be_visible()
+    overflow = await page.evaluate(
+        "() => [...document.querySelectorAll('.u-legend, .chart')]"
+        ".map((e) => e.getBoundingClientRect().right).filter((r) => r > window.innerWidth)"
+    )
+    assert overflow == []
+    await page.context.close()
+
+
+async def test_a_standard_key_uses_its_vault_and_never_asks_what_it_may_not(
+    console: Console, browser: Browser
+) -> None:
+    """Defects 6 and 7: the API takes a standard key's vault writes (the reference scopes the
+    vault by the key, and names no management-only vault route), so the console offers the
+    vault too and calls a standard key no "read-only" key; pages a standard key may not use
+    say so without calling the API (no 403 in the browser's log)."""
+    fresh = await fresh_workspace(console, "standard-vault", interns=True)
+    page = await signed_in(browser, console, fresh.standard.key)
+    await nav(page, "Vault").click()
+    await page.get_by_label("Name", exact=True).fill("app_token")
+    await page.get_by_label("Value", exact=True).fill("app-value")
+    await page.get_by_label("Hosts (comma separated)").fill("api.example.com")
+    await page.get_by_role("button", name="Save secret").click()
+    secrets = page.get_by_role("region", name="Secrets")
+    await expect(secrets.get_by_role("cell", name="app_token")).to_be_visible()
+    for name in ("keys", "credits", "guardrails", "byok"):
+        await page.goto(f"{console.url}#/{name}")
+        await expect(page.get_by_text("This page needs a management key")).to_be_visible()
+    assert "read-only" not in await page.content()
+    assert not_logged(page) == []
+    await page.context.close()
+
+
+async def test_focus_escape_copy_and_refusals_in_one_wording(
+    console: Console, browser: Browser
+) -> None:
+    """Defect 9: focus after a reload, "Set limit" and a confirmed Delete; Escape closes an
+    inline form; Copy says "Copied"; BYOK's provider is a choice; -5 is refused in the API's
+    words, as 0 is."""
+    fresh = await fresh_workspace(console, "keyboard")
+    page = await signed_in(browser, console, fresh.management.key)
+    await page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    await page.reload()
+    await expect(page.get_by_role("heading", name="Usage", level=1)).to_be_focused()
+
+    await nav(page, "Keys").click()
+    await page.get_by_label("Name", exact=True).fill("focus me")
+    await page.get_by_label("Limit (USD, optional)").fill("-5")
+    await page.get_by_role("button", name="Create key").click()
+    await expect(page.get_by_role("alert")).to_contain_text("plain decimal number")
+    await page.get_by_label("Limit (USD, optional)").fill("")
+    await page.get_by_role("button", name="Create key").click()
+    await page.get_by_role("button", name="Copy").click()
+    await expect(page.get_by_role("status").filter(has_text="Copied")).to_be_visible()
+    row = page.get_by_role("region", name="Keys").get_by_role("row", name=re.compile("focus me"))
+    await row.get_by_role("button", name="Set limit").click()
+    await expect(row.get_by_label("Limit (USD, empty for none)")).to_be_focused()
+    await page.keyboard.press("Escape")
+    await expect(row.get_by_role("button", name="Set limit")).to_be_focused()
+    await row.get_by_role("button", name="Set limit").click()
+    await row.get_by_label("Limit (USD, empty for none)").fill("-5")
+    await row.get_by_role("button", name="Save limit").click()
+    await expect(page.get_by_role("alert")).to_contain_text("plain decimal number")
+    await row.get_by_label("Limit (USD, empty for none)").fill("3")
+    await row.get_by_role("button", name="Save limit").click()
+    await expect(row.get_by_role("button", name="Set limit")).to_be_focused()
+    await row.get_by_role("button", name="Delete").click()
+    await row.get_by_role("button", name="Delete focus me").click()
+    await expect(row).to_have_count(0)
+    assert await page.evaluate("() => document.activeElement !== document.body")
+
+    await nav(page, "Provider keys").click()
+    provider = page.get_by_label("Provider", exact=True)
+    assert await provider.evaluate("(e) => e.tagName") == "SELECT"
+    await provider.select_option("openai")
+    await page.context.close()
+
+
+async def test_the_models_page_lists_the_catalog_at_both_widths(
+    console: Console, browser: Browser
+) -> None:
+    """Missing page: the catalog from GET /models — prices, modalities, availability and
+    why not, the providers serving each model."""
+    page = await signed_in(browser, console, console.standard.key)
+    await nav(page, "Models").click()
+    models = page.get_by_role("region", name="Models")
+    row = models.get_by_role("row", name=re.compile("local/pocketsphinx-en"))
+    await expect(row).to_contain_text("audio")
+    await expect(row).to_contain_text("available")
+    await expect(row).to_contain_text("local")
+    await expect(models.get_by_role("row", name=re.compile("local/renderer"))).to_contain_text(
+        "video"
+    )
+    for size in (DESKTOP, PHONE):
+        await page.set_viewport_size(size)
+        await expect(row).to_be_visible()
+    await screenshots(page, "models")
+    assert not_logged(page) == []
+    await page.context.close()
