@@ -189,6 +189,8 @@ async def test_activity_routes_answer_the_workspace_and_only_a_key_s_own_for_sta
         videos = (await client.get("/videos", headers=manager)).json()
         purchases = (await client.get("/credits/purchases", headers=manager)).json()
         no_purchases = await client.get("/credits/purchases", headers=reader)
+        me = (await client.get("/key", headers=reader)).json()["data"]
+        models = (await client.get("/models?output_modalities=all")).json()
     async with OpenRouter(api_key=console.management.key, server_url=console.api) as sdk:
         by_sdk = await sdk.analytics.get_user_activity_async(
             request={"api_key_hash": console.standard.hash}
@@ -204,6 +206,12 @@ async def test_activity_routes_answer_the_workspace_and_only_a_key_s_own_for_sta
     assert isinstance(videos["total_count"], int)
     assert [p["amount"] for p in purchases["data"]] == [10] and purchases["total_count"] == 1
     assert no_purchases.status_code == 403
+    # Beyond OpenRouter, for the console: the workspace by name and whether it has a vault.
+    assert me["workspace_name"] == "console" and me["intern_programme"] is True
+    # The providers of each model, and which take a workspace's own key.
+    sphinx = next(m for m in models["data"] if m["id"] == "local/pocketsphinx-en")
+    assert sphinx["endpoints"] == [{"provider": "local", "accepts_byok": False}]
+    assert any(e["accepts_byok"] for m in models["data"] for e in m["endpoints"])
 
 
 async def test_a_management_key_runs_the_console(console: Console, browser: Browser) -> None:
