@@ -805,3 +805,68 @@ async def test_the_models_page_lists_the_catalog_at_both_widths(
     await screenshots(page, "models")
     assert not_logged(page) == []
     await page.context.close()
+
+
+async def test_usage_takes_a_date_range_a_grouping_and_exports_csv(
+    console: Console, browser: Browser
+) -> None:
+    """Missing piece: Usage over a chosen range of days, grouped by model, key or provider,
+    and its rows as CSV; at both widths."""
+    fresh = await fresh_workspace(console, "analyst")
+    await transcribe(console, fresh.standard.key)
+    page = await signed_in(browser, console, fresh.management.key)
+    today = await page.evaluate("() => new Date().toISOString().slice(0, 10)")
+    await page.get_by_label("From (UTC)").fill(today)
+    await page.get_by_label("To (UTC)").fill(today)
+    await page.get_by_label("Group by").select_option("provider")
+    await page.get_by_role("button", name="Show spend").click()
+    await page.get_by_text("By provider as a table").click()
+    table = page.get_by_role("region", name="By provider table")
+    await expect(table.get_by_role("columnheader", name="local")).to_be_visible()
+    await expect(table.locator("tbody tr")).to_have_count(1)  # one day
+    await expect(table.locator("tbody")).to_contain_text("$0.000115")
+    async with page.expect_download() as started:
+        await page.get_by_role("button", name="Export CSV").click()
+    download = await started.value
+    path = await download.path()
+    lines = (await asyncio.to_thread(Path(path).read_text)).splitlines()
+    assert lines[0] == (
+        "date,model,provider,api_key_hash,api_key_name,requests,usage_usd,byok_usage_usd"
+    )
+    assert lines[1:] == [
+        f"{today},local/pocketsphinx-en,local,{fresh.standard.hash},analyst app,1,0.000115,0.00"
+    ]
+    await expect(page.get_by_role("status").filter(has_text="Exported 1 row")).to_be_visible()
+    await page.set_viewport_size(PHONE)
+    await expect(page.get_by_role("button", name="Export CSV")).to_be_in_viewport()
+    await screenshots(page, "usage-range")
+    assert not_logged(page) == []
+    await page.context.close()
+
+
+async def test_keys_show_kind_expiry_and_last_use_at_both_widths(
+    console: Console, browser: Browser
+) -> None:
+    """Missing piece: a key is created with an expiry; the list says which keys are
+    management keys, when each expires and when it was last used."""
+    fresh = await fresh_workspace(console, "expiring")
+    await transcribe(console, fresh.standard.key)
+    page = await signed_in(browser, console, fresh.management.key)
+    await nav(page, "Keys").click()
+    await page.get_by_label("Name", exact=True).fill("short lived")
+    await page.get_by_label("Expires (UTC, optional)").fill("2099-01-02T03:04")
+    await page.get_by_role("button", name="Create key").click()
+    keys = page.get_by_role("region", name="Keys")
+    short_lived = keys.get_by_role("row", name=re.compile("short lived"))
+    await expect(short_lived).to_contain_text("2099-01-02 03:04:00 UTC")
+    await expect(short_lived).to_contain_text("standard")
+    admin = keys.get_by_role("row", name=re.compile("expiring admin"))
+    await expect(admin).to_contain_text("management")
+    app = keys.get_by_role("row", name=re.compile("expiring app"))
+    await expect(app).to_contain_text(re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"))
+    for size in (PHONE, DESKTOP):
+        await page.set_viewport_size(size)
+        await expect(short_lived).to_be_visible()
+    await screenshots(page, "keys-expiry")
+    assert not_logged(page) == []
+    await page.context.close()

@@ -253,7 +253,7 @@ function Chart({ title, days, series }) {
   }, [days, series]);
   return html`<figure class="chart" aria-label=${title}>
     <figcaption><strong>${title}</strong></figcaption>
-    ${series.length ? html`<div ref=${box}></div>` : html`<p class="muted">No spend in the last 30 days.</p>`}
+    ${series.length ? html`<div ref=${box}></div>` : html`<p class="muted">No spend in these days.</p>`}
     ${series.length ? html`<details><summary>${title} as a table</summary>
       <${Table} label=${`${title} table`}>
         <thead><tr><th>Day (UTC)</th>${series.map((s) => html`<th class="num">${s.label}</th>`)}</tr></thead>
@@ -353,14 +353,72 @@ function UsagePage({ me }) {
         <div class="value">${free.used ?? 0} / ${free.limit ?? "—"}</div>
         <meter class="meter" min="0" max=${free.limit || 1} value=${free.used || 0} aria-label="Free-model requests used today"></meter></div>
     </div></section>
-    <h2>Spend per day, last 30 days${management ? ", every key" : ""}</h2>
+    <h2>Spend per day${management ? ", every key" : ""}</h2>
     <${ErrorBox} error=${error} />
     ${activity === undefined ? html`<p class="muted" role="status">Loading spend…</p>` : null}
-    ${activity ? html`
-      <${Chart} title="By model" days=${days} series=${seriesBy(rows, days, (r) => r.model, (m) => m)} />
-      ${management ? html`<${Chart} title="By key" days=${days}
-        series=${seriesBy(rows, days, (r) => r.api_key_hash, (k) => names.get(k) || short(k))} />` : null}` : null}
+    ${activity ? html`<${SpendExplorer} rows=${rows} days=${days} management=${management} names=${names} />` : null}
   </section>`;
+}
+
+const GROUPS = {
+  model: { title: "By model", pick: (r) => r.model, name: (m) => m },
+  key: { title: "By key", pick: (r) => r.api_key_hash, name: null },
+  provider: { title: "By provider", pick: (r) => r.provider_name, name: (p) => p },
+};
+
+function csvCell(value) {
+  let text = String(value ?? "");
+  // A name a spreadsheet would run as a formula is written as text.
+  if (/^[=+@\t\r]|^-[^0-9]/.test(text)) text = `'${text}`;
+  return /[",\n\r]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
+}
+
+// The spend of a date range (within the 30 days /activity keeps), grouped by model, key or
+// provider, as a chart, a table and a CSV file.
+function SpendExplorer({ rows, days, management, names }) {
+  const [range, setRange] = useState({ from: days[0], to: days[days.length - 1], group: management ? "key" : "model" });
+  const [exported, setExported] = useState("");
+  const apply = (event) => {
+    event.preventDefault();
+    const f = event.target.elements;
+    const from = f.from.value || days[0];
+    const to = f.to.value || days[days.length - 1];
+    setRange({ from: from <= to ? from : to, to: from <= to ? to : from, group: f.group.value });
+    setExported("");
+  };
+  const keyName = (k) => names.get(k) || short(k);
+  const group = GROUPS[range.group];
+  const shown = days.filter((d) => d >= range.from && d <= range.to);
+  const picked = rows.filter((r) => r.date >= range.from && r.date <= range.to);
+  const exportCsv = () => {
+    const header = ["date", "model", "provider", ...(management ? ["api_key_hash", "api_key_name"] : []), "requests", "usage_usd", "byok_usage_usd"];
+    const lines = [header.join(",")];
+    for (const r of [...picked].sort((a, b) => (a.date < b.date ? -1 : a.date > b.date ? 1 : 0))) {
+      lines.push([r.date, r.model, r.provider_name, ...(management ? [r.api_key_hash, names.get(r.api_key_hash) || ""] : []),
+        r.requests, usd(r.usage).replace(/^\$/, "").replace(/,/g, ""), usd(r.byok_usage_inference).replace(/^\$/, "").replace(/,/g, "")]
+        .map(csvCell).join(","));
+    }
+    const name = `spend-${range.from}-${range.to}-by-${range.group}.csv`;
+    const url = URL.createObjectURL(new Blob([`${lines.join("\r\n")}\r\n`], { type: "text/csv" }));
+    const link = document.createElement("a");
+    link.href = url;
+    link.download = name;
+    link.click();
+    setTimeout(() => URL.revokeObjectURL(url), 60_000);  // once the browser has the file
+    setExported(`Exported ${picked.length} row${picked.length === 1 ? "" : "s"} to ${name}.`);
+  };
+  return html`<form class="inline panel" onSubmit=${apply} aria-label="Choose the spend shown">
+      <${Field} id="spend-from" label="From (UTC)"><input id="spend-from" name="from" type="date" min=${days[0]} max=${days[days.length - 1]} defaultValue=${range.from} /><//>
+      <${Field} id="spend-to" label="To (UTC)"><input id="spend-to" name="to" type="date" min=${days[0]} max=${days[days.length - 1]} defaultValue=${range.to} /><//>
+      <${Field} id="spend-group" label="Group by"><select id="spend-group" name="group">
+        ${[["model", "Model"], ...(management ? [["key", "Key"]] : []), ["provider", "Provider"]].map(([v, label]) => html`<option
+          value=${v} selected=${range.group === v}>${label}</option>`)}</select><//>
+      <button type="submit">Show spend</button>
+      <button type="button" class="secondary" onClick=${exportCsv}>Export CSV</button>
+    </form>
+    ${exported ? html`<p class="notice" role="status">${exported}</p>` : null}
+    <p class="muted">The gateway keeps spend per day for the last 30 days (UTC), today included.</p>
+    <${Chart} title=${group.title} days=${shown} series=${seriesBy(picked, shown, group.pick, group.name || keyName)} />`;
 }
 
 function KeysPage({ me }) {
