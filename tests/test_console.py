@@ -870,3 +870,37 @@ async def test_keys_show_kind_expiry_and_last_use_at_both_widths(
     await screenshots(page, "keys-expiry")
     assert not_logged(page) == []
     await page.context.close()
+
+
+async def test_the_operator_sees_every_workspace_and_disables_one(
+    console: Console, browser: Browser
+) -> None:
+    """Missing piece: the operator's view — each workspace's balance, spend, requests and
+    keys on one page; disabling one says first what happens to its keys and jobs, refuses its
+    keys (401) while disabled, and Enable restores them."""
+    fresh = await fresh_workspace(console, "to-disable")
+    await transcribe(console, fresh.standard.key)
+    page = await signed_in(browser, console, console.operator_key, first_page="Workspaces")
+    row = page.get_by_role("region", name="Workspaces").get_by_role(
+        "row", name=re.compile("to-disable")
+    )
+    await expect(row.get_by_role("cell", name="$9.999885", exact=True)).to_be_visible()
+    await expect(row.get_by_role("cell", name="$0.000115", exact=True)).to_be_visible()
+    await expect(row.get_by_role("cell", name="1", exact=True)).to_be_visible()  # requests
+    await expect(row.get_by_role("cell", name="2", exact=True)).to_be_visible()  # keys
+    await row.get_by_role("button", name="Disable").click()
+    await expect(row).to_contain_text("Its 2 keys will be refused (401) at once")
+    await expect(row).to_contain_text("0 unfinished video jobs still finish")
+    await row.get_by_role("button", name="Disable to-disable").click()
+    await expect(row.get_by_role("cell", name="disabled", exact=True)).to_be_visible()
+    async with httpx.AsyncClient(base_url=console.api) as client:
+        refused = await client.get("/key", headers=fresh.standard.headers)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["message"] == "API key's workspace is disabled"
+        await screenshots(page, "workspaces-disabled")
+        await row.get_by_role("button", name="Enable").click()
+        await expect(row.get_by_role("cell", name="active", exact=True)).to_be_visible()
+        again = await client.get("/key", headers=fresh.management.headers)
+    assert again.status_code == 200
+    assert not_logged(page) == []
+    await page.context.close()

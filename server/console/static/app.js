@@ -146,7 +146,7 @@ function Pager({ offset, total, count, limit = PAGE, onMove, label }) {
 }
 
 // A button that asks once more before doing something that cannot be undone.
-function ConfirmButton({ label, confirmLabel, onConfirm, disabled }) {
+function ConfirmButton({ label, confirmLabel, onConfirm, disabled, warning }) {
   const [armed, setArmed] = useState(null);  // null: never asked; true: asking; false: cancelled
   const confirm = useRef(null);
   const first = useRef(null);
@@ -168,7 +168,9 @@ function ConfirmButton({ label, confirmLabel, onConfirm, disabled }) {
       onClick=${() => setArmed(true)}>${label}</button>`;
   }
   return html`<span class="actions" onKeyDown=${(e) => { if (e.key === "Escape") setArmed(false); }}>
-    <button class="danger" type="button" ref=${confirm} onClick=${confirmed}>${confirmLabel}</button>
+    ${warning ? html`<span class="warning" id=${`warn-${confirmLabel}`}>${warning}</span>` : null}
+    <button class="danger" type="button" ref=${confirm} onClick=${confirmed}
+      aria-describedby=${warning ? `warn-${confirmLabel}` : undefined}>${confirmLabel}</button>
     <button class="secondary" type="button" onClick=${() => setArmed(false)}>Cancel</button>
   </span>`;
 }
@@ -1028,6 +1030,10 @@ function WorkspacesPage() {
       setCreated({ workspace: w.name, key: answer.key });
     });
   };
+  const setDisabled = (w, disabled) => act(async () => {
+    await api(`/workspaces/${encodeURIComponent(w.id)}`, { method: "PATCH", body: { disabled } });
+    setDone(disabled ? `Workspace ${w.name} disabled: its keys are refused.` : `Workspace ${w.name} enabled again.`);
+  });
   const toggleInterns = (w) => act(async () => {
     await api(`/workspaces/${encodeURIComponent(w.id)}`, { method: "PATCH", body: { intern_programme: !w.intern_programme } });
     setDone(`Intern programme ${w.intern_programme ? "off" : "on"} for ${w.name}.`);
@@ -1060,12 +1066,16 @@ function WorkspacesPage() {
     <${Table} label="Workspaces" stack>
       <thead role="rowgroup"><tr role="row"><th role="columnheader">Name</th><th role="columnheader">Intern programme</th>
         <th role="columnheader" class="num">Balance</th><th role="columnheader" class="num">Purchased</th>
-        <th role="columnheader" class="num">Spent</th><th role="columnheader">Created (UTC)</th><th role="columnheader">ID</th>
+        <th role="columnheader" class="num">Spent</th><th role="columnheader" class="num">Requests</th>
+        <th role="columnheader" class="num">Keys</th><th role="columnheader">State</th>
+        <th role="columnheader">Created (UTC)</th><th role="columnheader">ID</th>
         <th role="columnheader">Actions</th></tr></thead>
       <tbody role="rowgroup">${rows.map((w) => html`<tr role="row" key=${w.id}>
         <${Cell} label="Name">${w.name}<//><${Cell} label="Intern programme">${w.intern_programme ? "on" : "off"}<//>
         <${Cell} label="Balance" num>${usdFromMicros(micros(w.total_credits) - micros(w.total_usage))}<//>
         <${Cell} label="Purchased" num>${usd(w.total_credits)}<//><${Cell} label="Spent" num>${usd(w.total_usage)}<//>
+        <${Cell} label="Requests" num>${w.requests}<//><${Cell} label="Keys" num>${w.keys}<//>
+        <${Cell} label="State">${w.disabled ? "disabled" : "active"}<//>
         <${Cell} label="Created (UTC)">${when(w.created_at)}<//><${Cell} label="ID" mono>${w.id}<//>
         <td role="cell" class="actions-cell">${open?.id === w.id && open.form === "credits" ? html`<form class="inline" onSubmit=${addCredits(w)}
             onKeyDown=${onEscape(() => setOpen(null))}>
@@ -1083,7 +1093,10 @@ function WorkspacesPage() {
             <button type="button" class="secondary" onClick=${() => setOpen({ id: w.id, form: "credits" })}>Add credits</button>
             <button type="button" class="secondary" onClick=${() => setOpen({ id: w.id, form: "key" })}>Create management key</button>
             <button type="button" class="secondary" onClick=${() => toggleInterns(w)}>
-              ${w.intern_programme ? "Turn intern programme off" : "Turn intern programme on"}</button></div>`}</td>
+              ${w.intern_programme ? "Turn intern programme off" : "Turn intern programme on"}</button>
+            ${w.disabled ? html`<button type="button" class="secondary" onClick=${() => setDisabled(w, false)}>Enable</button>`
+              : html`<${ConfirmButton} label="Disable" confirmLabel=${`Disable ${w.name}`} onConfirm=${() => setDisabled(w, true)}
+                warning=${`Its ${w.keys} key${w.keys === 1 ? "" : "s"} will be refused (401) at once, management keys included. Its ${w.unfinished_video_jobs} unfinished video job${w.unfinished_video_jobs === 1 ? "" : "s"} still finish, are charged and send their webhooks. Nothing is deleted; Enable restores it.`} />`}</div>`}</td>
       </tr>`)}</tbody>
     <//>
     ${list && !rows.length ? html`<p class="muted">No workspaces yet.</p>` : null}
