@@ -904,3 +904,65 @@ async def test_the_operator_sees_every_workspace_and_disables_one(
     assert again.status_code == 200
     assert not_logged(page) == []
     await page.context.close()
+
+
+async def test_a_key_is_rotated_with_a_grace_period(console: Console, browser: Browser) -> None:
+    """Missing piece: rotation — a new key in the old one's place (its guardrails too), shown
+    once; the old one works for the grace period, then expires (at once with 0)."""
+    fresh = await fresh_workspace(console, "rotating")
+    async with httpx.AsyncClient(base_url=console.api) as client:
+        made = await client.post(
+            "/guardrails", headers=fresh.management.headers, json={"name": "rotating rule"}
+        )
+        rule = made.json()["data"]["id"]
+        await client.post(
+            f"/guardrails/{rule}/assignments/keys",
+            headers=fresh.management.headers,
+            json={"key_hashes": [fresh.standard.hash]},
+        )
+    page = await signed_in(browser, console, fresh.management.key)
+    await nav(page, "Keys").click()
+    row = page.get_by_role("region", name="Keys").get_by_role(
+        "row", name=re.compile("rotating app")
+    )
+    await row.get_by_role("button", name="Rotate").click()
+    await expect(row).to_contain_text("keeps working for the grace period")
+    await row.get_by_role("button", name="Rotate rotating app").click()
+    created = page.get_by_test_id("created-key")
+    await expect(created).to_have_value(re.compile(r"^sk-gw-v1-"))
+    await expect(page.get_by_text("The key it replaces")).to_contain_text("then expires")
+    new_key = await created.input_value()
+    await screenshots(page, "keys-rotated")
+    async with httpx.AsyncClient(base_url=console.api) as client:
+        new = await client.get("/key", headers={"Authorization": f"Bearer {new_key}"})
+        old = await client.get("/key", headers=fresh.standard.headers)
+        assigned = await client.get(
+            f"/guardrails/{rule}/assignments/keys", headers=fresh.management.headers
+        )
+        new_hash = next(
+            k["hash"]
+            for k in (await client.get("/keys", headers=fresh.management.headers)).json()["data"]
+            if k["name"] == "rotating app" and k["hash"] != fresh.standard.hash
+        )
+        at_once = await client.post(
+            f"/keys/{new_hash}/rotate", headers=fresh.management.headers, json={"grace_seconds": 0}
+        )
+        after = await client.get("/key", headers={"Authorization": f"Bearer {new_key}"})
+        too_long = await client.post(
+            f"/keys/{at_once.json()['data']['hash']}/rotate",
+            headers=fresh.management.headers,
+            json={"grace_seconds": 10**8},
+        )
+        by_standard = await client.post(
+            f"/keys/{new_hash}/rotate", headers=fresh.standard.headers, json={}
+        )
+    assert new.status_code == 200 and new.json()["data"]["expires_at"] is None
+    assert old.status_code == 200 and old.json()["data"]["expires_at"] is not None
+    assert {a["key_hash"] for a in assigned.json()["data"]} == {fresh.standard.hash, new_hash}
+    assert at_once.status_code == 201 and at_once.json()["key"].startswith("sk-gw-v1-")
+    assert after.status_code == 401 and after.json()["error"]["message"] == "API key has expired"
+    assert too_long.status_code == 400
+    assert too_long.json()["error"]["metadata"]["param"] == "grace_seconds"
+    assert by_standard.status_code == 403
+    assert not_logged(page) == []
+    await page.context.close()

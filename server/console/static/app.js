@@ -426,9 +426,15 @@ function SpendExplorer({ rows, days, management, names }) {
 function KeysPage({ me }) {
   const [offset, setOffset] = useState(0);
   const [created, setCreated] = useState(null);
+  const [rotated, setRotated] = useState(null);  // the old key, once rotated
   const [error, setError] = useState(null);
   const [editing, setEditing] = useState(null);
   const [list, loadError, reload] = useLoad(() => api(`/keys${query({ include_disabled: true, offset })}`), [offset]);
+  const rotate = (key) => act(async () => {
+    const answer = await api(`/keys/${key.hash}/rotate`, { method: "POST", body: {} });
+    setCreated(answer.key);
+    setRotated(answer.rotated);
+  });
   // The keyboard follows the limit form: into it when it opens, back to its button when it closes.
   const wasEditing = useRef(null);
   useEffect(() => {
@@ -451,6 +457,7 @@ function KeysPage({ me }) {
     act(async () => {
       const answer = await api("/keys", { method: "POST", body });
       setCreated(answer.key);
+      setRotated(null);
       event.target.reset();
     });
   };
@@ -477,11 +484,12 @@ function KeysPage({ me }) {
         <button type="submit">Create key</button>
       </form>
       ${created ? html`<div class="secret-once">
-        <p role="status"><strong>Your new key.</strong> Copy it now: it is shown only once.</p>
+        <p role="status"><strong>Your new key${rotated ? ` for ${rotated.name}` : ""}.</strong> Copy it now: it is shown only once.
+          ${rotated ? ` The key it replaces (${rotated.label}) works until ${when(rotated.expires_at)}, then expires.` : ""}</p>
         <div class="row"><${Field} id="created-key" label="New API key">
           <input id="created-key" class="mono" readonly value=${created} data-testid="created-key" /><//>
           <${CopyButton} text=${created} />
-          <button type="button" class="secondary" onClick=${() => setCreated(null)}>Done</button></div>
+          <button type="button" class="secondary" onClick=${() => { setCreated(null); setRotated(null); }}>Done</button></div>
       </div>` : null}
     </div>
     <${ErrorBox} error=${error || loadError} />
@@ -506,7 +514,9 @@ function KeysPage({ me }) {
               onClick=${() => act(() => api(`/keys/${k.hash}`, { method: "PATCH", body: { disabled: !k.disabled } }))}>
               ${k.disabled ? "Enable" : "Disable"}</button>
             <${ConfirmButton} label="Delete" confirmLabel=${`Delete ${k.name}`}
-              onConfirm=${() => act(() => api(`/keys/${k.hash}`, { method: "DELETE" }))} />`}</div>`}</td>
+              onConfirm=${() => act(() => api(`/keys/${k.hash}`, { method: "DELETE" }))} />`}
+            ${k.disabled ? null : html`<${ConfirmButton} label="Rotate" confirmLabel=${`Rotate ${k.name}`} onConfirm=${() => rotate(k)}
+              warning="A new key takes its place (same name, limit, kind, expiry and guardrails), shown once. This one keeps working for the grace period the operator set (a day unless changed), then expires." />`}</div>`}</td>
       </tr>`)}</tbody>
     <//>
     <${Pager} label="Keys" offset=${offset} count=${keys.length} limit=${100} onMove=${setOffset} />
