@@ -264,6 +264,8 @@ async def test_a_management_key_runs_the_console(console: Console, browser: Brow
         )
     assert submitted.status_code == 202, submitted.text
     await nav(page, "Videos").click()
+    await expect(page.get_by_role("region", name="Video jobs")).to_contain_text("a lighthouse")
+    await screenshots(page, "videos")
     await page.get_by_role("region", name="Video jobs").get_by_role("link").first.click()
     video = page.get_by_test_id("video")
     await expect(video).to_be_visible(timeout=30_000)
@@ -448,6 +450,8 @@ async def test_a_wrong_key_is_explained(console: Console, browser: Browser) -> N
     context = await browser.new_context(viewport=PHONE)
     page = await context.new_page()
     await page.goto(console.url)
+    await screenshots(page, "sign-in")
+    await page.set_viewport_size(PHONE)
     await page.get_by_label("API key").fill("sk-not-a-key")
     await page.get_by_role("button", name="Sign in").click()
     await expect(page.get_by_role("alert")).to_contain_text("This API key was not accepted")
