@@ -871,6 +871,9 @@ async def test_keys_show_kind_expiry_and_last_use_at_both_widths(
     for size in (PHONE, DESKTOP):
         await page.set_viewport_size(size)
         await expect(short_lived).to_be_visible()
+        # Its actions on screen at either width (a phone shows one card per key).
+        box = await short_lived.get_by_role("button", name="Set limit").bounding_box()
+        assert box is not None and 0 <= box["x"] and box["x"] + box["width"] <= size["width"]
     await screenshots(page, "keys-expiry")
     assert not_logged(page) == []
     await page.context.close()

@@ -493,16 +493,19 @@ function KeysPage({ me }) {
       </div>` : null}
     </div>
     <${ErrorBox} error=${error || loadError} />
-    <${Table} label="Keys">
-      <thead><tr><th>Name</th><th>Key</th><th>Kind</th><th>Status</th><th class="num">Limit</th><th>Resets</th>
-        <th class="num">Today</th><th class="num">This month</th><th>Expires (UTC)</th><th>Last used (UTC)</th><th>Actions</th></tr></thead>
-      <tbody>${keys.map((k) => html`<tr key=${k.hash}>
-        <td>${k.name}</td><td class="mono">${k.label}</td><td>${k.is_management_key ? "management" : "standard"}</td>
-        <td>${k.disabled ? "disabled" : "active"}</td>
-        <td class="num">${k.limit === null ? "none" : usd(k.limit)}</td><td>${k.limit_reset || "never"}</td>
-        <td class="num">${usd(k.usage_daily)}</td><td class="num">${usd(k.usage_monthly)}</td>
-        <td>${k.expires_at ? when(k.expires_at) : "never"}</td><td>${k.last_used_at ? when(k.last_used_at) : "—"}</td>
-        <td>${editing === k.hash ? html`<form class="inline" onSubmit=${saveLimit(k)} onKeyDown=${onEscape(() => setEditing(null))}>
+    <${Table} label="Keys" stack>
+      <thead role="rowgroup"><tr role="row">${["Name", "Key", "Kind", "Status", "Limit", "Resets", "Today", "This month",
+        "Expires (UTC)", "Last used (UTC)", "Actions"].map((c) => html`<th role="columnheader"
+        class=${["Limit", "Today", "This month"].includes(c) ? "num" : undefined}>${c}</th>`)}</tr></thead>
+      <tbody role="rowgroup">${keys.map((k) => html`<tr role="row" key=${k.hash}>
+        <${Cell} label="Name">${k.name}<//><${Cell} label="Key" mono>${k.label}<//>
+        <${Cell} label="Kind">${k.is_management_key ? "management" : "standard"}<//>
+        <${Cell} label="Status">${k.disabled ? "disabled" : "active"}<//>
+        <${Cell} label="Limit" num>${k.limit === null ? "none" : usd(k.limit)}<//><${Cell} label="Resets">${k.limit_reset || "never"}<//>
+        <${Cell} label="Today" num>${usd(k.usage_daily)}<//><${Cell} label="This month" num>${usd(k.usage_monthly)}<//>
+        <${Cell} label="Expires (UTC)">${k.expires_at ? when(k.expires_at) : "never"}<//>
+        <${Cell} label="Last used (UTC)">${k.last_used_at ? when(k.last_used_at) : "—"}<//>
+        <td role="cell">${editing === k.hash ? html`<form class="inline" onSubmit=${saveLimit(k)} onKeyDown=${onEscape(() => setEditing(null))}>
             <${Field} id=${`limit-${k.hash}`} label="Limit (USD, empty for none)">
               <input id=${`limit-${k.hash}`} name="limit" type="text" inputmode="decimal" value=${k.limit ?? ""} /><//>
             <${Field} id=${`reset-${k.hash}`} label="Resets"><${ResetSelect} id=${`reset-${k.hash}`} value=${k.limit_reset} /><//>
