@@ -274,6 +274,8 @@ async def test_a_management_key_runs_the_console(console: Console, browser: Brow
         "return v && v.readyState >= 2 && v.duration > 0; }",
         timeout=30_000,
     )
+    # Played from the content URL through the service worker (byte ranges), not a download.
+    assert (await video.get_attribute("src") or "").startswith("/api/v1/videos/")
     stage = page.get_by_role("list", name="Progress").locator("[aria-current=step]")
     await expect(stage).to_have_text("Finished")
     deliveries = page.get_by_role("region", name="Webhook deliveries")
@@ -973,3 +975,37 @@ async def test_a_key_is_rotated_with_a_grace_period(console: Console, browser: B
     assert by_standard.status_code == 403
     assert not_logged(page) == []
     await page.context.close()
+
+
+async def test_video_content_answers_byte_ranges(console: Console) -> None:
+    """Defect 4: the player asks byte ranges (Range), so it plays before the whole file came:
+    206 with Content-Range for one range; the whole file (200) for none or one it cannot
+    serve."""
+    async with httpx.AsyncClient(base_url=console.api, timeout=60) as client:
+        submitted = await client.post(
+            "/videos",
+            headers=console.management.headers,
+            json={"model": "local/renderer", "prompt": "ranges", "duration": 1},
+        )
+        job = submitted.json()["id"]
+
+        async def completed() -> bool:
+            answer = await client.get(f"/videos/{job}", headers=console.management.headers)
+            return bool(answer.json()["status"] == "completed")
+
+        await eventually(completed, within=30)
+        url = f"/videos/{job}/content?index=0"
+        whole = await client.get(url, headers=console.management.headers)
+        first = await client.get(url, headers={**console.management.headers, "Range": "bytes=0-99"})
+        tail = await client.get(url, headers={**console.management.headers, "Range": "bytes=-10"})
+        beyond = await client.get(
+            url, headers={**console.management.headers, "Range": f"bytes={10**9}-"}
+        )
+        no_key = await client.get(url, headers={"Range": "bytes=0-99"})
+    size = len(whole.content)
+    assert whole.status_code == 200 and whole.headers["accept-ranges"] == "bytes" and size > 100
+    assert first.status_code == 206 and first.content == whole.content[:100]
+    assert first.headers["content-range"] == f"bytes 0-99/{size}"
+    assert tail.status_code == 206 and tail.content == whole.content[-10:]
+    assert beyond.status_code == 200 and beyond.content == whole.content
+    assert no_key.status_code == 401

@@ -55,6 +55,32 @@ function storedKey() {
   return sessionStorage.getItem(KEY_SLOT);
 }
 
+// The service worker (sw.js) gives the player's requests the key; it learns it from here.
+function tellWorker() {
+  const worker = navigator.serviceWorker?.controller;
+  if (worker) worker.postMessage({ type: "key", key: storedKey() });
+}
+
+if ("serviceWorker" in navigator) {
+  navigator.serviceWorker.register("sw.js", { scope: "./" }).catch(() => {});
+  navigator.serviceWorker.addEventListener("controllerchange", tellWorker);
+  navigator.serviceWorker.addEventListener("message", (event) => {
+    if (event.data?.type === "key?" && event.ports[0]) event.ports[0].postMessage(storedKey());
+  });
+  tellWorker();
+}
+
+// Resolves true once the service worker controls this page (it claims it when it starts).
+function workerReady(timeoutMs = 3000) {
+  if (!("serviceWorker" in navigator)) return Promise.resolve(false);
+  if (navigator.serviceWorker.controller) return Promise.resolve(true);
+  return new Promise((resolve) => {
+    const done = () => resolve(Boolean(navigator.serviceWorker.controller));
+    navigator.serviceWorker.addEventListener("controllerchange", done, { once: true });
+    setTimeout(done, timeoutMs);
+  });
+}
+
 // The operator key (`gateway up` writes it to <data dir>/operator-key) opens the operator's
 // pages; any other key is an API key, described by GET /key.
 const OPERATOR_PREFIX = "sk-gw-op-";
@@ -301,6 +327,7 @@ function SignIn({ onSignedIn }) {
     try {
       const me = await whoAmI();
       event.target.reset();
+      tellWorker();
       onSignedIn(me);
     } catch (e) {
       sessionStorage.removeItem(KEY_SLOT);
@@ -690,11 +717,17 @@ function VideoPage({ id, me }) {
           timer = setTimeout(poll, 3000);
         }
         if (current.status === "completed" && !objectUrl) {
-          // <video src> cannot send the Authorization header: fetch the MP4 with the key.
-          const response = await api(`/videos/${encodeURIComponent(id)}/content?index=0`, { raw: true });
-          const blob = await response.blob();
+          const content = `${API}/videos/${encodeURIComponent(id)}/content?index=0`;
+          if (await workerReady()) {
+            // The service worker adds the key: the player asks byte ranges and plays at once.
+            tellWorker();
+            objectUrl = content;
+          } else {
+            // No service worker (a browser without them): fetch the whole MP4 with the key.
+            const response = await api(`/videos/${encodeURIComponent(id)}/content?index=0`, { raw: true });
+            objectUrl = URL.createObjectURL(await response.blob());
+          }
           if (!live) return;
-          objectUrl = URL.createObjectURL(blob);
           setVideoUrl(objectUrl);
         }
       } catch (e) {
@@ -702,7 +735,7 @@ function VideoPage({ id, me }) {
       }
     };
     poll();
-    return () => { live = false; clearTimeout(timer); if (objectUrl) URL.revokeObjectURL(objectUrl); };
+    return () => { live = false; clearTimeout(timer); if (objectUrl?.startsWith("blob:")) URL.revokeObjectURL(objectUrl); };
   }, [id]);
   return html`<section>
     <p><a href="#/videos">← All video jobs</a></p>
@@ -1159,7 +1192,7 @@ function App() {
   useEffect(() => { if (heading.current) heading.current.focus(); }, [route.section, route.id, me, checking]);
   if (checking) return html`<p class="loading">Loading the console…</p>`;
   if (!me) return html`<${SignIn} onSignedIn=${setMe} />`;
-  const signOut = () => { sessionStorage.removeItem(KEY_SLOT); setMe(null); location.hash = "#/"; };
+  const signOut = () => { sessionStorage.removeItem(KEY_SLOT); tellWorker(); setMe(null); location.hash = "#/"; };
   const pages = me.operator ? OPERATOR_PAGES : PAGES;
   const visible = pages.filter((p) => !p.management || me.is_management_key);
   const entry = pages.find((p) => p.path === route.section);
