@@ -1,21 +1,25 @@
 // The console's service worker: a <video src> cannot send the Authorization header, so this
 // adds the signed-in key to the player's requests for a video's content — and to nothing
 // else. It lets the browser ask byte ranges (play at once, seek) instead of downloading the
-// whole file first. The key is held in memory only; when the worker was stopped and has none,
-// it asks the tab that made the request (which keeps it in sessionStorage).
+// whole file first. Each tab's key is held in memory only, for that tab's requests alone (two
+// tabs may be signed in with different keys); when the worker was stopped and has none, it
+// asks the tab that made the request (which keeps it in sessionStorage).
 const CONTENT = /^\/api\/v1\/videos\/[^/]+\/content$/;
-let key = null;
+const keys = new Map();  // client (tab) id -> its key
 
 self.addEventListener("install", () => self.skipWaiting());
 self.addEventListener("activate", (event) => event.waitUntil(self.clients.claim()));
 
 self.addEventListener("message", (event) => {
-  if (event.data && event.data.type === "key") key = event.data.key || null;
+  if (!event.data || event.data.type !== "key" || !event.source) return;
+  if (event.data.key) keys.set(event.source.id, event.data.key);
+  else keys.delete(event.source.id);
 });
 
 async function keyFrom(clientId) {
-  if (key) return key;
-  const client = clientId ? await self.clients.get(clientId) : null;
+  if (!clientId) return null;
+  if (keys.has(clientId)) return keys.get(clientId);
+  const client = await self.clients.get(clientId);
   if (!client) return null;
   const channel = new MessageChannel();
   const answer = new Promise((resolve) => {
@@ -23,7 +27,11 @@ async function keyFrom(clientId) {
     setTimeout(() => resolve(null), 2000);  // a tab that does not answer: no key
   });
   client.postMessage({ type: "key?" }, [channel.port2]);
-  key = await answer;
+  const key = await answer;
+  if (key) keys.set(clientId, key);
+  // Forget the tabs that closed.
+  const open = new Set((await self.clients.matchAll()).map((c) => c.id));
+  for (const id of keys.keys()) if (!open.has(id)) keys.delete(id);
   return key;
 }
 
