@@ -52,6 +52,7 @@ FORWARDED_HEADERS = (
     "access-control-request-headers",
     "x-forwarded-for",
     "x-forwarded-proto",
+    "range",  # GET /videos/{id}/content: a player's byte ranges
 )
 # What the server (and the transcoder) put in a response for the facade alone: stripped from
 # every response, headers and trailers, by a native filter after the Lua one.

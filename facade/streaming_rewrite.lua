@@ -14,5 +14,10 @@ function envoy_on_response(handle)
     rewrite_error(handle, grpc_status)
     return
   end
-  h:remove("x-http-status")
+  -- A byte range (206, with its Content-Range) is the one other status a stream answers.
+  local xs = h:get("x-http-status")
+  if xs ~= nil then
+    h:remove("x-http-status")
+    h:replace(":status", xs)
+  end
 end

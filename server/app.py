@@ -85,7 +85,7 @@ from server.services.console import ConsoleService
 from server.services.generations import GenerationsService
 from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
-from server.services.management import ManagementService
+from server.services.management import KeyRotation, ManagementService
 from server.services.models import ModelsService
 from server.services.operator import OperatorService
 from server.services.rpc import ObservedServer, RequestObserver
@@ -364,7 +364,16 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         observed,
     )
     management_pb2_grpc.add_ManagementServicer_to_server(
-        ManagementService(core.auth, core.sessions, core.clock), observed
+        ManagementService(
+            core.auth,
+            core.sessions,
+            core.clock,
+            KeyRotation(
+                core.settings.key_rotation_grace_seconds,
+                core.settings.key_rotation_max_grace_seconds,
+            ),
+        ),
+        observed,
     )
     management_pb2_grpc.add_OperatorServicer_to_server(
         OperatorService(core.auth, core.sessions, core.clock), observed

@@ -364,11 +364,13 @@ async def cmd_workspaces_update(args: argparse.Namespace) -> int:
             intern_programme=args.intern_programme,
             vault_writes_disabled=None if args.vault_writes is None else not args.vault_writes,
             default_callback_url=args.default_callback_url,
+            disabled=args.disabled,
         )
 
     workspace = await _with_session(args, work)
+    state = "disabled (its keys are refused)" if workspace.disabled else "enabled"
     print(
-        f"Workspace {workspace.name}: intern programme "
+        f"Workspace {workspace.name}: {state}, intern programme "
         f"{'on' if workspace.intern_programme else 'off'}, vault writes "
         f"{'off' if workspace.vault_writes_disabled else 'on'}, default callback URL "
         f"{workspace.default_callback_url or '(none)'}"
@@ -856,6 +858,12 @@ def build_parser() -> argparse.ArgumentParser:
     ws_update.add_argument("name")
     ws_update.add_argument("--intern-programme", type=_on_off, metavar="on|off")
     ws_update.add_argument("--vault-writes", type=_on_off, metavar="on|off")
+    ws_update.add_argument(
+        "--disabled",
+        type=_on_off,
+        metavar="on|off",
+        help="on: every key of the workspace is refused (401) until off; nothing is deleted",
+    )
     ws_update.add_argument(
         "--default-callback-url",
         metavar="URL",

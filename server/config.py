@@ -209,6 +209,10 @@ class Settings(BaseSettings):
     # for, so that gateways and workers on one host never contend for one fixed port.
     metrics_port: int = Field(0, ge=0, le=65535)
     shutdown_grace_seconds: float = Field(30.0, ge=0, allow_inf_nan=False)
+    # Key rotation (POST /api/v1/keys/{hash}/rotate): how long the old key keeps working when
+    # the request names no grace_seconds, and the longest grace a request may ask for.
+    key_rotation_grace_seconds: int = Field(86400, ge=0, le=31 * 86400)
+    key_rotation_max_grace_seconds: int = Field(30 * 86400, ge=0, le=366 * 86400)
     # `gateway up` restarts a server process (--workers N) or Envoy that dies, after a
     # backoff that starts here and doubles with each death in the window, up to the max;
     # the limit-th death of one process within the window stops the gateway (exit 1).

@@ -167,7 +167,8 @@ def test_the_wheel_ships_the_generated_contract(wheel: Path) -> None:
         assert f"server/_generated/{name}" in names, name
     assert "server/routing/catalog.toml" in names and "facade/error_rewrite.lua" in names
     # the console's files, vendored libraries included (nothing comes from a CDN)
-    for name in ("index.html", "app.js", "app.css", "vendor/preact-10.29.8.js"):
+    console_files = ("index.html", "app.js", "money.js", "sw.js", "app.css")
+    for name in (*console_files, "vendor/preact-10.29.8.js"):
         assert f"server/console/static/{name}" in names, name
     assert not any(n.startswith("proto/") for n in names)
     runtime = {_requirement_name(r) for r in requires if "extra ==" not in r}

@@ -84,6 +84,8 @@ class Workspace(TableModel, table=True):
     name: str = Field(unique=True, max_length=255)
     intern_programme: bool = False
     vault_writes_disabled: bool = False
+    # The operator's switch (migration 0015): while on, every key of the workspace is refused.
+    disabled: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
     default_callback_url: str | None = Field(default=None, max_length=2048)
     # Standard Webhooks signing secret ("whsec_..."), created when first needed and sealed
     # (server/vault/webhook_secrets.py): AES-256-GCM ciphertext and nonce.

@@ -37,7 +37,7 @@ from server.services.rpc import (
 )
 from server.videos import jobs
 from server.videos.cancel import cancel_job
-from server.videos.content import ContentStore
+from server.videos.content import ContentStore, byte_range
 from server.videos.request import parse_video_request
 
 
@@ -251,8 +251,25 @@ class VideosService(videos_pb2_grpc.VideosServicer):
             job = await jobs.find_job(session, principal, request.job_id)
         index = request.index if request.HasField("index") else 0
         await jobs.check_content(job, index, self._store)
+        # One byte range when asked (a <video> seeks and starts playing before the whole file
+        # came); else the whole file, saying ranges may be asked.
+        size = await self._store.size(job.id, index)
+        wanted = byte_range(header_value(context, "range") or "", size)
+        if wanted is None:
+            start, end = 0, None
+            await context.send_initial_metadata((("accept-ranges", "bytes"),))
+        else:
+            start, end = wanted[0], wanted[1] + 1
+            await answer_with_status(
+                context,
+                206,
+                (
+                    ("accept-ranges", "bytes"),
+                    ("content-range", f"bytes {wanted[0]}-{wanted[1]}/{size}"),
+                ),
+            )
         first = True
-        async for chunk in self._store.read(job.id, index):
+        async for chunk in self._store.read(job.id, index, start, end):
             # The first message's content type becomes the response's Content-Type.
             yield httpbody_pb2.HttpBody(content_type="video/mp4" if first else "", data=chunk)
             first = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterable, AsyncIterator
@@ -19,6 +20,28 @@ CHUNK = 256 * 1024  # read back in pieces of this size
 # Received chunks are gathered up to this much before one write (one thread hand-off per
 # write, not per network chunk).
 _WRITE_BATCH = 1024 * 1024
+# One byte range, ASCII digits only (bounded: no number longer than a file size could be).
+_ONE_RANGE = re.compile(r"(?i:bytes)=(?P<first>[0-9]{0,19})-(?P<last>[0-9]{0,19})")
+
+
+def byte_range(header: str, size: int) -> tuple[int, int] | None:
+    """The one range of a `Range: bytes=…` header (RFC 9110) within a file of `size` bytes,
+    as (first, last) inclusive; None when the whole file is to be sent: no header, another
+    unit, several ranges or one that cannot be satisfied (a server may ignore Range, and a
+    200 with the whole file is what every player handles)."""
+    match = _ONE_RANGE.fullmatch(header)
+    if match is None or size <= 0:
+        return None
+    first_text, last_text = match["first"], match["last"]
+    if not first_text:  # the last N bytes
+        if not last_text or int(last_text) == 0:
+            return None
+        return max(0, size - int(last_text)), size - 1
+    first = int(first_text)
+    last = min(int(last_text), size - 1) if last_text else size - 1
+    if first >= size or last < first:
+        return None
+    return first, last
 
 
 class ContentRefused(Exception):
@@ -69,7 +92,13 @@ class ContentStore(Protocol):
         seconds: float,
     ) -> int: ...
 
-    def read(self, job_id: str, index: int) -> AsyncIterator[bytes]: ...
+    def read(
+        self, job_id: str, index: int, start: int = 0, end: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """The object's bytes from `start` up to `end` (exclusive; None: its end)."""
+        ...
+
+    async def size(self, job_id: str, index: int) -> int: ...
 
     async def exists(self, job_id: str, index: int) -> bool: ...
 
@@ -162,13 +191,27 @@ class LocalContentStore:
     async def exists(self, job_id: str, index: int) -> bool:
         return await asyncio.to_thread(self.path(job_id, index).is_file)
 
-    async def read(self, job_id: str, index: int) -> AsyncIterator[bytes]:
+    async def read(
+        self, job_id: str, index: int, start: int = 0, end: int | None = None
+    ) -> AsyncIterator[bytes]:
         handle = await asyncio.to_thread(open, self.path(job_id, index), "rb")
         try:
-            while chunk := await asyncio.to_thread(handle.read, CHUNK):
+            await asyncio.to_thread(handle.seek, start)
+            left = None if end is None else end - start
+            while left is None or left > 0:
+                want = CHUNK if left is None else min(CHUNK, left)
+                chunk = await asyncio.to_thread(handle.read, want)
+                if not chunk:
+                    return
+                if left is not None:
+                    left -= len(chunk)
                 yield chunk
         finally:
             handle.close()
+
+    async def size(self, job_id: str, index: int) -> int:
+        stat = await asyncio.to_thread(self.path(job_id, index).stat)
+        return stat.st_size
 
     async def delete(self, job_id: str) -> None:
         content_key(job_id, 0)  # a job id, never a path

@@ -8,7 +8,7 @@ under a key derived from it, never the key; server/vault/keycheck.py). No row is
 here: a migration has no master key (it lives in the environment or the data dir).
 
 Revision ID: 0016_agreements
-Revises: 0014_sealed_webhook_secrets
+Revises: 0015_workspace_disabled
 Create Date: 2026-11-27
 """
 
@@ -18,8 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0016_agreements"
-# 0015 is another branch's: at the merge, this one follows it (down_revision = its id).
-down_revision = "0014_sealed_webhook_secrets"
+down_revision = "0015_workspace_disabled"
 branch_labels = None
 depends_on = None
 
