@@ -94,7 +94,7 @@ from server.services.videos import VideosService
 from server.transcription.transcriber import Transcriber
 from server.vault.crypto import MasterKey, load_master_key
 from server.vault.webhook_secrets import seal_legacy_secrets
-from server.videos.content import ContentStore, LocalContentStore
+from server.videos.content import ContentStore, content_store
 from server.workers.video_worker import VideoWorker
 from server.workers.webhook_dispatcher import WebhookDispatcher
 
@@ -138,6 +138,7 @@ class Core:
         for pool in self.pools:
             await pool.close()
         await self.http.aclose()
+        await self.content.close()
         if self.leases is not None:
             await self.leases.close()  # the rows go back before the writer's last commit
         await self.writer.close()
@@ -203,7 +204,9 @@ def build_core(
     }
     # Every catalog endpoint must name a registered adapter (startup error otherwise).
     catalog = served_by(catalog, stt_adapters.keys(), video_adapters.keys())
-    content = LocalContentStore(settings.content_dir)
+    content = content_store(
+        settings.content_url, settings.content_dir, check_seconds=settings.content_check_seconds
+    )
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
     byok = ByokRouting(
         vault_master,
@@ -443,6 +446,9 @@ async def serve(
     ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
+    # The content store is usable (an object store's bucket exists and answers) or the
+    # process stops here, before serving, with one line naming GATEWAY_CONTENT_URL.
+    await core.content.start()
     # Before serving: what an older gateway stored in clear is sealed (once).
     await seal_legacy_secrets(core.sessions, core.vault_master, core.clock.now())
     # The pools of worker processes start when first used: a WAV (the common upload) is
