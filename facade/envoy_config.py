@@ -44,6 +44,7 @@ FORWARDED_HEADERS = (
     "transfer-encoding",
     "x-session-id",
     "x-request-id",
+    "range",  # GET /videos/{id}/content by byte range
     "traceparent",
     "tracestate",
     "origin",
@@ -61,6 +62,7 @@ RESPONSE_INTERNALS = (
     "grpc-accept-encoding",
     "x-http-status",
     "x-error-body",
+    "x-content-length",
     "x-envoy-upstream-service-time",
     "x-gateway-transcoder-failure",
     HEADERS_FROM_TRAILERS_MARK,

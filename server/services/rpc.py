@@ -393,12 +393,17 @@ class _ObservedGenericHandler(grpc.GenericRpcHandler):
         return self._server.observed(handler_call_details.method, handler)
 
 
-async def answer_with_status(context: grpc.aio.ServicerContext, http_status: int) -> None:
-    """A success status other than 200 (202, 204) for the REST facade to apply."""
+async def answer_with_status(
+    context: grpc.aio.ServicerContext,
+    http_status: int,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> None:
+    """A success status other than 200 (202, 204, 206) for the REST facade to apply, with
+    response headers of its own (initial metadata the facade passes on as headers)."""
     call = _CALL.get()
     if call is not None:
         call.status = http_status
-    await context.send_initial_metadata((("x-http-status", str(http_status)),))
+    await context.send_initial_metadata((("x-http-status", str(http_status)), *headers))
 
 
 def string_or_null(value: struct_pb2.Value, param: str) -> str | None:
