@@ -205,7 +205,10 @@ def build_core(
     # Every catalog endpoint must name a registered adapter (startup error otherwise).
     catalog = served_by(catalog, stt_adapters.keys(), video_adapters.keys())
     content = content_store(
-        settings.content_url, settings.content_dir, check_seconds=settings.content_check_seconds
+        settings.content_url,
+        settings.content_dir,
+        check_seconds=settings.content_check_seconds,
+        part_bytes=settings.content_part_bytes,
     )
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
     byok = ByokRouting(

@@ -196,6 +196,9 @@ class Settings(BaseSettings):
     content_url: Annotated[str, AfterValidator(_content_url)] = ""
     # The store is checked before serving (the bucket exists and answers) within this.
     content_check_seconds: float = Field(10.0, gt=0, le=300, allow_inf_nan=False)
+    # An upload to object storage holds one part of this many bytes in memory per video
+    # being stored (S3's parts: 5 MiB at least, 5 GiB at most).
+    content_part_bytes: int = Field(8 * 1024**2, ge=5 * 1024**2, le=5 * 1024**3)
     # how often housekeeping runs (server/maintenance/)
     maintenance_interval_seconds: float = Field(5.0, gt=0, allow_inf_nan=False)
     webhook_ca_bundle: str | None = None  # an extra CA file trusted for webhook TLS

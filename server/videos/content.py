@@ -217,7 +217,9 @@ class LocalContentStore:
         await asyncio.to_thread(shutil.rmtree, self.root / job_id, True)
 
 
-def content_store(url: str, root: Path, *, check_seconds: float) -> ContentStore:
+def content_store(
+    url: str, root: Path, *, check_seconds: float, part_bytes: int = 8 * 1024 * 1024
+) -> ContentStore:
     """The store GATEWAY_CONTENT_URL names (already checked by the settings): `s3://bucket
     /prefix`: object storage (its credentials, region and endpoint from the standard AWS_*
     variables); empty or `file:///path`: the local folder (`root` when empty)."""
@@ -225,7 +227,7 @@ def content_store(url: str, root: Path, *, check_seconds: float) -> ContentStore
         # Imported only when used: the embedded default never loads the S3 client.
         from server.videos.s3_content import S3ContentStore
 
-        return S3ContentStore.from_url(url, check_seconds=check_seconds)
+        return S3ContentStore.from_url(url, check_seconds=check_seconds, part_bytes=part_bytes)
     if url.startswith("file://"):
         return LocalContentStore(Path(url.removeprefix("file://")))
     return LocalContentStore(root)

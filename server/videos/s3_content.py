@@ -8,8 +8,9 @@ it is cancelled (a drain, a cancelled job) or its writer is dropped (it has no a
 the parts of an open upload stay stored and billed. Here a write's multipart upload is
 completed or aborted, whatever stops it.
 
-A write streams: one part in memory at a time (at least S3's minimum part, larger for a
-large bound so that the bound fits in S3's 10,000 parts), a small video in one PUT. A read
+A write streams: one part in memory at a time (GATEWAY_CONTENT_PART_BYTES, at least S3's
+minimum, larger for a large bound so that the bound fits in S3's 10,000 parts), a small
+video in one PUT. A read
 is one ranged GET, streamed in pieces."""
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path.strip("/")
 
 
-def part_size(max_bytes: int) -> int:
-    """The part size an upload bounded by `max_bytes` uses: S3's minimum, or larger when
-    the bound would need more than S3's 10,000 parts."""
-    return max(MIN_PART, -(-max_bytes // MAX_PARTS))
+def part_size(max_bytes: int, part_bytes: int = MIN_PART) -> int:
+    """The part size an upload bounded by `max_bytes` uses: `part_bytes` (at least S3's
+    minimum), or larger when the bound would need more than S3's 10,000 parts."""
+    return max(MIN_PART, part_bytes, -(-max_bytes // MAX_PARTS))
 
 
 class S3ContentStore:
@@ -67,8 +68,10 @@ class S3ContentStore:
         *,
         env: Mapping[str, str],
         check_seconds: float,
+        part_bytes: int = MIN_PART,
     ) -> None:
         self.bucket = bucket
+        self.part_bytes = part_bytes
         self.prefix = prefix
         self._env = env
         self._check_seconds = check_seconds
@@ -77,7 +80,12 @@ class S3ContentStore:
 
     @classmethod
     def from_url(
-        cls, url: str, *, check_seconds: float, env: Mapping[str, str] | None = None
+        cls,
+        url: str,
+        *,
+        check_seconds: float,
+        part_bytes: int = MIN_PART,
+        env: Mapping[str, str] | None = None,
     ) -> S3ContentStore:
         bucket, prefix = parse_s3_url(url)
         return cls(
@@ -85,6 +93,7 @@ class S3ContentStore:
             prefix,
             env=os.environ if env is None else env,
             check_seconds=check_seconds,
+            part_bytes=part_bytes,
         )
 
     @property
@@ -200,7 +209,7 @@ class S3ContentStore:
         max_bytes: int,
         upload: dict[str, Any],
     ) -> int:
-        part_bytes = part_size(max_bytes)
+        part_bytes = part_size(max_bytes, self.part_bytes)
         parts: list[dict[str, Any]] = []
         buffer = bytearray()
         size = 0
@@ -246,7 +255,7 @@ class S3ContentStore:
             Key=key,
             UploadId=upload["UploadId"],
             PartNumber=number,
-            Body=bytes(buffer),
+            Body=buffer,  # type: ignore[arg-type]  # botocore sends any bytes-like body; no copy
         )
         parts.append({"ETag": sent["ETag"], "PartNumber": number})
         buffer.clear()
