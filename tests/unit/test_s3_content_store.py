@@ -219,3 +219,27 @@ async def test_the_local_folder_reads_ranges_too(tmp_path: Path) -> None:
     assert await _read(store, 10, 300 * 1024) == body[10 : 300 * 1024]
     assert await _read(store, len(body) - 1) == body[-1:]
     assert await _read(store) == body
+
+
+def test_the_deployments_object_storage_settings_are_the_ones_the_store_reads(
+    tmp_path: Path,
+) -> None:
+    """The Kubernetes example's object-storage secret names GATEWAY_CONTENT_URL and the AWS_*
+    variables the store reads (and nothing else); its URL is one the settings accept."""
+    root = Path(__file__).resolve().parents[2]
+    env_file = root / "deploy/kubernetes/overlays/example/secrets/object-storage.env"
+    pairs = dict(
+        line.split("=", 1)
+        for line in env_file.read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert set(pairs) == {
+        "GATEWAY_CONTENT_URL",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_REGION",
+        "AWS_ENDPOINT_URL",
+    }
+    url = load_settings(tmp_path, content_url=pairs["GATEWAY_CONTENT_URL"]).content_url
+    store = content_store(url, tmp_path, check_seconds=1)
+    assert isinstance(store, S3ContentStore) and store.bucket == "CHANGE-ME-bucket"
