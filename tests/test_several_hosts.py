@@ -373,3 +373,23 @@ async def test_a_killed_host_leaves_its_job_to_the_other_charged_once(
             assert moto_s3.uploads(hosts.bucket) == []
     finally:
         slow.stop()
+
+
+async def test_a_missing_bucket_stops_startup_with_one_line(
+    moto_s3: MotoS3, databases: Databases, tmp_path: Path
+) -> None:
+    url = await databases.new("sqlite")
+    gateway = GatewayProcess(
+        data_dir=tmp_path / "gw",
+        database_url=url,
+        extra_env={**moto_s3.env, "GATEWAY_CONTENT_URL": "s3://no-such-bucket-anywhere/videos"},
+    )
+    with pytest.raises(RuntimeError):
+        await asyncio.to_thread(gateway.start, 30.0)
+    assert gateway.process is not None and gateway.process.returncode not in (None, 0)
+    lines = [line for line in gateway.output if "GATEWAY_CONTENT_URL" in line]
+    assert [line.strip() for line in lines] == [
+        "gateway: error: GATEWAY_CONTENT_URL s3://no-such-bucket-anywhere/videos: "
+        "the bucket does not exist"
+    ], gateway.log()
+    assert moto_s3.env["AWS_SECRET_ACCESS_KEY"] not in gateway.log()
