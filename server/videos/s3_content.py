@@ -297,6 +297,8 @@ class S3ContentStore:
                 yield chunk
 
     async def delete(self, job_id: str) -> None:
+        """The job's objects, and any upload of them still open (a host killed mid-write
+        leaves its multipart upload open, its parts stored and billed)."""
         folder = self._under(content_key(job_id, 0).rsplit("/", 1)[0] + "/")
         listed = await self.client.list_objects_v2(Bucket=self.bucket, Prefix=folder)
         keys = [{"Key": item["Key"]} for item in listed.get("Contents", [])]
@@ -305,3 +307,6 @@ class S3ContentStore:
                 Bucket=self.bucket,
                 Delete={"Objects": keys, "Quiet": True},  # type: ignore[typeddict-item]
             )
+        uploads = await self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=folder)
+        for upload in uploads.get("Uploads", []):
+            await self._abort(upload["Key"], upload["UploadId"])

@@ -243,3 +243,25 @@ def test_the_deployments_object_storage_settings_are_the_ones_the_store_reads(
     url = load_settings(tmp_path, content_url=pairs["GATEWAY_CONTENT_URL"]).content_url
     store = content_store(url, tmp_path, check_seconds=1)
     assert isinstance(store, S3ContentStore) and store.bucket == "CHANGE-ME-bucket"
+
+
+async def test_delete_aborts_an_upload_a_dead_host_left_open(
+    store: S3ContentStore, moto_s3: MotoS3
+) -> None:
+    """A host killed mid-upload leaves its multipart upload open (its parts stored and
+    billed): deleting the job's content (expiry, a failed job) aborts it."""
+    client = moto_s3.client()
+    begun = client.create_multipart_upload(Bucket=store.bucket, Key=store.key(JOB, 0))
+    client.upload_part(
+        Bucket=store.bucket,
+        Key=store.key(JOB, 0),
+        UploadId=begun["UploadId"],
+        PartNumber=1,
+        Body=b"x" * MIN_PART,
+    )
+    other = client.create_multipart_upload(Bucket=store.bucket, Key=store.key("vid_other", 0))
+    await store.delete(JOB)
+    assert moto_s3.uploads(store.bucket) == [store.key("vid_other", 0)]
+    client.abort_multipart_upload(
+        Bucket=store.bucket, Key=store.key("vid_other", 0), UploadId=other["UploadId"]
+    )
