@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import boto3
 import httpx
 import pytest
 
@@ -44,6 +43,8 @@ class MotoS3:
         }
 
     def client(self) -> Any:
+        import boto3  # only where an S3 endpoint is used (the fixture is in every session)
+
         return boto3.client(
             "s3",
             endpoint_url=self.endpoint,
