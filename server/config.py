@@ -109,6 +109,14 @@ class EdgePolicy(BaseModel):
     max_request_headers_kb: int = Field(60, gt=0, alias="GATEWAY_EDGE_MAX_HEADERS_KB")
     # open client connections per Envoy; more are refused
     max_connections: int = Field(10000, gt=0, alias="GATEWAY_EDGE_MAX_CONNECTIONS")
+    # the body of a request to a route that carries no media (keys, vault, guardrails,
+    # workspaces, BYOK: JSON of a few KiB); 413 past it. Media routes (transcriptions, video
+    # submissions) take up to GATEWAY_MAX_REQUEST_BYTES
+    max_control_body_bytes: int = Field(
+        1024 * 1024, gt=0, alias="GATEWAY_EDGE_MAX_CONTROL_BODY_BYTES"
+    )
+    # Envoy's heap: past 95% of it new requests get 503 + Retry-After until it falls
+    max_heap_bytes: int = Field(1024**3, ge=64 * 1024**2, alias="GATEWAY_EDGE_MAX_HEAP_BYTES")
 
     @property
     def any_origin(self) -> bool:
@@ -173,7 +181,13 @@ class Settings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(8080, ge=0, le=65535)
     envoy_admin_port: int = Field(0, ge=0, le=65535)  # 0: Envoy picks a free port
+    # A request body's bytes, per request (Envoy's 413 and the server's, streamed or not).
     max_request_bytes: int = Field(50 * 1024 * 1024, gt=0)
+    # Request bodies one server process holds at once, counted as 4x their bytes (what
+    # parsing holds at the peak): a body that finds it spent waits body_budget_wait_seconds,
+    # then is refused with 503 and Retry-After (server/transcription/body.py).
+    body_budget_bytes: int = Field(512 * 1024 * 1024, gt=0)
+    body_budget_wait_seconds: float = Field(2.0, ge=0, allow_inf_nan=False)
     # the operator's catalog, added to the built-in one
     catalog_file: str | None = Field(None, validation_alias=_variable("GATEWAY_CATALOG"))
     job_lease_seconds: float = Field(120.0, gt=0, allow_inf_nan=False)  # dead worker's job
@@ -231,6 +245,9 @@ class Settings(BaseSettings):
     restart_backoff_seconds: float = Field(0.5, ge=0, allow_inf_nan=False)
     restart_backoff_max_seconds: float = Field(10.0, ge=0, allow_inf_nan=False)
     health_interval_seconds: float = Field(2.0, gt=0, allow_inf_nan=False)
+    # How far this host's clock may be from the database server's (PostgreSQL) at start:
+    # processes on one database compare times each of them wrote (server/db/clockcheck.py).
+    max_clock_skew_seconds: float = Field(2.0, gt=0, le=3600, allow_inf_nan=False)
     # Worker processes for CPU-bound work (server.compute), per server process: audio
     # decoding before admission, and the local speech model with its queue (a request
     # finding both full is answered 429 with Retry-After, never left to stall others).

@@ -63,6 +63,19 @@ class PrincipalStamp(TableModel, table=True):
     version: int = Field(default=0, sa_type=sa.BigInteger)
 
 
+class Agreement(TableModel, table=True):
+    """What every process on one database must agree on, by name (migration 0016): the
+    first process to start writes its value, every later one compares its own with it
+    before serving. "vault-master-key": the vault master key's check value
+    (server/vault/keycheck.py), never the key."""
+
+    __tablename__ = "agreements"
+
+    name: str = Field(primary_key=True, max_length=64)
+    value: str = Field(max_length=128)
+    updated_at: datetime = Field(sa_type=UtcDateTime)
+
+
 class Workspace(TableModel, table=True):
     __tablename__ = "workspaces"
 

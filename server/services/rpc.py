@@ -11,6 +11,7 @@ import logging
 import math
 import re
 import time
+import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextvars import ContextVar, Token
@@ -142,6 +143,10 @@ async def _answer_failure(
         raise exc
     error = failure_error(exc, database_retry_seconds)
     call.status = error.status
+    # gRPC keeps the abort's exception, and with it (as its context) this one, past the
+    # call: its traceback's frames would keep the handler's locals — a request body of
+    # megabytes — alive until a full garbage collection. Logged above; cleared here.
+    traceback.clear_frames(exc.__traceback__)
     await abort_with(context, error)
 
 
@@ -265,6 +270,12 @@ class RequestObserver:
                 request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._client_stream(handler.stream_unary, route),
+                request_deserializer=deserializer,
+                response_serializer=handler.response_serializer,
+            )
         return handler
 
     @staticmethod
@@ -338,6 +349,27 @@ class RequestObserver:
                     self._end(route, call)
 
         return observed
+
+    def _client_stream(self, inner: Any, route: str) -> Any:
+        async def observed(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            call = self._begin(context)
+            with self._span(route, call):
+                try:
+                    return await inner(_checked(requests), context)
+                except BaseException as exc:
+                    await _answer_failure(context, call, exc, self._database_retry_seconds)
+                finally:
+                    self._end(route, call)
+
+        return observed
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A client stream's messages, each checked as a unary request is (check_request); the
+    handler pulls them, so it decides when (and whether) the body is read."""
+    async for request in requests:
+        check_request(request)
+        yield request
 
 
 _NO_SPAN = contextlib.nullcontext()

@@ -25,10 +25,9 @@ from server.providers.failures import (
     UNREACHABLE,
     ProviderFailure,
 )
-from server.providers.fal_video import FalVideoAdapter
+from server.providers.fal_video import QUEUE_SPEC, FalVideoAdapter
 from server.providers.http import Downloads
 from server.providers.openai_video import OpenAIVideoAdapter
-from server.providers.queue_video import QueueVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
@@ -780,6 +779,6 @@ async def test_queue_provider_options_cannot_override_what_the_gateway_charges_f
     async with httpx.AsyncClient(transport=httpx.MockTransport(queue_api)) as http:
         with pytest.MonkeyPatch.context() as env:
             env.setenv("TEST_QUEUE_KEY", "queue-key")
-            await QueueVideoAdapter(http).submit(endpoint, call)
+            await FalVideoAdapter(http, spec=QUEUE_SPEC).submit(endpoint, call)
     assert (sent[0]["duration"], sent[0]["style"]) == (5, "x")
     assert "callback_url" not in sent[0]
