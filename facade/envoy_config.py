@@ -45,6 +45,7 @@ FORWARDED_HEADERS = (
     "transfer-encoding",
     "x-session-id",
     "x-request-id",
+    "range",  # GET /videos/{id}/content by byte range
     "traceparent",
     "tracestate",
     "origin",
@@ -52,7 +53,6 @@ FORWARDED_HEADERS = (
     "access-control-request-headers",
     "x-forwarded-for",
     "x-forwarded-proto",
-    "range",  # GET /videos/{id}/content: a player's byte ranges
 )
 # What the server (and the transcoder) put in a response for the facade alone: stripped from
 # every response, headers and trailers, by a native filter after the Lua one.
@@ -63,6 +63,7 @@ RESPONSE_INTERNALS = (
     "grpc-accept-encoding",
     "x-http-status",
     "x-error-body",
+    "x-content-length",
     "x-envoy-upstream-service-time",
     "x-gateway-transcoder-failure",
     HEADERS_FROM_TRAILERS_MARK,

@@ -96,7 +96,7 @@ from server.transcription.transcriber import Transcriber
 from server.vault import keycheck
 from server.vault.crypto import MasterKey, load_master_key
 from server.vault.webhook_secrets import seal_legacy_secrets
-from server.videos.content import ContentStore, LocalContentStore
+from server.videos.content import ContentStore, content_store
 from server.workers.video_worker import VideoWorker
 from server.workers.webhook_dispatcher import WebhookDispatcher
 
@@ -140,6 +140,7 @@ class Core:
         for pool in self.pools:
             await pool.close()
         await self.http.aclose()
+        await self.content.close()
         if self.leases is not None:
             await self.leases.close()  # the rows go back before the writer's last commit
         await self.writer.close()
@@ -205,7 +206,12 @@ def build_core(
     }
     # Every catalog endpoint must name a registered adapter (startup error otherwise).
     catalog = served_by(catalog, stt_adapters.keys(), video_adapters.keys())
-    content = LocalContentStore(settings.content_dir)
+    content = content_store(
+        settings.content_url,
+        settings.content_dir,
+        check_seconds=settings.content_check_seconds,
+        part_bytes=settings.content_part_bytes,
+    )
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
     byok = ByokRouting(
         vault_master,
@@ -480,10 +486,12 @@ async def serve(
     core = build_core(settings, limits=limits)
     try:
         # Before serving: the master key is the database's and the clock agrees with the
-        # database server's (else refuse to start), and what an older gateway stored in
-        # clear is sealed (once).
+        # database server's (else refuse to start), the content store is usable (an object
+        # store's bucket exists and answers; else one line naming GATEWAY_CONTENT_URL), and
+        # what an older gateway stored in clear is sealed (once).
         await keycheck.verify(core.sessions, core.vault_master, core.clock.now())
         await check_clock(core.sessions, core.clock, settings.max_clock_skew_seconds)
+        await core.content.start()
         await seal_legacy_secrets(core.sessions, core.vault_master, core.clock.now())
     except BaseException:
         await core.close()

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -59,6 +60,23 @@ Origins = Annotated[tuple[Annotated[str, AfterValidator(_origin)], ...], BeforeV
 Hosts = Annotated[
     frozenset[Annotated[str, AfterValidator(dns_name)]], NoDecode, BeforeValidator(_listed)
 ]
+
+
+def _content_url(url: str) -> str:
+    """GATEWAY_CONTENT_URL: empty, file:///absolute/path or s3://bucket/prefix. The value is
+    never echoed: a mistyped one may carry a secret."""
+    if not url or (url.startswith("file:///") and len(url) > len("file:///")):
+        return url
+    if url.startswith("s3://"):
+        parts = urlsplit(url)
+        if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+            raise ValueError(
+                "must not carry credentials: they come from AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY"
+            )
+        if parts.netloc and not parts.query and not parts.fragment and ":" not in parts.netloc:
+            return url
+    raise ValueError("must be s3://bucket/prefix or file:///absolute/path (or empty)")
 
 
 def _seconds(default: float, variable: str) -> Any:
@@ -185,6 +203,16 @@ class Settings(BaseSettings):
     # Video jobs one server process works on at once (a slow fetch holds only its own job).
     video_jobs_at_once: int = Field(VIDEO_JOBS_AT_ONCE, ge=1)
     video_retention_seconds: float = Field(86400.0, gt=0, allow_inf_nan=False)
+    # Where finished videos are kept: empty (the default: DATA_DIR/content, or
+    # GATEWAY_CONTENT_DIR), file:///path (a local folder), or s3://bucket/prefix
+    # (S3-compatible object storage shared by several hosts; credentials, region and
+    # endpoint from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL).
+    content_url: Annotated[str, AfterValidator(_content_url)] = ""
+    # The store is checked before serving (the bucket exists and answers) within this.
+    content_check_seconds: float = Field(10.0, gt=0, le=300, allow_inf_nan=False)
+    # An upload to object storage holds one part of this many bytes in memory per video
+    # being stored (S3's parts: 5 MiB at least, 5 GiB at most).
+    content_part_bytes: int = Field(8 * 1024**2, ge=5 * 1024**2, le=5 * 1024**3)
     # how often housekeeping runs (server/maintenance/)
     maintenance_interval_seconds: float = Field(5.0, gt=0, allow_inf_nan=False)
     webhook_ca_bundle: str | None = None  # an extra CA file trusted for webhook TLS

@@ -31,6 +31,7 @@ from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support import processes
 from tests.support.admin import Admin, IssuedKey
 from tests.support.catalog import FAKE_KEY_ENV, write_test_catalog
+from tests.support.moto import moto_s3  # noqa: F401  # the S3 endpoint fixture, for every module
 from tests.support.processes import GatewayProcess
 
 PG_HOST = os.environ.get("GATEWAY_TEST_PG_HOST", "127.0.0.1")

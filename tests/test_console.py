@@ -979,8 +979,8 @@ async def test_a_key_is_rotated_with_a_grace_period(console: Console, browser: B
 
 async def test_video_content_answers_byte_ranges(console: Console) -> None:
     """Defect 4: the player asks byte ranges (Range), so it plays before the whole file came:
-    206 with Content-Range for one range; the whole file (200) for none or one it cannot
-    serve."""
+    206 with Content-Range for one range; the whole file (200) for none; 416 for one no byte
+    of the video satisfies."""
     async with httpx.AsyncClient(base_url=console.api, timeout=60) as client:
         submitted = await client.post(
             "/videos",
@@ -1007,5 +1007,5 @@ async def test_video_content_answers_byte_ranges(console: Console) -> None:
     assert first.status_code == 206 and first.content == whole.content[:100]
     assert first.headers["content-range"] == f"bytes 0-99/{size}"
     assert tail.status_code == 206 and tail.content == whole.content[-10:]
-    assert beyond.status_code == 200 and beyond.content == whole.content
+    assert beyond.status_code == 416 and beyond.headers["content-range"] == f"bytes */{size}"
     assert no_key.status_code == 401

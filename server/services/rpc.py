@@ -431,7 +431,7 @@ async def answer_with_status(
     headers: tuple[tuple[str, str], ...] = (),
 ) -> None:
     """A success status other than 200 (202, 204, 206) for the REST facade to apply, with
-    any response headers that go with it (Envoy passes initial metadata on as headers)."""
+    response headers of its own (initial metadata the facade passes on as headers)."""
     call = _CALL.get()
     if call is not None:
         call.status = http_status

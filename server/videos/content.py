@@ -1,15 +1,15 @@
 """Where finished videos are kept: the content store, one object per job and index, written
-from a stream of chunks under a size and a time bound and read back as a stream. One
-interface (`ContentStore`) for its backends; the local folder (`LocalContentStore`, the
-embedded default) is the one there is. Several server processes on one host share the
-folder (compose: a shared volume)."""
+from a stream of chunks under a size and a time bound and read back as a stream (whole or
+one byte range). One interface (`ContentStore`) for its backends, chosen by
+GATEWAY_CONTENT_URL (`content_store`): the local folder (`LocalContentStore`, the embedded
+default; several server processes on one host share it, compose: a shared volume) and
+S3-compatible object storage (server/videos/s3_content.py), which hosts share."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import AsyncIterable, AsyncIterator
@@ -20,33 +20,16 @@ CHUNK = 256 * 1024  # read back in pieces of this size
 # Received chunks are gathered up to this much before one write (one thread hand-off per
 # write, not per network chunk).
 _WRITE_BATCH = 1024 * 1024
-# One byte range, ASCII digits only (bounded: no number longer than a file size could be).
-_ONE_RANGE = re.compile(r"(?i:bytes)=(?P<first>[0-9]{0,19})-(?P<last>[0-9]{0,19})")
-
-
-def byte_range(header: str, size: int) -> tuple[int, int] | None:
-    """The one range of a `Range: bytes=…` header (RFC 9110) within a file of `size` bytes,
-    as (first, last) inclusive; None when the whole file is to be sent: no header, another
-    unit, several ranges or one that cannot be satisfied (a server may ignore Range, and a
-    200 with the whole file is what every player handles)."""
-    match = _ONE_RANGE.fullmatch(header)
-    if match is None or size <= 0:
-        return None
-    first_text, last_text = match["first"], match["last"]
-    if not first_text:  # the last N bytes
-        if not last_text or int(last_text) == 0:
-            return None
-        return max(0, size - int(last_text)), size - 1
-    first = int(first_text)
-    last = min(int(last_text), size - 1) if last_text else size - 1
-    if first >= size or last < first:
-        return None
-    return first, last
 
 
 class ContentRefused(Exception):
     """A write past one of its bounds: nothing was stored, nothing partial is left. The
     message says which bound, in words a job's `error` can carry."""
+
+
+class ContentStoreUnavailable(RuntimeError):
+    """The configured store cannot be used (checked before serving): the message names
+    GATEWAY_CONTENT_URL and what is wrong, never a credential."""
 
 
 class ContentTooLarge(ContentRefused):
@@ -80,7 +63,14 @@ class ContentStore(Protocol):
     nothing: past `max_bytes` it raises ContentTooLarge, past `seconds` (the whole write,
     the producer's waits included) ContentTooSlow, and on any failure no object and nothing
     partial is left; an earlier object of that name is replaced only by a complete one.
-    `read` streams an object back; `delete` removes a job's objects."""
+    `read` streams an object back, from byte `start` up to `end` (exclusive; None: its
+    end); `size` is an object's size (None: there is none); `delete` removes a job's
+    objects (again: nothing happens). `start` checks the store is usable before serving
+    (ContentStoreUnavailable otherwise); `close` lets its connections go."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
 
     async def write(
         self,
@@ -94,13 +84,11 @@ class ContentStore(Protocol):
 
     def read(
         self, job_id: str, index: int, start: int = 0, end: int | None = None
-    ) -> AsyncIterator[bytes]:
-        """The object's bytes from `start` up to `end` (exclusive; None: its end)."""
-        ...
-
-    async def size(self, job_id: str, index: int) -> int: ...
+    ) -> AsyncIterator[bytes]: ...
 
     async def exists(self, job_id: str, index: int) -> bool: ...
+
+    async def size(self, job_id: str, index: int) -> int | None: ...
 
     async def delete(self, job_id: str) -> None: ...
 
@@ -113,6 +101,12 @@ class LocalContentStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+
+    async def start(self) -> None:
+        pass  # the folder is made by the first write
+
+    async def close(self) -> None:
+        pass
 
     def path(self, job_id: str, index: int) -> Path:
         return self.root / content_key(job_id, index)
@@ -191,28 +185,49 @@ class LocalContentStore:
     async def exists(self, job_id: str, index: int) -> bool:
         return await asyncio.to_thread(self.path(job_id, index).is_file)
 
+    async def size(self, job_id: str, index: int) -> int | None:
+        try:
+            stat = await asyncio.to_thread(self.path(job_id, index).stat)
+        except FileNotFoundError:
+            return None
+        return stat.st_size
+
     async def read(
         self, job_id: str, index: int, start: int = 0, end: int | None = None
     ) -> AsyncIterator[bytes]:
         handle = await asyncio.to_thread(open, self.path(job_id, index), "rb")
         try:
-            await asyncio.to_thread(handle.seek, start)
+            if start:
+                await asyncio.to_thread(handle.seek, start)
             left = None if end is None else end - start
             while left is None or left > 0:
-                want = CHUNK if left is None else min(CHUNK, left)
-                chunk = await asyncio.to_thread(handle.read, want)
+                chunk = await asyncio.to_thread(
+                    handle.read, CHUNK if left is None else min(CHUNK, left)
+                )
                 if not chunk:
-                    return
+                    break
                 if left is not None:
                     left -= len(chunk)
                 yield chunk
         finally:
             handle.close()
 
-    async def size(self, job_id: str, index: int) -> int:
-        stat = await asyncio.to_thread(self.path(job_id, index).stat)
-        return stat.st_size
-
     async def delete(self, job_id: str) -> None:
         content_key(job_id, 0)  # a job id, never a path
         await asyncio.to_thread(shutil.rmtree, self.root / job_id, True)
+
+
+def content_store(
+    url: str, root: Path, *, check_seconds: float, part_bytes: int = 8 * 1024 * 1024
+) -> ContentStore:
+    """The store GATEWAY_CONTENT_URL names (already checked by the settings): `s3://bucket
+    /prefix`: object storage (its credentials, region and endpoint from the standard AWS_*
+    variables); empty or `file:///path`: the local folder (`root` when empty)."""
+    if url.startswith("s3://"):
+        # Imported only when used: the embedded default never loads the S3 client.
+        from server.videos.s3_content import S3ContentStore
+
+        return S3ContentStore.from_url(url, check_seconds=check_seconds, part_bytes=part_bytes)
+    if url.startswith("file://"):
+        return LocalContentStore(Path(url.removeprefix("file://")))
+    return LocalContentStore(root)

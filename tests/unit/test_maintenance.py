@@ -425,3 +425,31 @@ async def test_the_loop_runs_at_its_interval_and_stops_on_drain(
     finally:
         stop.set()
         await asyncio.wait_for(task, 5)  # drained: the loop returns
+
+
+async def test_a_content_delete_that_fails_leaves_the_other_expired_videos_deleted(
+    admin: Admin, clock: ManualClock, metrics: Metrics, content: LocalContentStore
+) -> None:
+    """Object storage unreachable for one delete: that failure is logged and counted, the
+    other expired jobs' content is still deleted (not left behind for good)."""
+    calls: list[str] = []
+
+    class FlakyStore(LocalContentStore):
+        async def delete(self, job_id: str) -> None:
+            calls.append(job_id)
+            if len(calls) == 1:
+                raise OSError("storage unreachable")
+            await super().delete(job_id)
+
+    store = FlakyStore(content.root)
+    maintenance = Maintenance(admin.sessions, clock, store, metrics)
+    now = clock.now()
+    expired = [await _job(admin, jobs.COMPLETED, now - timedelta(seconds=1), store) for _ in "ab"]
+    done = await maintenance.run_once(now)
+    assert done["videos"] == 2
+    assert sorted(calls) == sorted(expired)
+    assert [store.path(job, 0).is_file() for job in calls] == [True, False]
+    assert (
+        metrics.registry.get_sample_value("gateway_maintenance_failures_total", {"task": "videos"})
+        == 1
+    )
