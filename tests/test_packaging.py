@@ -42,11 +42,19 @@ def _bound(requirements: list[str], name: str, operator: str) -> tuple[int, ...]
     raise AssertionError(f"{name} is not listed")
 
 
+TYPE_CHECKING_TESTS = ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
 def _imports(path: Path) -> set[str]:
     """Every absolute module imported anywhere in the file (lazy imports included); for
     `from a import b`, `a.b` (b may be a module of a namespace package such as google)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    # Imports under `if TYPE_CHECKING:` are the type checker's, never run.
+    for guarded in ast.walk(tree):
+        if isinstance(guarded, ast.If) and ast.unparse(guarded.test) in TYPE_CHECKING_TESTS:
+            guarded.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
