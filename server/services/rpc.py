@@ -11,7 +11,6 @@ import logging
 import math
 import re
 import time
-import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextvars import ContextVar, Token
@@ -145,9 +144,24 @@ async def _answer_failure(
     call.status = error.status
     # gRPC keeps the abort's exception, and with it (as its context) this one, past the
     # call: its traceback's frames would keep the handler's locals — a request body of
-    # megabytes — alive until a full garbage collection. Logged above; cleared here.
-    traceback.clear_frames(exc.__traceback__)
+    # megabytes — alive until a full garbage collection. Logged above; the tracebacks are
+    # dropped here. Never frame.clear(): a frame in the traceback may belong to a coroutine
+    # still running for others (the writer's group commit), which clearing would finalize.
+    _drop_tracebacks(exc)
     await abort_with(context, error)
+
+
+def _drop_tracebacks(exc: BaseException) -> None:
+    """Let go of the frames `exc` and the exceptions chained to it reference."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.__traceback__ = None
+        pending += [current.__context__, current.__cause__]
 
 
 @dataclass(frozen=True)

@@ -260,3 +260,33 @@ def test_envoy_holds_bounded_bodies_per_connection_per_stream_and_as_a_whole() -
     }
     buffers = [f for f in manager["http_filters"] if f["name"] == "envoy.filters.http.buffer"]
     assert buffers[0]["typed_config"]["max_request_bytes"] == MIB  # the control routes' limit
+
+
+async def test_dropping_a_failed_calls_tracebacks_never_finalizes_a_coroutine_still_running() -> (
+    None
+):
+    """A failure raised inside the writer's group commit carries that shared coroutine's frame
+    in its traceback: letting go of the failure's frames must leave the coroutine running for
+    the others (frame.clear() finalized it: the batch died for every request in it)."""
+    import asyncio
+
+    from server.services.rpc import _drop_tracebacks
+
+    caught: list[BaseException] = []
+    gate = asyncio.Event()
+
+    async def shared() -> str:
+        try:
+            raise ValueError("one unit's failure")
+        except ValueError as exc:
+            caught.append(exc)
+        await gate.wait()
+        return "the batch went on"
+
+    task = asyncio.create_task(shared())
+    await asyncio.sleep(0)
+    assert caught and caught[0].__traceback__ is not None
+    _drop_tracebacks(caught[0])
+    assert caught[0].__traceback__ is None
+    gate.set()
+    assert await task == "the batch went on"
