@@ -173,18 +173,32 @@ def provider_client(
     *,
     limits: httpx.Limits = PROVIDER_LIMITS,
     timeout: httpx.Timeout | float = PROVIDER_TIMEOUT,
+    transport: str = "gateway",
 ) -> httpx.AsyncClient:
     """The one pooled client of provider calls, downloads and webhooks: TLS verified with
     `tls`, no redirects followed, no cookies kept, over the gateway's own HTTP/1.1 transport
     (server/providers/transport.py; the figures beside httpx's and aiohttp's are in the
-    README's design notes, from `python -m bench.provider_call`)."""
+    README's design notes, from `python -m bench.provider_call`). `transport` "httpx" or
+    "aiohttp" puts httpx's default transport or aiohttp's (httpx-aiohttp) under the same
+    client instead, to measure them (Settings.provider_transport)."""
+    chosen: httpx.AsyncBaseTransport | None
+    if transport == "gateway":
+        chosen = Http11Transport(tls, limits)
+    elif transport == "httpx":
+        chosen = None  # httpx's own, made by the client from the same settings
+    elif transport == "aiohttp":
+        from httpx_aiohttp import AiohttpTransport  # optional: the `bench` extra
+
+        chosen = AiohttpTransport(verify=tls, limits=limits, trust_env=False)
+    else:
+        raise ValueError(f"unknown provider transport {transport!r}")
     return _CookielessClient(
         verify=tls,
         timeout=timeout,
         limits=limits,
         follow_redirects=False,
         cookies=no_cookies(),  # one client for every workspace: no cookie carries over
-        transport=Http11Transport(tls, limits),
+        transport=chosen,
     )
 
 

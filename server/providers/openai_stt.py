@@ -140,7 +140,7 @@ async def transcribe_form(
     )
     request = http.build_request(
         "POST",
-        url,  # the client keeps a str URL's parsed form
+        url,
         params=params,
         content=body,
         headers={**headers, "Content-Type": content_type},

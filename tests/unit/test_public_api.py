@@ -138,3 +138,19 @@ def test_no_coroutine_is_stepped_by_hand() -> None:
             if isinstance(node, ast.Attribute) and ast.unparse(node) == "types.coroutine":
                 found.append(f"{_where(path, node)} uses types.coroutine")
     assert not found, found
+
+
+def test_requires_python_names_only_the_python_ci_runs() -> None:
+    """CI (.ci/run) runs the suite on the machine's python3 alone: the project claims that
+    minor release and no later one it never ran on (a later Python changes asyncio's
+    documented behaviour, as 3.12's wait_for did)."""
+    from packaging.specifiers import SpecifierSet
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    supported = SpecifierSet(config["project"]["requires-python"])
+    major, minor = sys.version_info[:2]
+    assert f"{major}.{minor}.{sys.version_info[2]}" in supported
+    assert f"{major}.{minor + 1}.0" not in supported, supported
+    tool = config["tool"]
+    assert tool["ruff"]["target-version"] == f"py{major}{minor}"
+    assert tool["mypy"]["python_version"] == f"{major}.{minor}"
