@@ -20,7 +20,7 @@ import ssl
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit
 
@@ -144,6 +144,17 @@ class _NoCookies(httpx.Cookies):
 
     def extract_cookies(self, response: httpx.Response) -> None:
         return None
+
+
+# Distinct str URLs are few but for download and webhook URLs: their parsed form is kept
+# (httpx parses a str URL on every build_request; an httpx.URL it takes as it is).
+_URLS_KEPT = 512
+
+
+@lru_cache(maxsize=_URLS_KEPT)
+def parsed_url(url: str) -> httpx.URL:
+    """`url` parsed by httpx, once per distinct URL (immutable: one serves every request)."""
+    return httpx.URL(url)
 
 
 class _CookielessClient(httpx.AsyncClient):
@@ -359,7 +370,7 @@ async def call(
     """One request to the endpoint with its credential (`Authorization: <auth_scheme> ...`)."""
     request = http.build_request(
         method,
-        url,
+        parsed_url(url),
         headers=authorized(endpoint, kwargs.pop("headers", None), auth_scheme),
         timeout=endpoint.timeout_seconds,
         **kwargs,
