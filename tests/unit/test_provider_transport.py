@@ -192,6 +192,22 @@ async def test_a_provider_call_leaves_nothing_for_the_garbage_collector() -> Non
             gc.enable()
 
 
+@pytest.mark.parametrize("transport", ["gateway", "httpx"])
+async def test_the_provider_transport_setting_picks_the_transport_under_one_client(
+    transport: str,
+) -> None:
+    """GATEWAY_PROVIDER_TRANSPORT (provider_client's `transport`): the same client, the
+    gateway's transport or httpx's own under it; a name it does not know is refused."""
+    async with Server(echo) as server:
+        client = provider_client(ssl.create_default_context(), transport=transport)
+        async with client:
+            response = await client.post(server.url(), content=b"ping")
+            assert response.content == b"ping"
+            assert response.status_code == 200
+    with pytest.raises(ValueError, match="unknown provider transport"):
+        provider_client(ssl.create_default_context(), transport="curl")
+
+
 async def test_a_large_streamed_body_both_ways(kind: str) -> None:
     """Beyond every buffer: the upload in chunks (chunked encoding), the answer read in
     pieces while reading pauses and resumes."""
