@@ -198,8 +198,12 @@ def provider_client(
     elif transport == "httpx":
         chosen = None  # httpx's own, made by the client from the same settings
     elif transport == "aiohttp":
-        from httpx_aiohttp import AiohttpTransport  # optional: the `bench` extra
-
+        try:
+            from httpx_aiohttp import AiohttpTransport  # optional: the `bench` extra
+        except ImportError as exc:
+            raise ValueError(
+                "provider transport 'aiohttp' needs httpx-aiohttp: pip install '.[bench]'"
+            ) from exc
         chosen = AiohttpTransport(verify=tls, limits=limits, trust_env=False)
     else:
         raise ValueError(f"unknown provider transport {transport!r}")
