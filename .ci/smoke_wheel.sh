@@ -3,7 +3,7 @@
 # environment, start `gateway up` on free ports with its own data dir, finish one
 # transcription with the local model and one video job with the local renderer over REST,
 # then stop it with SIGTERM and require exit status 0. Run from anywhere; uses the checkout
-# this script lives in. Needs python3 (3.11+) and the package registry for dependencies.
+# this script lives in. Needs python3 (3.11: pyproject.toml's requires-python) and the package registry for dependencies.
 set -euo pipefail
 checkout="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python3}"

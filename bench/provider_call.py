@@ -2,8 +2,11 @@
 transcription (`transcribe_form`, a 32 KB upload) against the fast fake provider
 (bench/harness/stt.py, a process of its own), timed with this process's CPU clock, the
 variants interleaved round by round so that the noise of a shared machine falls on all:
-the adapter before issue 17, today's adapter on httpx's own transport and on the gateway's
-(server/providers/transport.py), and the floor — the same bytes on a bare asyncio stream.
+the adapter before issue 17; today's adapter and client on the gateway's transport
+(server/providers/transport.py), on httpx's own (httpcore), and on aiohttp's pool and
+parser under the same httpx client (httpx-aiohttp's transport); the same call on aiohttp's
+client directly; and the floor — the same bytes on a bare asyncio stream. aiohttp and
+httpx-aiohttp come with the `bench` extra.
 
     python -m bench.provider_call --rounds 8 --calls 400 --concurrency 1 --concurrency 16
 """
@@ -21,6 +24,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import httpx
 
@@ -31,7 +35,7 @@ from server.providers.http import (
     PROVIDER_TIMEOUT,
     _RefuseCookies,
     authorized,
-    no_cookies,
+    multipart_form,
     provider_client,
     send,
 )
@@ -45,14 +49,15 @@ TIMEOUT, LIMITS = PROVIDER_TIMEOUT, PROVIDER_LIMITS
 
 
 def httpx_client() -> httpx.AsyncClient:
-    """httpx's own transport (httpcore's pool, h11, anyio) with the gateway's settings."""
-    return httpx.AsyncClient(
-        verify=ssl.create_default_context(),
-        timeout=TIMEOUT,
-        limits=LIMITS,
-        follow_redirects=False,
-        cookies=no_cookies(),
-    )
+    """The gateway's client on httpx's own transport (httpcore's pool, h11, anyio) instead
+    of server/providers/transport.py."""
+    return provider_client(ssl.create_default_context(), transport="httpx")
+
+
+def aiohttp_transport_client() -> httpx.AsyncClient:
+    """The gateway's client on aiohttp's pool and llhttp parser (httpx-aiohttp's transport
+    under the one httpx client)."""
+    return provider_client(ssl.create_default_context(), transport="aiohttp")
 
 
 def before_client() -> httpx.AsyncClient:
@@ -146,10 +151,52 @@ class BareAdapter(OpenAISttAdapter):
 _CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length:\s*(\d+)")
 
 
+class AiohttpAdapter(OpenAISttAdapter):
+    """The same call (the same multipart bytes, credential and timeout) on aiohttp's own
+    client: a ClientSession with the gateway's pool size, no cookies kept, the answer read
+    and parsed as the adapter does."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        super().__init__(http)
+        self._session: Any = None
+
+    async def transcribe(self, endpoint: Endpoint, call: SttCall) -> Transcript:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=LIMITS.max_connections or 0, ssl=ssl.create_default_context()
+                ),
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        content_type, body = multipart_form(
+            form_fields(call), "file", call.filename, call.audio, MIME.get(call.format, "audio/wav")
+        )
+        async with self._session.post(
+            f"{endpoint.base_url}/audio/transcriptions",
+            data=body,
+            headers={**authorized(endpoint), "Content-Type": content_type},
+            timeout=aiohttp.ClientTimeout(total=endpoint.timeout_seconds),
+            allow_redirects=False,
+        ) as response:
+            answer = await response.read()
+            assert response.status == 200, response.status
+        with reading_answer():
+            return parse(json.loads(answer), call.verbose)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
 VARIANTS: dict[str, tuple[Callable[[], httpx.AsyncClient], type[OpenAISttAdapter]]] = {
     "before": (before_client, BeforeAdapter),  # main before issue 17
     "httpx": (httpx_client, OpenAISttAdapter),  # today's adapter on httpx's own transport
     "gateway": (gateway_client, OpenAISttAdapter),  # today's adapter as build_core wires it
+    # today's adapter and client on aiohttp's transport (httpx-aiohttp)
+    "aiohttp-httpx": (aiohttp_transport_client, OpenAISttAdapter),
+    "aiohttp": (gateway_client, AiohttpAdapter),  # the same call on aiohttp's own client
     "bare": (gateway_client, BareAdapter),  # the floor: the same bytes, a bare connection
 }
 
@@ -196,7 +243,7 @@ async def measure(
                 )
     finally:
         for adapter in adapters.values():
-            if isinstance(adapter, BareAdapter):
+            if isinstance(adapter, BareAdapter | AiohttpAdapter):
                 await adapter.close()
         for client in clients.values():
             await client.aclose()

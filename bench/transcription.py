@@ -27,6 +27,7 @@ Run from the repository root:
     python -m bench.transcription --database-url postgresql://postgres@127.0.0.1:5432/test
     python -m bench.transcription --database-url postgresql --requests 300 --json out.json
     python -m bench.transcription --workers 2             # `gateway up --workers 2`
+    python -m bench.transcription --provider-transport aiohttp  # another provider transport
 
 With --database-url the URL names a PostgreSQL server and a database to connect to for
 administration (`postgresql` alone means postgresql://postgres@127.0.0.1:5432/test); a fresh
@@ -289,6 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="load generator: a minimal keep-alive HTTP/1.1 client (lean, default) or httpx "
         "(as bench.key_status; its own CPU cost then limits the higher rates)",
     )
+    parser.add_argument(
+        "--provider-transport",
+        choices=("gateway", "httpx", "aiohttp"),
+        default="gateway",
+        help="the HTTP transport under the gateway's provider client "
+        "(GATEWAY_PROVIDER_TRANSPORT): its own (default), httpx's, or aiohttp's "
+        "(httpx-aiohttp, from the `bench` extra)",
+    )
     add_json_argument(parser)
     # Internal, kept for older callers: the fake provider's own process (bench.harness.stt).
     parser.add_argument("--serve-fake-provider", action="store_true", help=argparse.SUPPRESS)
@@ -311,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             {
                 "GATEWAY_CATALOG": str(write_catalog(tmp / "catalog.toml", fake.base_url)),
                 FAKE_KEY_ENV: fake.api_key,
+                "GATEWAY_PROVIDER_TRANSPORT": args.provider_transport,
             },
         ) as run,
     ):
@@ -327,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args,
             client=args.client,
             workers=args.workers,
+            provider_transport=args.provider_transport,
             model=BENCH_MODEL,
             audio=f"tests/fixtures/{AUDIO_NAME}.wav",
         ),

@@ -166,7 +166,7 @@ def build_core(
     tls = ssl.create_default_context()
     if settings.webhook_ca_bundle:
         tls.load_verify_locations(cafile=settings.webhook_ca_bundle)
-    http = provider_client(tls)
+    http = provider_client(tls, transport=settings.provider_transport)
     # A queued decode holds only a reference to audio the request already holds in memory:
     # the queue is long (a burst of small files is decoded in turn), the caller's deadline
     # bounds the wait, and beyond it the answer is 503 with Retry-After (nothing held).

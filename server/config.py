@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -216,6 +216,10 @@ class Settings(BaseSettings):
     # how often housekeeping runs (server/maintenance/)
     maintenance_interval_seconds: float = Field(5.0, gt=0, allow_inf_nan=False)
     webhook_ca_bundle: str | None = None  # an extra CA file trusted for webhook TLS
+    # The HTTP transport under the one provider client: the gateway's own (server/providers/
+    # transport.py), httpx's default (httpcore), or aiohttp's (needs the `bench` extra's
+    # httpx-aiohttp). For measurement side by side (bench.transcription --provider-transport).
+    provider_transport: Literal["gateway", "httpx", "aiohttp"] = "gateway"
     webhook_allow_private: bool = False  # allow loopback/private webhook targets
     # One webhook attempt, whole (DNS, connect, TLS, request, status, the answer's prefix):
     # without a status by then it failed and is retried on the backoff schedule.

@@ -583,9 +583,8 @@ async def test_sqlite_a_writer_stopped_during_a_lock_wait_leaves_no_transaction(
             queued = asyncio.create_task(writer.run(_insert("lost")))  # type: ignore[arg-type]
             await asyncio.sleep(0.05)
             assert writer.inline.stats.busy_waits == 1
-            # The task running the batch (a lone unit's batch, begun at once in the caller's
-            # step, goes on in a task of its own once it has to wait), as shutdown cancels it.
-            task = writer._begun or writer._task
+            # The writer's task, running the batch, as shutdown cancels it.
+            task = writer._task
             assert task is not None
             task.cancel()
             with pytest.raises(ConnectionError):
@@ -602,27 +601,24 @@ async def test_sqlite_a_writer_stopped_during_a_lock_wait_leaves_no_transaction(
         await writer.close()
 
 
-async def test_sqlite_a_unit_handed_to_an_idle_writer_commits_in_the_callers_own_step(
+async def test_sqlite_a_unit_handed_to_an_idle_writer_runs_in_the_writers_task(
     sqlite_db: Admin,
 ) -> None:
-    """Nothing queued, no batch running, no other callback ready: the unit's batch runs and
-    commits at once, in the caller's step — the caller never suspends (no hand-off to the
-    writer's task and back). With another callback ready (it could queue a unit too) the
-    unit goes through the writer's task. A batch that has to wait (another connection holds
-    the write lock) goes on as a task of its own; what is queued meanwhile shares the next
-    batch, in order."""
+    """Every batch runs in the writer's task, never in a caller's: a lone unit commits as
+    a batch of one; a batch that has to wait (another connection holds the write lock)
+    keeps the writer busy, and what is queued meanwhile shares the next batch, in order."""
     writer = Writer(sqlite_db.sessions)
     try:
-        run = writer.run(_insert("at-once"), finish_within=5)  # type: ignore[arg-type]
-        with pytest.raises(StopIteration) as ended:
-            run.send(None)  # one step, to its end
-        assert ended.value.value == "at-once"
-        assert writer._task is None  # the writer's task was never needed
-        assert await _stored(sqlite_db) == {"at-once"}
+        caller = asyncio.current_task()
+        ran_in: list[asyncio.Task[Any] | None] = []
 
-        asyncio.get_running_loop().call_soon(lambda: None)
-        assert await writer.run(_insert("queued")) == "queued"  # type: ignore[arg-type]
-        assert writer._task is not None
+        async def unit(session: AsyncSession) -> str:
+            ran_in.append(asyncio.current_task())
+            return await _insert("lone")(session)  # type: ignore[operator]
+
+        assert await writer.run(unit, finish_within=5) == "lone"  # type: ignore[arg-type]
+        assert ran_in and ran_in[0] is not caller
+        assert await _stored(sqlite_db) == {"lone"}
 
         async with _write_lock_held(sqlite_db, "other") as commit:
             first = asyncio.create_task(writer.run(_insert("first")))  # type: ignore[arg-type]
@@ -632,7 +628,7 @@ async def test_sqlite_a_unit_handed_to_an_idle_writer_commits_in_the_callers_own
             await commit()
             assert await asyncio.wait_for(first, timeout=5) == "first"
             assert await asyncio.wait_for(asyncio.gather(*rest), timeout=5) == ["r0", "r1", "r2"]
-        assert writer.stats.sizes == [1, 1, 1, 3]
+        assert writer.stats.sizes == [1, 1, 3]
     finally:
         await writer.close()
 

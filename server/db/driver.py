@@ -86,36 +86,42 @@ class _Compiled:
         return values if order is None else [values[i] for i in order]
 
 
-# SQLite's text formats of dates and datetimes (SQLAlchemy's defaults), which
-# `date.isoformat` and `datetime.isoformat(" ", "microseconds")` write ~10x faster than the
-# dialect's %-formatting (~4 us a value; a settlement binds about ten).
-_SQLITE_DATE_FORMAT = "%(year)04d-%(month)02d-%(day)02d"
-_SQLITE_DATETIME_FORMAT = (
-    "%(year)04d-%(month)02d-%(day)02d %(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d"
+# Values the faster conversions below are checked on against the dialect's own, once per
+# type: `date.isoformat` and `datetime.isoformat(" ", "microseconds")` write SQLite's text
+# formats ~10x faster than the dialect's %-formatting (~4 us a value; a settlement binds
+# about ten). A dialect that writes them otherwise keeps its own.
+_SAMPLE_DATES = (date_type(2001, 2, 3), date_type(1999, 12, 31))
+_SAMPLE_DATETIMES = (
+    datetime_type(2001, 2, 3, 4, 5, 6, 7, tzinfo=UTC),
+    datetime_type(1999, 12, 31, 23, 59, 59, tzinfo=UTC),
 )
+
+
+def _utc_text(value: Any) -> str:
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")  # type: ignore[no-any-return]
 
 
 def _processor(type_: sa.types.TypeEngine[Any], dialect: sa.Dialect) -> Callable[[Any], Any] | None:
     """The dialect's conversion of a `type_` value (SQLite stores datetimes as text in its
-    format), or on SQLite an equivalent faster one for dates and UTC datetimes; what that
-    does not expect (None, a naive datetime, a subclass) still goes to the dialect's."""
+    format), or on SQLite an equivalent faster one for dates and UTC datetimes (checked to
+    write what the dialect's writes); what that does not expect (None, a naive datetime, a
+    subclass) still goes to the dialect's."""
     own = type_.dialect_impl(dialect).bind_processor(dialect)
     if own is None or dialect.name != "sqlite":
         return own
     if isinstance(type_, UtcDateTime):
-        impl = type_.impl_instance.dialect_impl(dialect)
-        if getattr(impl, "_storage_format", None) != _SQLITE_DATETIME_FORMAT:
+        if any(own(value) != _utc_text(value) for value in _SAMPLE_DATETIMES):
             return own
 
         def utc_datetime(value: Any) -> Any:
             if type(value) is datetime_type and value.tzinfo is not None:
-                naive = value.astimezone(UTC).replace(tzinfo=None)
-                return naive.isoformat(" ", "microseconds")
+                return _utc_text(value)
             return own(value)
 
         return utc_datetime
-    impl = type_.dialect_impl(dialect)
-    if isinstance(impl, sa.Date) and getattr(impl, "_storage_format", None) == _SQLITE_DATE_FORMAT:
+    if isinstance(type_.dialect_impl(dialect), sa.Date):
+        if any(own(value) != value.isoformat() for value in _SAMPLE_DATES):
+            return own
 
         def date_(value: Any) -> Any:
             return value.isoformat() if type(value) is date_type else own(value)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.sqlite.aiosqlite import SQLiteDialect_aiosqlite
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -137,7 +138,8 @@ class PoolWrites:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
 
-    def _ended(self) -> None:
+    def transaction_ended(self) -> None:
+        """A pooled transaction ended (IdleEndsSkipped): wake who waits for it."""
         self._writing_since = None
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
@@ -153,35 +155,38 @@ def pool_writes(engine: AsyncEngine) -> PoolWrites | None:
     return _pool_writes.get(engine.sync_engine)
 
 
-def _skip_idle_transaction_ends(engine: AsyncEngine, writes: PoolWrites) -> None:
-    """End SQLite transactions on aiosqlite's thread only when SQLite has one open.
+class IdleEndsSkipped(SQLiteDialect_aiosqlite):
+    """SQLAlchemy's aiosqlite dialect, ending SQLite transactions on aiosqlite's thread only
+    when SQLite has one open (`do_rollback` and `do_commit`, the dialect's documented
+    methods for it, overridden in a dialect of our own, registered below).
 
     Python's sqlite3 begins a transaction before the first write and never for a read, so a
     session that only read holds no SQLite transaction; its ROLLBACK (or COMMIT) at close
     changes nothing, yet costs a hand-off to aiosqlite's thread and back (about 0.1 ms on
-    the one pooled connection every request waits for). `in_transaction` is read on the
-    loop's thread without a hand-off."""
-    dialect = engine.sync_engine.dialect
-    rollback, commit = dialect.do_rollback, dialect.do_commit
+    the one pooled connection every request waits for). aiosqlite's `in_transaction` is
+    read on the loop's thread, when the session's statements are done (nothing runs on the
+    connection then). Both run on the loop's thread (in SQLAlchemy's greenlet), so they can
+    wake the writer's waiters (`pool_writes`) once the transaction has ended."""
 
-    # Both run on the loop's thread (in SQLAlchemy's greenlet), so they can wake the
-    # writer's waiters once the transaction has ended.
-    def do_rollback(dbapi_connection: Any) -> None:
+    # The parent's statement caching holds: this only changes how transactions end.
+    supports_statement_cache = True
+    pool_writes: PoolWrites | None = None  # set by create_engine for its engine's dialect
+
+    def do_rollback(self, dbapi_connection: Any) -> None:
         if _sqlite_in_transaction(dbapi_connection):
             try:
-                rollback(dbapi_connection)
+                super().do_rollback(dbapi_connection)  # type: ignore[no-untyped-call]
             finally:
-                writes._ended()
+                if self.pool_writes is not None:
+                    self.pool_writes.transaction_ended()
 
-    def do_commit(dbapi_connection: Any) -> None:
+    def do_commit(self, dbapi_connection: Any) -> None:
         if _sqlite_in_transaction(dbapi_connection):
             try:
-                commit(dbapi_connection)
+                super().do_commit(dbapi_connection)  # type: ignore[no-untyped-call]
             finally:
-                writes._ended()
-
-    dialect.do_rollback = do_rollback  # type: ignore[method-assign]  # this engine's dialect only
-    dialect.do_commit = do_commit  # type: ignore[method-assign]  # as above
+                if self.pool_writes is not None:
+                    self.pool_writes.transaction_ended()
 
 
 def _sqlite_in_transaction(dbapi_connection: Any) -> bool:
@@ -190,6 +195,10 @@ def _sqlite_in_transaction(dbapi_connection: Any) -> bool:
         return bool(dbapi_connection.driver_connection.in_transaction)
     except (AttributeError, ValueError):
         return True
+
+
+_IDLE_ENDS_SKIPPED = "gateway_aiosqlite"
+sa.dialects.registry.register(f"sqlite.{_IDLE_ENDS_SKIPPED}", __name__, "IdleEndsSkipped")
 
 
 def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
@@ -205,7 +214,10 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
         # Sessions always end their transactions (commit, or rollback on close), so the
         # pool's extra ROLLBACK on every check-in would only add a hop to aiosqlite's thread.
         kwargs.setdefault("pool_reset_on_return", None)
-        engine = create_async_engine(url, **kwargs)
+        parsed = sa.make_url(url)
+        if parsed.drivername == "sqlite+aiosqlite":
+            parsed = parsed.set(drivername=f"sqlite+{_IDLE_ENDS_SKIPPED}")
+        engine = create_async_engine(parsed, **kwargs)
         _private_sqlite_files(engine)
         sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         writes = PoolWrites()
@@ -215,7 +227,9 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
             "connect",
             lambda dbapi_connection, _record: writes.connected(dbapi_connection.driver_connection),
         )
-        _skip_idle_transaction_ends(engine, writes)
+        dialect = engine.sync_engine.dialect
+        if isinstance(dialect, IdleEndsSkipped):
+            dialect.pool_writes = writes
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 10)

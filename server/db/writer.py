@@ -40,14 +40,9 @@ A caller cancelled while its unit waits in the queue withdraws it (it never runs
 batch has begun, the cancellation does not stop it: the unit still commits with its batch
 (like a request whose client went away after its transaction began to commit).
 
-A unit handed to an idle writer (nothing queued, no batch running, and no other callback
-ready in this turn of the event loop: nothing that could still join the batch) begins its
-batch at once, in the caller's own step, rather than waking the writer's task and being
-woken back by it: at concurrency 1 those are two turns of the event loop per request. On a
-SQLite file the whole batch runs then, without suspending, and the caller goes on with its
-result; should the batch have to wait (the write lock, a checkpoint in a thread,
-PostgreSQL's round trips), its rest runs as a task of its own, exactly as the writer's task
-would have run it, and units queued meanwhile wait for it to end.
+A unit is always run by the writer's task (one per writer): the caller's task only queues it
+and waits for its future, so nothing of a batch runs in a caller's task, and the caller's
+cancellation (or a timeout scoped to the caller's task) never reaches a batch under way.
 
 One writer per process, created with the engine and passed to whoever writes through it.
 """
@@ -57,8 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import types
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -190,44 +184,6 @@ class WriterStats:
     sizes: list[int] = field(default_factory=list)  # the last batches' sizes (bounded)
 
 
-@types.coroutine
-def _resumed(coro: Coroutine[Any, Any, None], blocked_on: Any) -> Generator[Any, Any, None]:
-    """The rest of `coro`, begun outside any task (`coro.send(None)`) and suspended on
-    `blocked_on`: driven as a task drives a coroutine — what `yield from coro` does, for a
-    coroutine already begun."""
-    pending = blocked_on
-    while True:
-        try:
-            sent = yield pending
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as error:  # the task's cancellation, passed on
-            try:
-                pending = coro.throw(error)
-            except StopIteration:
-                return
-        else:
-            try:
-                pending = coro.send(sent)
-            except StopIteration:
-                return
-
-
-def _nothing_else_ready(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether no other callback waits to run in this turn of the loop. Only then does a
-    batch begin at once: a unit handed over now would otherwise share its batch with what
-    the callbacks of this turn queue (under load, many requests'), as the writer's task runs
-    after them. asyncio's own loop keeps them in `_ready` (not public API: on a loop without
-    it, every batch goes through the writer's task)."""
-    ready = getattr(loop, "_ready", None)
-    return ready is not None and not ready
-
-
-async def _finish(coro: Coroutine[Any, Any, None], blocked_on: Any) -> None:
-    await _resumed(coro, blocked_on)
-
-
 async def wait_uncancelled(future: asyncio.Future[T]) -> T:
     """Await `future` to its end through the caller's cancellations (one or more), then
     re-raise the cancellation, chained (`__cause__`) from the future's failure if it failed;
@@ -282,8 +238,7 @@ class Writer:
         self._queue: list[_Queued[Any]] = []
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._busy = False  # a batch is running (the writer's task's, or one begun at once)
-        self._begun: asyncio.Task[None] | None = None  # the rest of a batch begun at once
+        self._busy = False  # the writer's task is running a batch
         self._closed = False
         # Batches left to run a savepoint per unit at once (see _run_unguarded).
         self._guarded_batches = 0
@@ -306,13 +261,8 @@ class Writer:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         queued = _Queued(unit, future)
-        if not self._busy and not self._queue and _nothing_else_ready(loop):
-            self._begin_at_once(queued)
-            if future.done():  # committed (or failed) without suspending
-                return future.result()
-        else:
-            self._queue.append(queued)
-            self._wake_loop()
+        self._queue.append(queued)
+        self._wake_loop()
         if finish_within is None:
             try:
                 # Not shielded: cancelling the future only drops the answer (the writer skips
@@ -331,9 +281,6 @@ class Writer:
     async def close(self) -> None:
         """Commit what is queued, then stop."""
         self._closed = True
-        begun, self._begun = self._begun, None
-        if begun is not None and not begun.done():  # a batch begun at once, still running
-            await begun
         task, self._task = self._task, None
         if task is not None:
             self._ready.set()
@@ -344,16 +291,6 @@ class Writer:
             await self._inline_session.close()
         if self._no_pool is not None:
             await self._no_pool.dispose()
-
-    def _begin_at_once(self, queued: _Queued[Any]) -> None:
-        """Run `queued`'s batch in the caller's step until it would wait (the module
-        docstring); the rest, if any, as a task of its own."""
-        batch = self._batch([queued])
-        try:
-            blocked_on = batch.send(None)
-        except StopIteration:
-            return
-        self._begun = asyncio.ensure_future(_finish(batch, blocked_on))
 
     async def _loop(self) -> None:
         while True:

@@ -303,9 +303,8 @@ def configure_logging(log_format: str = "json", level: int = logging.INFO) -> No
         handler.setFormatter(
             TextFormatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
         )
-    # No line shows the caller's file and line, the thread or the process: not collected
-    # for every record (the logging HOWTO's "Optimization"; a quarter of an access line's cost).
-    logging._srcfile = None  # documented there as the switch
+    # No line shows the thread or the process: not collected for every record (the logging
+    # HOWTO's "Optimization", through its public switches).
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

@@ -47,6 +47,7 @@ from server.providers.http import (
     failure_reading,
     json_object,
     json_or_none,
+    parsed_url,
     send,
 )
 from server.providers.openai_stt import MIME
@@ -158,7 +159,7 @@ class DeepgramSttAdapter:
             headers["Authorization"] = f"Token {credential}"
         request = self._http.build_request(
             "POST",
-            f"{endpoint.base_url}/v1/listen",
+            parsed_url(f"{endpoint.base_url}/v1/listen"),
             params=query(call),
             content=call.audio,
             headers=headers,

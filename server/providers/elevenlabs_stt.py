@@ -52,6 +52,7 @@ from server.providers.http import (
     json_object,
     json_or_none,
     multipart_form,
+    parsed_url,
     send,
 )
 from server.providers.openai_stt import MIME
@@ -146,7 +147,7 @@ class ElevenLabsSttAdapter:
             headers["xi-api-key"] = credential
         request = self._http.build_request(
             "POST",
-            f"{endpoint.base_url}/v1/speech-to-text",
+            parsed_url(f"{endpoint.base_url}/v1/speech-to-text"),
             content=body,
             headers=headers,
             timeout=endpoint.timeout_seconds,

@@ -17,29 +17,14 @@ import math
 import os
 import re
 import ssl
-import time
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache, partial
-from json import dumps as json_dumps
 from typing import Any
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit
 
 import httpx
-from httpx import Timeout
-from httpx._client import BoundAsyncStream, ClientState, UseClientDefault
-from httpx._types import (
-    AuthTypes,
-    CookieTypes,
-    HeaderTypes,
-    QueryParamTypes,
-    RequestContent,
-    RequestData,
-    RequestExtensions,
-    RequestFiles,
-    TimeoutTypes,
-)
 
 from server.config import VIDEO_IMAGE_FETCH_SECONDS, VIDEO_IMAGE_MAX_BYTES
 from server.providers.endpoint import Endpoint
@@ -162,52 +147,19 @@ class _NoCookies(httpx.Cookies):
 
 
 # Distinct str URLs are few but for download and webhook URLs: their parsed form is kept
-# (httpx parses a URL in about 11 us; each adapter's f-string would pay it on every call).
+# (httpx parses a str URL on every build_request; an httpx.URL it takes as it is).
 _URLS_KEPT = 512
 
 
 @lru_cache(maxsize=_URLS_KEPT)
-def _parsed_url(url: str) -> httpx.URL:
-    return httpx.URL(url)  # immutable: one serves every request
-
-
-def _absolute_url(url: object) -> httpx.URL | None:
-    """The URL a request goes to when it is absolute (httpx's base_url plays no part then);
-    None when relative or neither a URL nor a str."""
-    if isinstance(url, httpx.URL):
-        parsed = url
-    elif isinstance(url, str):
-        parsed = _parsed_url(url)
-    else:
-        return None
-    return parsed if parsed.is_absolute_url else None
-
-
-def _text_headers(headers: object) -> list[tuple[bytes, bytes, bytes]] | None:
-    """A call's headers as httpx keeps them (name, lowercased name, value), when they are a
-    dict of text (or none); None for any other form (httpx's own build_request takes it).
-    ASCII only, as httpx encodes text headers: other text raises UnicodeEncodeError."""
-    if headers is None:
-        return []
-    if type(headers) is not dict:
-        return None
-    given: list[tuple[bytes, bytes, bytes]] = []
-    for name, value in headers.items():
-        if type(name) is not str or type(value) is not str:
-            return None
-        raw = name.encode("ascii")
-        given.append((raw, raw.lower(), value.encode("ascii")))
-    return given
+def parsed_url(url: str) -> httpx.URL:
+    """`url` parsed by httpx, once per distinct URL (immutable: one serves every request)."""
+    return httpx.URL(url)
 
 
 class _CookielessClient(httpx.AsyncClient):
-    """httpx's client whose cookies are always `_NoCookies`, whatever is set; whose
-    `build_request` builds the common request (an absolute URL, a body of bytes or JSON)
-    directly, and whose `send` skips httpx's auth, hook and redirect machinery when it has
-    nothing to do: the same requests and responses (tests/unit/test_lean_send.py) at about
-    a fifth less CPU per provider call (bench.provider_call). Both read httpx's private
-    state (`_headers`, `_auth`, `_event_hooks`, ...) as httpx 0.28 keeps it: those tests
-    compare them with httpx's own methods, so a change of it shows there."""
+    """httpx's client whose cookies are always `_NoCookies`, whatever is set (its public
+    `cookies` property, overridden). Everything else is httpx's own."""
 
     def __init__(self, **kwargs: Any) -> None:
         self._no_cookies = _NoCookies(no_cookies())
@@ -221,182 +173,6 @@ class _CookielessClient(httpx.AsyncClient):
     def cookies(self, cookies: Any) -> None:  # nothing is kept, whatever is set
         self._no_cookies = _NoCookies(no_cookies())
 
-    def build_request(
-        self,
-        method: str,
-        url: httpx.URL | str,
-        *,
-        content: RequestContent | None = None,
-        data: RequestData | None = None,
-        files: RequestFiles | None = None,
-        json: Any | None = None,
-        params: QueryParamTypes | None = None,
-        headers: HeaderTypes | None = None,
-        cookies: CookieTypes | None = None,
-        timeout: TimeoutTypes | UseClientDefault = httpx.USE_CLIENT_DEFAULT,
-        extensions: RequestExtensions | None = None,
-    ) -> httpx.Request:
-        """httpx's `build_request`, the same Request (same headers in the same order, same
-        body, same extensions); for an absolute URL with at most bytes (or text) or JSON as
-        the body, a dict of text headers and no cookies (nor client-wide query parameters)
-        it is built directly, in about 7 us instead of 21: httpx's own parses the
-        Content-Type for a multipart boundary there is none of, and walks every header
-        several times to merge and complete them. Anything else is httpx's own
-        `build_request`. A str URL's parsed form is kept (`_absolute_url`)."""
-        parsed = _absolute_url(url)
-        given = _text_headers(headers)
-        if (
-            parsed is None
-            or given is None
-            or data is not None
-            or files is not None
-            or cookies is not None
-            or self._params  # the client's own query parameters, merged by httpx
-            or not (content is None or isinstance(content, bytes | str))
-        ):
-            return super().build_request(
-                method,
-                url,
-                content=content,
-                data=data,
-                files=files,
-                json=json,
-                params=params,
-                headers=headers,
-                cookies=cookies,
-                timeout=timeout,
-                extensions=extensions,
-            )
-        # The client's headers, read as they are now (a later change to `client.headers`
-        # counts, as in httpx), less those the call names, then the call's in its order:
-        # httpx's `Headers.update`.
-        client_headers = self._headers._list  # (name, lowercased name, value), as httpx keeps
-        named = {lowered for _, lowered, _ in given}
-        merged = [item for item in client_headers if item[1] not in named] + given
-        # The body and the headers httpx's encoder gives it, added when not given
-        # (`Request._prepare`'s setdefault), then Host and an empty POST's length first.
-        if content is not None:
-            body = content.encode("utf-8") if isinstance(content, str) else content
-            encoded = [(b"Content-Length", b"%d" % len(body))] if body else []
-        elif json is not None:
-            text = json_dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-            body = text.encode("utf-8")
-            encoded = [
-                (b"Content-Length", b"%d" % len(body)),
-                (b"Content-Type", b"application/json"),
-            ]
-        else:
-            body, encoded = b"", []
-        present = {lowered for _, lowered, _ in merged}
-        for name, value in encoded:
-            if name.lower() not in present:
-                merged.append((name, name.lower(), value))
-                present.add(name.lower())
-        first: list[tuple[bytes, bytes, bytes]] = []
-        if b"host" not in present and parsed.host:
-            first.append((b"Host", b"host", parsed.netloc))
-        if (
-            b"content-length" not in present
-            and b"transfer-encoding" not in present
-            and method.upper() in ("POST", "PUT", "PATCH")
-        ):
-            first.append((b"Content-Length", b"content-length", b"0"))
-        complete = httpx.Headers()
-        complete._list = first + merged if first else merged
-        extensions = {} if extensions is None else extensions
-        if "timeout" not in extensions:
-            chosen = self.timeout if isinstance(timeout, UseClientDefault) else Timeout(timeout)
-            extensions = dict(**extensions, timeout=chosen.as_dict())
-        request = httpx.Request(
-            method,
-            parsed,
-            params=params,  # replaces the URL's query, as httpx's merge of them does
-            headers=complete,
-            stream=httpx.ByteStream(body),
-            extensions=extensions,
-        )
-        request.read()  # as httpx reads a request of bytes when it builds it
-        return request
-
-    async def send(
-        self,
-        request: httpx.Request,
-        *,
-        stream: bool = False,
-        auth: AuthTypes | UseClientDefault | None = httpx.USE_CLIENT_DEFAULT,
-        follow_redirects: bool | UseClientDefault = httpx.USE_CLIENT_DEFAULT,
-    ) -> httpx.Response:
-        """httpx's `send`, the same Response; when it would do nothing but call the default
-        transport (no auth — the client's, the call's or the URL's user info —, no event
-        hooks, no redirect to follow, not streamed, the URL not under a proxy or another
-        mount) its steps are taken directly: `_send_single_request` and the read after it,
-        without the auth flow's generator and the two coroutines around it. Anything else
-        is httpx's own `send`."""
-        url = request.url
-        # `_transport_for_url` is httpx's private method, called from inside our own
-        # subclass: it is the one place that decides which mount (a proxy, from the
-        # environment too) a URL goes to, so the fast path goes exactly where httpx would.
-        if (
-            stream
-            or auth is not httpx.USE_CLIENT_DEFAULT
-            or self._auth is not None
-            or url.userinfo
-            or (
-                self.follow_redirects
-                if follow_redirects is httpx.USE_CLIENT_DEFAULT
-                else follow_redirects
-            )
-            or self._event_hooks["request"]
-            or self._event_hooks["response"]
-            or self.is_closed
-            or not isinstance(request.stream, httpx.AsyncByteStream)
-            or self._transport_for_url(url) is not self._transport
-        ):
-            return await super().send(
-                request, stream=stream, auth=auth, follow_redirects=follow_redirects
-            )
-        return await self._send_plainly(request)
-
-    async def _send_plainly(self, request: httpx.Request) -> httpx.Response:
-        """What httpx's `send` does for a request with no auth, hooks or redirects to
-        follow, in its order: the client opened, the default timeout set when the request
-        has none, the transport called (its RequestErrors naming the request), the answer
-        bound to the request and (when not read yet) to the elapsed-time stream, the
-        client's default encoding, httpx's log line, a redirect's `next_request` (a bad
-        Location refused, as httpx refuses it even when not following), the body read.
-        Cookies are not extracted: this client keeps none (`_NoCookies`)."""
-        self._state = ClientState.OPENED
-        self._set_timeout(request)
-        transport = self._transport
-        start = time.perf_counter()
-        try:
-            response = await transport.handle_async_request(request)
-        except httpx.RequestError as exc:
-            exc.request = request
-            raise
-        response.request = request
-        if not response.is_closed:  # a closed stream is never iterated: nothing to time
-            assert isinstance(response.stream, httpx.AsyncByteStream)
-            response.stream = BoundAsyncStream(response.stream, response=response, start=start)
-        response.default_encoding = self._default_encoding
-        if _HTTPX_LOG.isEnabledFor(logging.INFO):
-            _HTTPX_LOG.info(
-                'HTTP Request: %s %s "%s %d %s"',
-                request.method,
-                request.url,
-                response.http_version,
-                response.status_code,
-                response.reason_phrase,
-            )
-        try:
-            if response.has_redirect_location:
-                response.next_request = self._build_redirect_request(request, response)
-            await response.aread()
-        except BaseException:
-            await response.aclose()
-            raise
-        return response
-
 
 # The one pooled client's timeouts and pool (a provider's own timeout is set per request).
 PROVIDER_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
@@ -408,17 +184,36 @@ def provider_client(
     *,
     limits: httpx.Limits = PROVIDER_LIMITS,
     timeout: httpx.Timeout | float = PROVIDER_TIMEOUT,
+    transport: str = "gateway",
 ) -> httpx.AsyncClient:
     """The one pooled client of provider calls, downloads and webhooks: TLS verified with
-    `tls`, no redirects followed, no cookies kept, over the gateway's own HTTP/1.1 pool
-    rather than httpx's (about a third of the CPU per call: server/providers/transport.py)."""
+    `tls`, no redirects followed, no cookies kept, over the gateway's own HTTP/1.1 transport
+    (server/providers/transport.py; the figures beside httpx's and aiohttp's are in the
+    README's design notes, from `python -m bench.provider_call`). `transport` "httpx" or
+    "aiohttp" puts httpx's default transport or aiohttp's (httpx-aiohttp) under the same
+    client instead, to measure them (Settings.provider_transport)."""
+    chosen: httpx.AsyncBaseTransport | None
+    if transport == "gateway":
+        chosen = Http11Transport(tls, limits)
+    elif transport == "httpx":
+        chosen = None  # httpx's own, made by the client from the same settings
+    elif transport == "aiohttp":
+        try:
+            from httpx_aiohttp import AiohttpTransport  # optional: the `bench` extra
+        except ImportError as exc:
+            raise ValueError(
+                "provider transport 'aiohttp' needs httpx-aiohttp: pip install '.[bench]'"
+            ) from exc
+        chosen = AiohttpTransport(verify=tls, limits=limits, trust_env=False)
+    else:
+        raise ValueError(f"unknown provider transport {transport!r}")
     return _CookielessClient(
         verify=tls,
         timeout=timeout,
         limits=limits,
         follow_redirects=False,
         cookies=no_cookies(),  # one client for every workspace: no cookie carries over
-        transport=Http11Transport(tls, limits),
+        transport=chosen,
     )
 
 
@@ -579,7 +374,7 @@ async def call(
     """One request to the endpoint with its credential (`Authorization: <auth_scheme> ...`)."""
     request = http.build_request(
         method,
-        url,
+        parsed_url(url),
         headers=authorized(endpoint, kwargs.pop("headers", None), auth_scheme),
         timeout=endpoint.timeout_seconds,
         **kwargs,

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from server.providers.endpoint import Endpoint
-from server.providers.http import authorized, multipart_form, send
+from server.providers.http import authorized, multipart_form, parsed_url, send
 from server.providers.stt import Segment, SttCall, Transcript, Word, reading_answer, seconds
 
 MIME = {
@@ -140,7 +140,7 @@ async def transcribe_form(
     )
     request = http.build_request(
         "POST",
-        url,  # the client keeps a str URL's parsed form
+        parsed_url(url),
         params=params,
         content=body,
         headers={**headers, "Content-Type": content_type},

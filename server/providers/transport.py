@@ -250,7 +250,6 @@ class _Answer:
     head_done: bool = False
     complete: bool = False
     until_eof: bool = False  # no Content-Length, not chunked: the body ends with the stream
-    encoded: bool = False  # a Content-Encoding: the body is decoded by httpx as it is read
     extra: bool = False  # bytes beyond the answer: the connection is not clean
     keep_alive: bool = False  # both sides keep the connection (read as the answer ends)
 
@@ -295,8 +294,6 @@ class _Answer:
                 lowered == b"transfer-encoding" and b"chunked" in value.lower()
             ):
                 framed = True
-            elif lowered == b"content-encoding":
-                self.encoded = True
         if self.head_only:  # a fresh parser reads the next answer: none of this one is left
             self.complete = True
             self.keep_alive = self._keeps_alive()
@@ -372,17 +369,6 @@ def _head(request: httpx.Request) -> _Framing:
     return _Framing(b"".join(parts), chunked, length)
 
 
-def _read(response: httpx.Response, content: bytes) -> None:
-    """Leave a Response of a ByteStream of `content` (not encoded) as its `read()` would:
-    the content kept, the stream consumed and closed, its size counted. httpx's read takes
-    about 7 us for this through its generators of raw, decoded and chunked bytes (each in
-    its own exception context); tests/unit/test_lean_send.py holds the two states equal."""
-    response._content = content
-    response.is_stream_consumed = True
-    response.is_closed = True
-    response._num_bytes_downloaded = len(content)
-
-
 class _WriteFailed(Exception):
     """The connection went away while the request was written: its answer may still be
     readable (a server that refuses an upload answers, then closes)."""
@@ -443,7 +429,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
             await self._read_head(connection, answer, timeouts.get("read"), written)
         except BaseException:
             answer.parser = None  # (the cycle _Body._abandon breaks)
-            self._discard(connection)
+            self.discard(connection)
             raise
         body = _Body(self, origin, connection, answer, written, timeouts.get("read"))
         version = answer.parser.get_http_version()
@@ -466,11 +452,6 @@ class Http11Transport(httpx.AsyncBaseTransport):
             stream=httpx.ByteStream(content),
             extensions=extensions,
         )
-        if not answer.encoded:
-            # Read now: the client's own read would walk its stream machinery for bytes
-            # that are all here. A compressed body stays for the caller's read (and its
-            # size checks), decoded as it goes.
-            _read(response, content)
         return response
 
     async def aclose(self) -> None:
@@ -499,7 +480,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
             self._idle_count -= 1
             if self._fresh(connection, now) and connection.usable(now):
                 return connection
-            self._discard(connection)
+            self.discard(connection)
         limit = self._max_connections
         if limit is not None and self._open >= limit:
             if self._idle_count:  # an idle connection elsewhere gives its place up
@@ -579,12 +560,12 @@ class Http11Transport(httpx.AsyncBaseTransport):
     def _fresh(self, connection: _Connection, now: float) -> bool:
         return self._expiry is None or now - connection.idle_since <= self._expiry
 
-    def _release(self, origin: Origin, connection: _Connection, reusable: bool) -> None:
+    def release(self, origin: Origin, connection: _Connection, reusable: bool) -> None:
         """An exchange ended: its connection goes back to the pool, or is closed."""
         if reusable and not self._closed and connection.usable(connection.loop.time()):
             self._put_back(origin, connection)
         else:
-            self._discard(connection)
+            self.discard(connection)
 
     def _put_back(self, origin: Origin, connection: _Connection) -> None:
         for waiter in self._waiters:  # a request waiting for this origin takes it over
@@ -592,7 +573,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
                 waiter.future.set_result(connection)
                 return
         if self._waiters or (self._max_idle is not None and self._idle_count >= self._max_idle):
-            self._discard(connection)  # its place goes to a waiter for another origin
+            self.discard(connection)  # its place goes to a waiter for another origin
             return
         now = connection.loop.time()
         connection.idle_since = now
@@ -601,7 +582,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
         if now - self._swept_at > _SWEEP_SECONDS:
             self._sweep(now)
 
-    def _discard(self, connection: _Connection) -> None:
+    def discard(self, connection: _Connection) -> None:
         """Close a connection that is not on the idle lists (in use, or just taken off them)
         and free its place: to a request waiting for one, or in the count."""
         connection.close()
@@ -739,7 +720,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
             raise _WriteFailed
 
     @staticmethod
-    def _feed(answer: _Answer, data: bytes) -> None:
+    def feed(answer: _Answer, data: bytes) -> None:
         try:
             answer.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -756,7 +737,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
             ) from exc
 
     @staticmethod
-    async def _receive(
+    async def receive(
         connection: _Connection, seconds: float | None, request: httpx.Request
     ) -> bytes:
         """The next bytes received; b"" at the end of the stream."""
@@ -775,7 +756,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
         received = 0  # bytes of an answer's head (and of 1xx answers before it) so far
         while not answer.head_done:
             try:
-                data = await self._receive(connection, seconds, answer.request)
+                data = await self.receive(connection, seconds, answer.request)
             except httpx.ReadError:
                 if not written:
                     raise httpx.WriteError(
@@ -790,7 +771,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
                 raise httpx.RemoteProtocolError(
                     "Server disconnected without sending a response.", request=answer.request
                 )
-            self._feed(answer, data)
+            self.feed(answer, data)
             if not answer.head_done:
                 received += len(data)
                 if received > _MAX_HEAD_BYTES:
@@ -829,7 +810,7 @@ class _Body(httpx.AsyncByteStream):
         answer = self._answer
         reusable = self._written and not answer.until_eof and not answer.extra and answer.keep_alive
         answer.parser = None  # nothing more to parse (see _abandon)
-        self._transport._release(self._origin, connection, reusable)
+        self._transport.release(self._origin, connection, reusable)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         answer = self._answer
@@ -844,9 +825,9 @@ class _Body(httpx.AsyncByteStream):
             if connection is None:
                 raise httpx.StreamClosed()
             try:
-                data = await Http11Transport._receive(connection, self._seconds, answer.request)
+                data = await Http11Transport.receive(connection, self._seconds, answer.request)
                 if data:
-                    Http11Transport._feed(answer, data)
+                    Http11Transport.feed(answer, data)
                 elif answer.until_eof:
                     answer.complete = True
                 else:
@@ -864,7 +845,7 @@ class _Body(httpx.AsyncByteStream):
         # would keep the answer, its request and body alive until the garbage collector runs.
         self._answer.parser = None
         if connection is not None:
-            self._transport._discard(connection)
+            self._transport.discard(connection)
 
     async def aclose(self) -> None:
         if self._answer.complete and not self._answer.body:

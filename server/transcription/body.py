@@ -58,7 +58,7 @@ class BodyBudget:
     def reservation(self) -> Reservation:
         return Reservation(self)
 
-    async def _take(self, size: int, wait: bool) -> None:
+    async def take(self, size: int, wait: bool) -> None:
         if size > self.capacity:
             # Never fits, however long it waits: not a 503 to retry.
             raise GatewayError(413, "The request body is larger than this server accepts")
@@ -78,7 +78,7 @@ class BodyBudget:
             self.free -= size
             self._lent_since_trim += size
 
-    async def _give(self, size: int) -> None:
+    async def give(self, size: int) -> None:
         self.free += size
         if self.free == self.capacity:
             self._trim_when_due()
@@ -103,7 +103,7 @@ class Reservation:
 
     async def take(self, size: int) -> None:
         """Reserve `size` more bytes; only a reservation holding nothing yet waits."""
-        await self._budget._take(size, wait=self.held == 0)
+        await self._budget.take(size, wait=self.held == 0)
         self.held += size
 
     async def __aenter__(self) -> Reservation:
@@ -117,7 +117,7 @@ class Reservation:
     ) -> None:
         held, self.held = self.held, 0
         if held:
-            await asyncio.shield(self._budget._give(held))
+            await asyncio.shield(self._budget.give(held))
 
 
 @dataclass
