@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from testkit.admin import IssuedKey
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
 from tests.support.raw_http import RawResponse, exchange
 from tests.support.signals import logged_past
 
