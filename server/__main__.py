@@ -1,7 +1,7 @@
 """`python -m server` and the `gateway` command: a thin entry that imports the CLI only when
 run. Worker processes started with `spawn` (server/compute.py) re-run the parent's main
 module before their first job; from here that costs nothing, where `server.cli` as the main
-module made every worker import the whole CLI (~1.2 s of CPU and ~70 MiB each)."""
+module made every worker import the whole CLI (its CPU time and memory, in each worker)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def exit_without_teardown(code: int) -> None:
     """End the process now, skipping only the interpreter's teardown: once the command is
-    done, Python would spend ~0.7-2 s of CPU (measured with perf: gc_collect_main) in
-    repeated garbage collections over the ~150k objects of the loaded server while it
-    clears every module. The exit handlers (log and trace flushes) still run, and the
-    output is flushed; with a non-daemon thread still running, the normal exit (which
-    joins it) is kept."""
+    done, Python would spend a long time in repeated garbage collections over the objects
+    of the loaded server while it clears every module, which every stop would wait for. The
+    exit handlers (log and trace flushes) still run, and the output is flushed; with a
+    non-daemon thread still running, the normal exit (which joins it) is kept."""
     others = [t for t in threading.enumerate() if t is not threading.main_thread()]
     if any(not thread.daemon for thread in others):
         return

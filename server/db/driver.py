@@ -87,8 +87,8 @@ class _Compiled:
 
 
 # SQLite's text formats of dates and datetimes (SQLAlchemy's defaults), which
-# `date.isoformat` and `datetime.isoformat(" ", "microseconds")` write ~10x faster than the
-# dialect's %-formatting (~4 us a value; a settlement binds about ten).
+# `date.isoformat` and `datetime.isoformat(" ", "microseconds")` write much faster than the
+# dialect's %-formatting (a settlement binds about ten such values).
 _SQLITE_DATE_FORMAT = "%(year)04d-%(month)02d-%(day)02d"
 _SQLITE_DATETIME_FORMAT = (
     "%(year)04d-%(month)02d-%(day)02d %(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d"
@@ -216,15 +216,14 @@ async def read_rows(
 
 class HotReads:
     """Single read-only statements of hot paths (GET /key), at the least cost each database
-    allows: on PostgreSQL `read_rows` (one round trip); on SQLite a read-only connection of
-    its own, used on the event loop's thread. A single-statement read of a few primary-key
-    rows takes SQLite ~15 us, while handing it to aiosqlite's thread and back costs several
-    times that in CPU and, on a busy machine, hundreds of microseconds of waiting — and
-    queues behind every write on the one pooled connection. WAL readers neither wait for
-    writers nor block them, and each statement reads the newest committed state (other
-    processes' too). The connection never waits for a lock (timeout 0): if SQLite is busy
-    (a rare recovery or exclusive lock) the read goes through the pool instead, so the loop
-    is never blocked longer than the statement itself."""
+    allows: on PostgreSQL `read_rows` (one round trip); on SQLite a read-only connection of its own,
+    used on the event loop's thread. A single-statement read of a few primary-key rows costs
+    SQLite less than handing it to aiosqlite's thread and back, which also waits on a busy
+    machine — and queues behind every write on the one pooled connection. WAL readers neither
+    wait for writers nor block them, and each statement reads the newest committed state (other
+    processes' too). The connection never waits for a lock (timeout 0): if SQLite is busy (a
+    rare recovery or exclusive lock) the read goes through the pool instead, so the loop is
+    never blocked longer than the statement itself."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
@@ -304,7 +303,7 @@ async def _run(
             raise
     # No transaction begun yet on asyncpg: SQLAlchemy's connection begins it, then runs the
     # statement as compiled here. Not `session.exec(statement)`: that compiles it again, on
-    # every call for a statement SQLAlchemy cannot cache (a multi-row INSERT: ~4 ms).
+    # every call for a statement SQLAlchemy cannot cache (a multi-row INSERT).
     compiled = _compile(statement, dialect)
     if many:
         await connection.exec_driver_sql(compiled.sql, [tuple(compiled.arguments(r)) for r in rows])
@@ -358,8 +357,8 @@ class InlineStats:
 
 class InlineSqlite:
     """The group-commit writer's own connection to a SQLite file, used on the event loop's
-    thread: a batch's statements cost SQLite's own few microseconds each instead of a
-    hand-off to aiosqlite's thread and back (~90 us of CPU each, measured). The loop never
+    thread: a batch's statements cost SQLite's own work each instead of a hand-off to
+    aiosqlite's thread and back, which costs more CPU than the statement. The loop never
     sleeps in SQLite:
 
     - The batch takes the write lock with BEGIN IMMEDIATE at busy timeout 0. When this
@@ -368,18 +367,15 @@ class InlineSqlite:
       waits for it with the pool's busy timeout. The loop goes on meanwhile. Once the lock
       is held no statement of the batch can wait: WAL readers never block a writer.
     - COMMIT runs inline. In WAL mode with synchronous=NORMAL a commit appends the batch's
-      pages to the WAL with no fsync: measured here 40-70 us median, 0.2-0.3 ms p99,
-      cheaper than the hand-off a thread would cost (in-process, a hold and its settlement
-      as two lone batches: 410 us of CPU with COMMIT inline, 569 us with COMMIT in a
-      thread, 1,400 us through aiosqlite as before). What can take milliseconds is the
-      automatic checkpoint SQLite runs inside a commit once the WAL passes 1000 pages (it
-      copies pages into the database and fsyncs both files; commit p99 5-9 ms, p99.9 up to
-      85 ms measured with it on). So this connection has wal_autocheckpoint=0, and
+      pages to the WAL with no fsync: cheaper than the hand-off a thread would cost. What
+      is slow is the automatic checkpoint SQLite runs inside a commit once the WAL passes
+      1000 pages (it copies pages into the database and fsyncs both files: it would stall
+      the loop). So this connection has wal_autocheckpoint=0, and
       `checkpoint_if_due` runs a PASSIVE checkpoint in a thread between two batches once
       the batches changed CHECKPOINT_AFTER_CHANGES rows. Between batches, not alongside
       them: a checkpoint racing a steady writer never catches up with the WAL's end, and
-      SQLite restarts the WAL from its beginning only when a checkpoint did (measured: the
-      WAL grew to 240 MB over 4,000 commits with concurrent checkpoints). Units queued
+      SQLite restarts the WAL from its beginning only when a checkpoint did (with
+      concurrent checkpoints the WAL grows without bound). Units queued
       meanwhile wait for the next batch, as they wait for a commit.
 
     The pool's aiosqlite connection still writes too (workers' claims, management writes,
@@ -415,8 +411,8 @@ class InlineSqlite:
             connection = connect_sqlite(self._path, cached_statements=512)
             connection.execute("PRAGMA wal_autocheckpoint=0")
             # A unit's savepoint journals the original of each page it changes (the
-            # sub-journal), by default in a temporary file: in memory instead (measured, a
-            # batch of 8 settlements: ~25% less CPU with `next_unit`'s one savepoint at a time).
+            # sub-journal), by default in a temporary file: in memory instead, which costs
+            # a batch less CPU (with `next_unit`'s one savepoint at a time).
             connection.execute("PRAGMA temp_store=MEMORY")
             self._connection = connection
         return self._connection
@@ -587,8 +583,8 @@ async def next_unit(session: AsyncSession, index: int) -> None:
     if inline is not None:
         # One savepoint at a time, not nested ones: under nested savepoints each unit
         # journals again the pages the units before it changed, and the sub-journal grows
-        # to the commit (measured: the 8th unit's statements ~2-3x slower than a lone
-        # unit's); releasing the open one empties it.
+        # to the commit (each later unit slower than the one before); releasing the open
+        # one empties it.
         if index:
             inline.execute("RELEASE u")
         inline.execute("SAVEPOINT u")

@@ -158,8 +158,8 @@ def _skip_idle_transaction_ends(engine: AsyncEngine, writes: PoolWrites) -> None
 
     Python's sqlite3 begins a transaction before the first write and never for a read, so a
     session that only read holds no SQLite transaction; its ROLLBACK (or COMMIT) at close
-    changes nothing, yet costs a hand-off to aiosqlite's thread and back (about 0.1 ms on
-    the one pooled connection every request waits for). `in_transaction` is read on the
+    changes nothing, yet costs a hand-off to aiosqlite's thread and back (on the one pooled
+    connection every request waits for). `in_transaction` is read on the
     loop's thread without a hand-off."""
     dialect = engine.sync_engine.dialect
     rollback, commit = dialect.do_rollback, dialect.do_commit

@@ -4,13 +4,13 @@ pool per origin under httpx's limits and timeouts. An `httpx.AsyncBaseTransport`
 documented extension point), so callers keep the one httpx client and its exception types.
 
 Why not httpx's own transport (httpcore's pool, the h11 state machine, anyio): a provider call
-of a transcription (a 32 KB upload, a small JSON answer) spent about 310-350 us of CPU in
-httpcore and h11 even over an asyncio network backend of ours, against about 60 us for the
-same bytes written and read on a bare asyncio connection; the provider call was the largest
-piece of the gateway's CPU per transcription left above its floor (issue 17; `python -m
-bench.provider_call`). Here a request's head and body up to
-64 KiB leave in one send, a read of bytes already received returns at once, a wait is one
-future timed by its connection's one alarm (not a timer scheduled and cancelled per wait),
+of a transcription (a small upload, a small JSON answer) spent several times more CPU in
+httpcore and h11, even over an asyncio network backend of ours, than the same bytes written and
+read on a bare asyncio connection; the provider call was the largest piece of the gateway's CPU
+per transcription left above its floor (issue 17; the figures and `python -m
+bench.provider_call` are on the documentation's performance page). Here a request's head and
+body up to 64 KiB leave in one send, a read of bytes already received returns at once, a wait is
+one future timed by its connection's one alarm (not a timer scheduled and cancelled per wait),
 the answer is parsed in C and handed over already read, and whether an idle connection was
 closed by the server is known from what the event loop has already delivered (the kernel is
 asked only about connections quiet for a second).
@@ -374,9 +374,10 @@ def _head(request: httpx.Request) -> _Framing:
 
 def _read(response: httpx.Response, content: bytes) -> None:
     """Leave a Response of a ByteStream of `content` (not encoded) as its `read()` would:
-    the content kept, the stream consumed and closed, its size counted. httpx's read takes
-    about 7 us for this through its generators of raw, decoded and chunked bytes (each in
-    its own exception context); tests/unit/test_lean_send.py holds the two states equal."""
+    the content kept, the stream consumed and closed, its size counted. httpx's read goes
+    through its generators of raw, decoded and chunked bytes (each in its own exception
+    context) for content already whole; tests/unit/test_lean_send.py holds the two states
+    equal."""
     response._content = content
     response.is_stream_consumed = True
     response.is_closed = True
