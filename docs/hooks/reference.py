@@ -5,7 +5,9 @@
   READ_ELSEWHERE table;
 - `reference/grpc.md`: from the compiled contract's descriptor set (built with
   --include_source_info), so each service, method, message and field carries the comment
-  written beside it in proto/.
+  written beside it in proto/;
+- the REST page's table of every route (`rest-api.md`, where ROUTES_MARK stands): each
+  `google.api.http` rule of the contract with its method and the comment beside it.
 
 MkDocs runs this file as a hook (mkdocs.yml, `hooks:`): the pages are added to the build and
 never committed. tests/unit/test_docs.py renders them without MkDocs.
@@ -26,6 +28,8 @@ from pydantic_core import PydanticUndefined
 
 CONFIGURATION_PAGE = "reference/configuration.md"
 GRPC_PAGE = "reference/grpc.md"
+REST_PAGE = "rest-api.md"
+ROUTES_MARK = "<!-- generated: every route -->"
 
 # --- configuration ------------------------------------------------------------------------
 
@@ -248,6 +252,36 @@ def _route(method: descriptor_pb2.MethodDescriptorProto) -> str:
     return f"`{pattern.upper()} {getattr(rule, pattern)}`"
 
 
+def _files(descriptor_set: Path) -> list[descriptor_pb2.FileDescriptorProto]:
+    from google.api import annotations_pb2  # noqa: F401  # registers the http option first
+
+    files = descriptor_pb2.FileDescriptorSet()
+    files.ParseFromString(descriptor_set.read_bytes())
+    return sorted((f for f in files.file if f.package == "gateway.v1"), key=lambda f: f.name)
+
+
+def routes_table(descriptor_set: Path) -> str:
+    """Every REST route of the contract, by path: method, path, the gRPC method it is, and
+    the comment beside that method in proto/."""
+    rows = []
+    for file in _files(descriptor_set):
+        comments = _comments(file)
+        for index, service in enumerate(file.service):
+            for number, method in enumerate(service.method):
+                route = _route(method)
+                if route == "gRPC only":
+                    continue
+                verb, path = route.strip("`").split(" ", 1)
+                meaning = _cell(comments.get((_SERVICE, index, _METHOD, number), ""))
+                anchor = f"service-{service.name.lower()}"
+                grpc = f"[`{service.name}.{method.name}`](reference/grpc.md#{anchor})"
+                rows.append((path, verb, f"| `{verb}` | `{path}` | {grpc} | {meaning} |"))
+    order = {"GET": 0, "POST": 1, "PUT": 2, "PATCH": 3, "DELETE": 4}
+    rows.sort(key=lambda row: (row[0], order.get(row[1], 9)))
+    header = "| method | path | gRPC method | what it does |\n| --- | --- | --- | --- |"
+    return header + "\n" + "\n".join(row[2] for row in rows) + "\n"
+
+
 def grpc_page(descriptor_set: Path) -> str:
     from google.api import annotations_pb2  # noqa: F401  # registers the http option first
 
@@ -272,7 +306,7 @@ def grpc_page(descriptor_set: Path) -> str:
         comments = _comments(file)
         out += [f"## {file.name.removeprefix('gateway/v1/')}", ""]
         for index, service in enumerate(file.service):
-            out += [f"### service {service.name}", ""]
+            out += [f"### service {service.name} {{ #service-{service.name.lower()} }}", ""]
             if comments.get((_SERVICE, index)):
                 out += [comments[(_SERVICE, index)], ""]
             out += ["| method | request → response | REST | meaning |", "| --- | --- | --- | --- |"]
@@ -308,3 +342,14 @@ def on_files(files: Any, config: Any) -> Any:
     files.append(File.generated(config, CONFIGURATION_PAGE, content=configuration_page()))
     files.append(File.generated(config, GRPC_PAGE, content=grpc_page(DESCRIPTOR_SET)))
     return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """The REST page's table of every route, where its mark stands."""
+    if page.file.src_uri != REST_PAGE:
+        return markdown
+    from server.contract import DESCRIPTOR_SET
+
+    if ROUTES_MARK not in markdown:
+        raise ValueError(f"{REST_PAGE} lost its {ROUTES_MARK}")
+    return markdown.replace(ROUTES_MARK, routes_table(DESCRIPTOR_SET))

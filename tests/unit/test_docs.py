@@ -61,7 +61,7 @@ def test_the_configuration_page_names_every_variable_the_gateway_reads(
 def test_the_grpc_page_shows_every_service_method_and_route(reference: ModuleType) -> None:
     page = reference.grpc_page(DESCRIPTOR_SET)
     for service in SERVICES:
-        assert f"### service {service.removeprefix('gateway.v1.')}\n" in page, service
+        assert f"### service {service.removeprefix('gateway.v1.')} {{" in page, service
     for path, route in http_routes().items():
         method = path.rsplit("/", 1)[1]
         row = next(line for line in page.splitlines() if line.startswith(f"| `{method}` |"))
@@ -69,3 +69,12 @@ def test_the_grpc_page_shows_every_service_method_and_route(reference: ModuleTyp
     # the comment beside the service and beside a field in proto/ (keys.proto)
     assert "Status of the API key used on the request (GET /api/v1/key)." in page
     assert "free-model requests recorded in the current UTC day" in page
+
+
+def test_the_rest_page_lists_every_route_of_the_contract(reference: ModuleType) -> None:
+    table = reference.routes_table(DESCRIPTOR_SET)
+    for path, route in http_routes().items():
+        verb, url = route.split(" ", 1)
+        service, method = path.rsplit("/", 2)[1:]
+        row = next(line for line in table.splitlines() if f"| `{verb}` | `{url}` |" in line)
+        assert f"`{service.removeprefix('gateway.v1.')}.{method}`" in row, row
