@@ -25,7 +25,7 @@ import re
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -73,6 +73,18 @@ class FixedKeys(keys_pb2_grpc.KeysServicer):
         return self._response
 
 
+async def _body(requests: AsyncIterator[httpbody_pb2.HttpBody]) -> tuple[str, bytes]:
+    """The streamed request body (as the facade sends it: the content type in the first
+    message, the bytes in as many as it likes), joined."""
+    content_type = ""
+    chunks: list[bytes] = []
+    async for message in requests:
+        if not chunks:
+            content_type = message.content_type
+        chunks.append(message.data)
+    return content_type, b"".join(chunks)
+
+
 class PassThroughAudio(audio_pb2_grpc.AudioServicer):
     """The request's body to the provider, the provider's answer back: one httpx call."""
 
@@ -82,15 +94,15 @@ class PassThroughAudio(audio_pb2_grpc.AudioServicer):
         self._authorization = f"Bearer {provider_key}"
 
     async def Transcribe(
-        self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
+        self,
+        requests: AsyncIterator[httpbody_pb2.HttpBody],
+        context: grpc.aio.ServicerContext,
     ) -> httpbody_pb2.HttpBody:
+        content_type, data = await _body(requests)
         response = await self._http.post(
             self._url,
-            content=request.data,
-            headers={
-                "Authorization": self._authorization,
-                "Content-Type": request.content_type,
-            },
+            content=data,
+            headers={"Authorization": self._authorization, "Content-Type": content_type},
         )
         return httpbody_pb2.HttpBody(content_type="application/json", data=response.content)
 
@@ -114,17 +126,17 @@ class BarePassThroughAudio(audio_pb2_grpc.AudioServicer):
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def Transcribe(
-        self, request: httpbody_pb2.HttpBody, context: grpc.aio.ServicerContext
+        self,
+        requests: AsyncIterator[httpbody_pb2.HttpBody],
+        context: grpc.aio.ServicerContext,
     ) -> httpbody_pb2.HttpBody:
+        content_type, data = await _body(requests)
         if self._idle:
             reader, writer = self._idle.pop()
         else:
             reader, writer = await asyncio.open_connection(self._host, self._port)
-        head = (
-            f"{self._head}Content-Type: {request.content_type}\r\n"
-            f"Content-Length: {len(request.data)}\r\n\r\n"
-        )
-        writer.write(head.encode("latin-1") + request.data)
+        head = f"{self._head}Content-Type: {content_type}\r\nContent-Length: {len(data)}\r\n\r\n"
+        writer.write(head.encode("latin-1") + data)
         answer_head = await reader.readuntil(b"\r\n\r\n")
         length = _CONTENT_LENGTH.search(answer_head)
         assert length is not None, "the fake answers with a Content-Length"

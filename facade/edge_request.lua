@@ -7,11 +7,18 @@
 --
 -- Globals rendered before this file (facade/envoy_config.py):
 --   ALLOWED_ORIGINS: nil (any origin) or a set of the origins allowed to call from a browser.
---   MAX_REQUEST_BYTES: the request body limit (the buffer filter enforces it on the bytes).
+--   MAX_REQUEST_BYTES: the body limit of the media routes (MEDIA_PATHS: the transcoder
+--     enforces it on a JSON body's bytes, the server on a streamed one's).
+--   MAX_CONTROL_BODY_BYTES: the body limit of every other route (JSON of a few KiB).
 --   FORWARDED: the set of request headers that go on to the server.
+--   BODY_ROUTES: method -> the Lua patterns of the paths of its routes with a body.
 --   ERROR_MESSAGES: HTTP status -> its default message.
 --
--- * Request whose Content-Length is over the limit: 413 at once, before its body is read.
+-- * Request whose Content-Length is over its route's limit: 413 at once, before its body is
+--   read.
+-- * Request to a route with a body (BODY_ROUTES) without a well-formed key: 401 at once,
+--   before its body is read or buffered (every such route needs a key; the server would
+--   refuse it with the same words, but only once the transcoder had buffered the body).
 -- * Request with an Origin that is not allowed: 400 before anything else runs (preflights
 --   included, so they get no allow headers). OPTIONS that is no preflight: 404.
 
@@ -32,6 +39,36 @@ local function keep_only_forwarded(h)
   end
   for _, name in ipairs(dropped) do h:remove(name) end
   return unprintable
+end
+
+-- The server's words (server/auth.py, bearer_token) for an Authorization it cannot use, or
+-- nil when the value has the shape of a key (the server still checks the key itself).
+local function unusable_authorization(value)
+  if value == nil then
+    return "Missing Authorization header: send 'Authorization: Bearer <API key>'"
+  end
+  value = value:gsub("^%s+", ""):gsub("%s+$", "")
+  local space = value:find(" ", 1, true)
+  local token = space and value:sub(space + 1):gsub("^%s+", "") or ""
+  if space == nil or value:sub(1, space - 1):lower() ~= "bearer" or token == "" then
+    return "Malformed Authorization header: expected 'Bearer <API key>'"
+  end
+  local kind, digits = token:match("^sk%-gw%-(%w%w)%-([0-9a-f]+)$")
+  if (kind ~= "v1" and kind ~= "op") or #digits ~= 64 then
+    return "Invalid API key"
+  end
+  return nil
+end
+
+-- Whether `method` `path` is a route with a body (an unknown one stays a 404 of the router).
+local function has_body_route(method, path)
+  local patterns = BODY_ROUTES[method]
+  if patterns == nil then return false end
+  local bare = path:match("^[^?]*")
+  for _, pattern in ipairs(patterns) do
+    if bare:find(pattern) then return true end
+  end
+  return false
 end
 
 function envoy_on_request(handle)
@@ -70,9 +107,18 @@ function envoy_on_request(handle)
     return
   end
   local length = tonumber(h:get("content-length") or "0")
-  if length ~= nil and length > MAX_REQUEST_BYTES then
+  local limit = MAX_CONTROL_BODY_BYTES
+  if MEDIA_PATHS[path:match("^[^?]*")] then limit = MAX_REQUEST_BYTES end
+  if length ~= nil and length > limit then
     handle:respond({ [":status"] = "413" }, ERROR_MESSAGES[413])
     return
+  end
+  if has_body_route(h:get(":method"), path) then
+    local refused = unusable_authorization(h:get("authorization"))
+    if refused ~= nil then
+      handle:respond({ [":status"] = "401" }, refused)
+      return
+    end
   end
   if ALLOWED_ORIGINS == nil then return end
   local origin = h:get("origin")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from server.config import DEFAULT_EDGE, EdgePolicy
+from server.contract import http_routes
 from server.errors import (
     ERROR_STATUS,
     ERROR_STATUSES,
@@ -44,6 +45,7 @@ FORWARDED_HEADERS = (
     "transfer-encoding",
     "x-session-id",
     "x-request-id",
+    "range",  # GET /videos/{id}/content by byte range
     "traceparent",
     "tracestate",
     "origin",
@@ -61,6 +63,7 @@ RESPONSE_INTERNALS = (
     "grpc-accept-encoding",
     "x-http-status",
     "x-error-body",
+    "x-content-length",
     "x-envoy-upstream-service-time",
     "x-gateway-transcoder-failure",
     HEADERS_FROM_TRAILERS_MARK,
@@ -229,6 +232,35 @@ def _lua_set(names: tuple[str, ...]) -> str:
     return "{" + ", ".join(f"[{_lua_string(n)}] = true" for n in names) + "}"
 
 
+# The routes whose bodies carry media (base64 or multipart audio, data: URL images): they
+# take up to max_request_bytes; every other route's body is JSON of a few KiB, bounded by
+# the edge's max_control_body_bytes.
+MEDIA_PATHS = ("/api/v1/audio/transcriptions", "/api/v1/videos")
+
+
+def body_routes() -> dict[str, tuple[str, ...]]:
+    """The REST routes with a body, by method, as Lua patterns of their paths (a path
+    parameter is one segment): from the contract's http rules."""
+    routes: dict[str, list[str]] = {method: [] for method in BODY_METHODS}
+    for route in http_routes().values():
+        method, _, template = route.partition(" ")
+        if method in routes:
+            segments = (
+                "[^/]+" if part.startswith("{") else part.replace("-", "%-")
+                for part in template.split("/")
+            )
+            routes[method].append("^" + "/".join(segments) + "$")
+    return {method: tuple(sorted(patterns)) for method, patterns in routes.items()}
+
+
+def _lua_body_routes() -> str:
+    by_method = (
+        f"  [{_lua_string(method)}] = {{ {', '.join(_lua_string(p) for p in patterns)} }},"
+        for method, patterns in body_routes().items()
+    )
+    return "BODY_ROUTES = {\n" + "\n".join(by_method) + "\n}\n"
+
+
 def _lua_prelude(edge: EdgePolicy, max_request_bytes: int) -> str:
     """The operator's settings the Lua filters read, as Lua globals."""
     if edge.any_origin:
@@ -239,7 +271,9 @@ def _lua_prelude(edge: EdgePolicy, max_request_bytes: int) -> str:
         "-- Rendered from the operator's settings (facade/envoy_config.py).\n"
         f"ALLOWED_ORIGINS = {origins}\n"
         f"MAX_REQUEST_BYTES = {max_request_bytes}\n"
-        f"FORWARDED = {_lua_set(FORWARDED_HEADERS)}\n"
+        f"MAX_CONTROL_BODY_BYTES = {edge.max_control_body_bytes}\n"
+        f"MEDIA_PATHS = {_lua_set(MEDIA_PATHS)}\n"
+        f"FORWARDED = {_lua_set(FORWARDED_HEADERS)}\n" + _lua_body_routes()
     )
 
 
@@ -361,6 +395,14 @@ def _at_most(limit: int) -> str:
     return f"[0-9]{{1,{digits}}}" if digits > 0 else "0"
 
 
+# Methods whose requests carry a body (every route with one needs a key).
+BODY_METHODS = ("POST", "PUT", "PATCH")
+BODY_METHODS_REGEX = "|".join(BODY_METHODS)
+# What the server's bearer_token and key patterns accept (server/auth.py, API and operator
+# keys): anything else is refused by the server too, so the edge refuses it first.
+WELL_FORMED_AUTHORIZATION = r"[ \t]*[Bb][Ee][Aa][Rr][Ee][Rr] +sk-gw-(?:v1|op)-[0-9a-f]{64}[ \t]*"
+
+
 def _plain_request(edge: EdgePolicy, max_request_bytes: int) -> dict[str, Any]:
     """A request edge_request.lua would let through untouched but for the headers it drops:
     an /api/v1/ path, no protocol upgrade, no CONNECT or OPTIONS, a Content-Length well
@@ -371,7 +413,16 @@ def _plain_request(edge: EdgePolicy, max_request_bytes: int) -> dict[str, Any]:
         _absent(_request_header_is, "upgrade"),
         _any_of(
             _absent(_request_header_is, "content-length"),
-            _request_header_is("content-length", _regex(_at_most(max_request_bytes))),
+            _request_header_is(
+                "content-length",
+                _regex(_at_most(min(max_request_bytes, edge.max_control_body_bytes))),
+            ),
+        ),
+        # A method with a body carries a well-formed key: edge_request.lua refuses one
+        # without before its body is read.
+        _any_of(
+            _not(_request_header_is(":method", _regex(BODY_METHODS_REGEX))),
+            _request_header_is("authorization", _regex(WELL_FORMED_AUTHORIZATION)),
         ),
     ]
     conditions += [
@@ -459,6 +510,21 @@ def _forwarded_only() -> dict[str, Any]:
     }
 
 
+# The client's Content-Length, for the server: the transcoder drops the header when it turns
+# a streamed body into messages, and the server reserves a body's memory from it before
+# reading the body (server/transcription/body.py). Set here, so no client can send its own.
+DECLARED_LENGTH_HEADER = "x-gateway-content-length"
+
+
+def _declared_length() -> dict[str, Any]:
+    return {
+        "append": {
+            "header": {"key": DECLARED_LENGTH_HEADER, "value": "%REQ(CONTENT-LENGTH)%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }
+    }
+
+
 def _response_internals_removed() -> list[dict[str, Any]]:
     return [{"remove": name} for name in RESPONSE_INTERNALS]
 
@@ -539,6 +605,43 @@ def _flood_protection(edge: EdgePolicy) -> dict[str, Any]:
     }
 
 
+def _heap_trigger(threshold: float) -> dict[str, Any]:
+    return {"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": threshold}}
+
+
+# What one client connection may make Envoy hold before it stops reading from it (Envoy's
+# default, stated): a body streamed to the server passes through within this.
+CONNECTION_BUFFER_BYTES = 1024 * 1024
+# HTTP/2 clients: how much a stream (and a connection) may send before Envoy reads it —
+# Envoy's own defaults (256 MiB) would let one client's bodies sit in Envoy's memory. The
+# values of Envoy's edge best practices.
+CLIENT_STREAM_WINDOW_BYTES = 64 * 1024
+CLIENT_CONNECTION_WINDOW_BYTES = 1024 * 1024
+
+
+def _media_routes(timeout: str) -> list[dict[str, Any]]:
+    """The media routes' REST paths, matched before transcoding (the filters before the
+    transcoder see the REST path): they skip the buffer filter. The transcoder then clears
+    the route, and the request is routed by its gRPC path like every other."""
+    return [
+        {
+            "match": {
+                "path": path,
+                "headers": [{"name": ":method", "string_match": {"exact": "POST"}}],
+            },
+            "route": {"cluster": "gateway_grpc", "timeout": timeout},
+            "typed_per_filter_config": {
+                "envoy.filters.http.buffer": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3."
+                    "BufferPerRoute",
+                    "disabled": True,
+                }
+            },
+        }
+        for path in MEDIA_PATHS
+    ]
+
+
 def render(options: EnvoyOptions) -> dict[str, Any]:
     edge = options.edge
     timeout = _seconds(edge.upstream_timeout_seconds)
@@ -548,7 +651,8 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
             "name": "streaming",
         }
     }
-    routes = [
+    routes = _media_routes(timeout)
+    routes += [
         {
             "match": {"path": method},
             "route": {"cluster": "gateway_grpc", "timeout": timeout},
@@ -610,6 +714,10 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         "request_timeout": _seconds(edge.request_timeout_seconds),
         "stream_idle_timeout": _seconds(edge.idle_timeout_seconds),
         "max_request_headers_kb": edge.max_request_headers_kb,
+        "http2_protocol_options": {
+            "initial_stream_window_size": CLIENT_STREAM_WINDOW_BYTES,
+            "initial_connection_window_size": CLIENT_CONNECTION_WINDOW_BYTES,
+        },
         # Every answer carries the x-request-id the server logs it under.
         "always_set_request_id_in_response": True,
         # The authority normalised once, before any filter or route reads it: one trailing
@@ -708,7 +816,7 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation."
                     "v3.HeaderMutation",
                     "mutations": {
-                        "request_mutations": [_forwarded_only()],
+                        "request_mutations": [_forwarded_only(), _declared_length()],
                         "request_trailers_mutations": [
                             {"remove_on_match": {"key_matcher": {"safe_regex": {"regex": ".*"}}}}
                         ],
@@ -721,11 +829,14 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                 "typed_config": _flood_protection(edge),
             },
             {
-                # Bounds every request body: past the limit Envoy answers 413 itself.
+                # Bounds the body of every route without media (keys, vault, ...: JSON of a
+                # few KiB), announced or chunked: past the limit Envoy answers 413 itself. The
+                # media routes (MEDIA_PATHS) skip it (_media_routes): the transcriber's body
+                # streams to the server, a video submission is bounded by the transcoder.
                 "name": "envoy.filters.http.buffer",
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
-                    "max_request_bytes": options.max_request_bytes,
+                    "max_request_bytes": edge.max_control_body_bytes,
                 },
             },
             {
@@ -820,6 +931,7 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
         },
         # Flood protection for connections: past this many open ones, new ones are refused.
         "overload_manager": {
+            "refresh_interval": "0.25s",
             "resource_monitors": [
                 {
                     "name": "envoy.resource_monitors.global_downstream_max_connections",
@@ -828,8 +940,30 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                         "downstream_connections.v3.DownstreamConnectionsConfig",
                         "max_active_downstream_connections": edge.max_connections,
                     },
-                }
-            ]
+                },
+                {
+                    # Envoy's memory as a whole: bodies in its buffers (the transcoder holds a
+                    # JSON body whole) count here, whatever the number of clients.
+                    "name": "envoy.resource_monitors.fixed_heap",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.resource_monitors."
+                        "fixed_heap.v3.FixedHeapConfig",
+                        "max_heap_size_bytes": edge.max_heap_bytes,
+                    },
+                },
+            ],
+            "actions": [
+                {
+                    "name": "envoy.overload_actions.shrink_heap",
+                    "triggers": [_heap_trigger(0.90)],
+                },
+                {
+                    # New requests get a 503 (with Retry-After, from the error table) while
+                    # the heap is this full; those in flight go on.
+                    "name": "envoy.overload_actions.stop_accepting_requests",
+                    "triggers": [_heap_trigger(0.95)],
+                },
+            ],
         },
         "admin": {
             "address": {
@@ -852,6 +986,7 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                     # Envoy shares a port with SO_REUSEPORT by default: a second gateway
                     # on this port would then split the clients with the first. Refuse.
                     "enable_reuse_port": False,
+                    "per_connection_buffer_limit_bytes": CONNECTION_BUFFER_BYTES,
                     "filter_chains": [
                         {
                             "filters": [

@@ -32,7 +32,7 @@ local INTERNAL = { "x-http-status", "x-error-body", "grpc-status", "grpc-message
                    "x-envoy-upstream-service-time" }
 
 local function copied_header(name)
-  return name == "retry-after" or name:sub(1, 12) == "x-ratelimit-"
+  return name == "retry-after" or name == "content-range" or name:sub(1, 12) == "x-ratelimit-"
 end
 
 -- The flood protection's 429 carries the limit and remaining; add when it resets.

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from facade.envoy_config import EnvoyOptions, Upstream
 from facade.launcher import EnvoyBindError, EnvoyProcess, dying_with_this_process
 from facade.supervision import RestartBudget, Supervised, supervise
-from server.app import seal_stored_secrets, serve
+from server.app import prepare_vault, serve
 from server.clock import SystemClock
 from server.config import Settings
 from server.contract import DESCRIPTOR_SET, SERVICES
@@ -178,8 +178,9 @@ async def run_workers(
     dies is started again (facade/supervision.py), on the port it had."""
     check_ports(settings, workers)
     await upgrade(settings.database_url)
-    # Created once here, not raced by the workers; what is left in clear sealed here too.
-    await seal_stored_secrets(settings, load_master_key(settings.data_dir))
+    # Created once here, not raced by the workers, and refused here when it is not the
+    # database's (before any worker or Envoy starts); what is left in clear sealed here too.
+    await prepare_vault(settings, load_master_key(settings.data_dir))
     ports_dir = settings.data_dir / "ports"
     ports_dir.mkdir(parents=True, exist_ok=True)
     port_files = [ports_dir / f"grpc-{index}" for index in range(workers)]

@@ -24,7 +24,7 @@ from server.byok.cache import ByokKeysCache
 from server.byok.fees import ByokFees
 from server.byok.routing import ByokRouting
 from server.clock import Clock, SystemClock
-from server.compute import ComputePool
+from server.compute import ComputePool, release_free_memory
 from server.config import EdgePolicy, Settings
 from server.console import ConsoleAssets
 from server.contract import (
@@ -40,6 +40,7 @@ from server.contract import (
     vault_pb2_grpc,
     videos_pb2_grpc,
 )
+from server.db.clockcheck import check_clock
 from server.db.driver import HotReads
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
@@ -61,7 +62,7 @@ from server.providers.azure_openai_stt import AzureOpenAISttAdapter
 from server.providers.dashscope_video import DashScopeVideoAdapter
 from server.providers.deepgram_stt import DeepgramSttAdapter
 from server.providers.elevenlabs_stt import ElevenLabsSttAdapter
-from server.providers.fal_video import FalVideoAdapter
+from server.providers.fal_video import QUEUE_SPEC, FalVideoAdapter
 from server.providers.gemini_video import GeminiVideoAdapter
 from server.providers.http import Downloads, ImageFetcher, provider_client
 from server.providers.kling_video import KlingVideoAdapter
@@ -70,7 +71,6 @@ from server.providers.minimax_video import MiniMaxVideoAdapter
 from server.providers.openai_stt import OpenAISttAdapter
 from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
-from server.providers.queue_video import QueueVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.stt import SttAdapter
@@ -85,16 +85,18 @@ from server.services.console import ConsoleService
 from server.services.generations import GenerationsService
 from server.services.guardrails import GuardrailsService
 from server.services.keys import KeysService
-from server.services.management import ManagementService
+from server.services.management import KeyRotation, ManagementService
 from server.services.models import ModelsService
 from server.services.operator import OperatorService
 from server.services.rpc import ObservedServer, RequestObserver
 from server.services.vault import VaultService
 from server.services.videos import VideosService
+from server.transcription.body import BodyBudget, retry_after_for
 from server.transcription.transcriber import Transcriber
+from server.vault import keycheck
 from server.vault.crypto import MasterKey, load_master_key
 from server.vault.webhook_secrets import seal_legacy_secrets
-from server.videos.content import ContentStore
+from server.videos.content import ContentStore, content_store
 from server.workers.video_worker import VideoWorker
 from server.workers.webhook_dispatcher import WebhookDispatcher
 
@@ -138,6 +140,7 @@ class Core:
         for pool in self.pools:
             await pool.close()
         await self.http.aclose()
+        await self.content.close()
         if self.leases is not None:
             await self.leases.close()  # the rows go back before the writer's last commit
         await self.writer.close()
@@ -182,11 +185,16 @@ def build_core(
     # Result URLs off the endpoint's own origin: https to public addresses, DNS-pinned.
     allow_private = settings.provider_downloads_allow_private
     downloads = Downloads(http, allow_private=allow_private)
-    images = ImageFetcher(http, allow_private=allow_private)
+    images = ImageFetcher(
+        http,
+        allow_private=allow_private,
+        max_bytes=settings.video_image_max_bytes,
+        seconds=settings.video_image_fetch_seconds,
+    )
     video_adapters: dict[str, VideoAdapter] = {
         "local": LocalVideoAdapter(),
-        "openai": OpenAIVideoAdapter(http),
-        "queue": QueueVideoAdapter(http, downloads),
+        "openai": OpenAIVideoAdapter(http, downloads),
+        "queue": FalVideoAdapter(http, downloads, spec=QUEUE_SPEC),
         "gemini": GeminiVideoAdapter(http, images=images, downloads=downloads),
         "vertex": VertexVideoAdapter(http, images=images, downloads=downloads),
         "kling": KlingVideoAdapter(http, clock, downloads),
@@ -198,7 +206,12 @@ def build_core(
     }
     # Every catalog endpoint must name a registered adapter (startup error otherwise).
     catalog = served_by(catalog, stt_adapters.keys(), video_adapters.keys())
-    content = ContentStore(settings.content_dir)
+    content = content_store(
+        settings.content_url,
+        settings.content_dir,
+        check_seconds=settings.content_check_seconds,
+        part_bytes=settings.content_part_bytes,
+    )
     vault_master = load_master_key(settings.data_dir)  # also seals BYOK keys
     byok = ByokRouting(
         vault_master,
@@ -264,6 +277,10 @@ def build_core(
             byok=byok,
             cooldowns=cooldowns,
             writer=writer,
+            max_video_bytes=settings.video_max_bytes,
+            download_seconds=settings.video_download_seconds,
+            jobs_at_once=settings.video_jobs_at_once,
+            drain_seconds=settings.shutdown_grace_seconds,
         ),
         webhooks=webhooks,
         maintenance=Maintenance(
@@ -317,6 +334,10 @@ def metadata_limit_bytes(edge: EdgePolicy) -> int:
     return 2 * edge.max_request_headers_kb * 1024 + 64 * 1024
 
 
+# The HTTP/2 window of each stream from Envoy (see build_server).
+STREAM_WINDOW_BYTES = 256 * 1024
+
+
 def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
     metadata_limit = metadata_limit_bytes(core.settings.edge)
@@ -330,6 +351,11 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
             ("grpc.max_metadata_size", metadata_limit),
             ("grpc.absolute_max_metadata_size", metadata_limit),
             ("grpc.so_reuseport", 0),
+            # A stream's unread bytes are held by gRPC (Envoy sends as far as the window
+            # lets it): a fixed window, not one BDP probing grows to megabytes, bounds what
+            # a body nobody reads yet (waiting for the body budget, or refused unread) costs.
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
         ],
     )
     # Every gateway service is registered through the observer (server/services/rpc.py):
@@ -345,7 +371,16 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         observed,
     )
     management_pb2_grpc.add_ManagementServicer_to_server(
-        ManagementService(core.auth, core.sessions, core.clock), observed
+        ManagementService(
+            core.auth,
+            core.sessions,
+            core.clock,
+            KeyRotation(
+                core.settings.key_rotation_grace_seconds,
+                core.settings.key_rotation_max_grace_seconds,
+            ),
+        ),
+        observed,
     )
     management_pb2_grpc.add_OperatorServicer_to_server(
         OperatorService(core.auth, core.sessions, core.clock), observed
@@ -369,7 +404,19 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         observed,
     )
     audio_pb2_grpc.add_AudioServicer_to_server(
-        AudioService(core.auth, core.sessions, core.transcriber), observed
+        AudioService(
+            core.auth,
+            core.sessions,
+            core.transcriber,
+            BodyBudget(
+                core.settings.body_budget_bytes,
+                core.settings.body_budget_wait_seconds,
+                retry_after_for(core.settings.body_budget_wait_seconds),
+                trim=release_free_memory,
+            ),
+            core.settings.max_request_bytes,
+        ),
+        observed,
     )
     byok_pb2_grpc.add_ByokServicer_to_server(
         ByokService(core.auth, core.sessions, core.clock, core.catalog, core.vault_master),
@@ -408,12 +455,15 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     return server, health_servicer
 
 
-async def seal_stored_secrets(settings: Settings, master: MasterKey) -> int:
-    """Seal what an older gateway stored in clear (webhook signing secrets), with an engine
-    of its own: `gateway up --workers N` does it once before its server processes start."""
+async def prepare_vault(settings: Settings, master: MasterKey) -> int:
+    """Refuse a master key that is not the database's (MasterKeyMismatch), then seal what an
+    older gateway stored in clear (webhook signing secrets), with an engine of its own:
+    `gateway up --workers N` does it once before its server processes start."""
     engine = create_engine(settings.database_url)
     try:
-        return await seal_legacy_secrets(session_factory(engine), master, SystemClock().now())
+        sessions = session_factory(engine)
+        await keycheck.verify(sessions, master, SystemClock().now())
+        return await seal_legacy_secrets(sessions, master, SystemClock().now())
     finally:
         await engine.dispose()
 
@@ -435,8 +485,18 @@ async def serve(
     ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
-    # Before serving: what an older gateway stored in clear is sealed (once).
-    await seal_legacy_secrets(core.sessions, core.vault_master, core.clock.now())
+    try:
+        # Before serving: the master key is the database's and the clock agrees with the
+        # database server's (else refuse to start), the content store is usable (an object
+        # store's bucket exists and answers; else one line naming GATEWAY_CONTENT_URL), and
+        # what an older gateway stored in clear is sealed (once).
+        await keycheck.verify(core.sessions, core.vault_master, core.clock.now())
+        await check_clock(core.sessions, core.clock, settings.max_clock_skew_seconds)
+        await core.content.start()
+        await seal_legacy_secrets(core.sessions, core.vault_master, core.clock.now())
+    except BaseException:
+        await core.close()
+        raise
     # The pools of worker processes start when first used: a WAV (the common upload) is
     # measured in this process, so the decoders are only for compressed audio, and a server
     # that never sees any keeps neither their memory nor their start-up CPU.

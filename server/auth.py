@@ -192,6 +192,8 @@ class Authenticator:
         key, workspace, account = row
         if key.disabled:
             raise unauthorized("API key is disabled")
+        if workspace.disabled:
+            raise unauthorized("API key's workspace is disabled")
         for loaded in (key, workspace, account):
             session.expunge(loaded)  # shared by requests from now on: no session owns it
         cached = _Cached(Principal(key=key, workspace=workspace, account=account), key.last_used_at)

@@ -202,6 +202,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
         args, grpc_port=args.grpc_port, http_port=args.http_port, http_host=args.host
     )
     stop = stop_on_signals()
+    await _agreements(settings)  # before anything is written: no operator key for a refused host
     await _operator_key(settings)
 
     def announce(base_url: str, grpc_targets: list[str]) -> None:
@@ -272,6 +273,24 @@ async def cmd_envoy_config(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _agreements(settings: Settings) -> None:
+    """Migrate, and refuse what this host must agree on with every other process on the
+    database and does not: its vault master key (the database keeps the first one's check
+    value: server/vault/keycheck.py) and its clock (server/db/clockcheck.py)."""
+    from server.db.clockcheck import check_clock
+    from server.vault import keycheck
+    from server.vault.crypto import load_master_key
+
+    master = load_master_key(settings.data_dir)
+    clock = SystemClock()
+
+    async def check(sessions: SessionFactory) -> None:
+        await keycheck.verify(sessions, master, clock.now())
+        await check_clock(sessions, clock, settings.max_clock_skew_seconds)
+
+    await _with_sessions(settings, check)
+
+
 async def _operator_key(settings: Settings) -> None:
     """Migrate, and issue the operator key when the database has none. Only the file's
     path is printed, never the key."""
@@ -292,6 +311,7 @@ async def _operator_key(settings: Settings) -> None:
 
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
+    from server.vault import keycheck
     from server.vault.crypto import load_master_key
     from server.vault.webhook_secrets import legacy_secrets, seal_legacy_secrets
 
@@ -302,6 +322,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
         if not await legacy_secrets(sessions):
             return 0  # no master key needed (a migration job may have none)
         master = load_master_key(settings.data_dir)
+        await keycheck.verify(sessions, master, SystemClock().now())
         return await seal_legacy_secrets(sessions, master, SystemClock().now())
 
     sealed = await _with_sessions(settings, seal)
@@ -344,11 +365,13 @@ async def cmd_workspaces_update(args: argparse.Namespace) -> int:
             intern_programme=args.intern_programme,
             vault_writes_disabled=None if args.vault_writes is None else not args.vault_writes,
             default_callback_url=args.default_callback_url,
+            disabled=args.disabled,
         )
 
     workspace = await _with_session(args, work)
+    state = "disabled (its keys are refused)" if workspace.disabled else "enabled"
     print(
-        f"Workspace {workspace.name}: intern programme "
+        f"Workspace {workspace.name}: {state}, intern programme "
         f"{'on' if workspace.intern_programme else 'off'}, vault writes "
         f"{'off' if workspace.vault_writes_disabled else 'on'}, default callback URL "
         f"{workspace.default_callback_url or '(none)'}"
@@ -357,6 +380,7 @@ async def cmd_workspaces_update(args: argparse.Namespace) -> int:
 
 
 async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
+    from server.vault import keycheck
     from server.vault.crypto import load_master_key
     from server.vault.webhook_secrets import workspace_secret
 
@@ -364,6 +388,7 @@ async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
     master = load_master_key(settings.data_dir)  # the secret is sealed under it
 
     async def secret(sessions: SessionFactory) -> str:
+        await keycheck.verify(sessions, master, SystemClock().now())
         async with sessions() as session:
             workspace = await workspaces.workspace_by_name(session, args.name)
         return await workspace_secret(sessions, master, workspace.id, SystemClock().now())
@@ -373,6 +398,7 @@ async def cmd_workspaces_webhook_secret(args: argparse.Namespace) -> int:
 
 
 async def cmd_vault_rotate(args: argparse.Namespace) -> int:
+    from server.vault import keycheck
     from server.vault.crypto import MasterKey, load_master_key, replace_key_file
     from server.vault.store import rotate_master_key
 
@@ -390,10 +416,17 @@ async def cmd_vault_rotate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise GatewayError(400, str(exc)) from exc
 
-    async def work(session: AsyncSession, now: datetime) -> Any:
-        return await rotate_master_key(session, old, new)
+    async def work(sessions: SessionFactory) -> int:
+        now = SystemClock().now()
+        await keycheck.verify(sessions, old, now)  # a wrong key rotates nothing
+        async with sessions() as session:
+            count = await rotate_master_key(session, old, new)
+            # With the re-wrap: a process still holding the old key refuses at its next start.
+            await keycheck.record(session, new, now)
+            await session.commit()
+        return count
 
-    count = await _with_session(args, work)
+    count = await _with_sessions(settings, work)
     if os.environ.get("GATEWAY_VAULT_MASTER_KEY"):
         print(
             f"Re-wrapped {count} vault keys. Set GATEWAY_VAULT_MASTER_KEY to the new key "
@@ -593,9 +626,11 @@ def _byok_key_text(args: argparse.Namespace) -> str:
 async def cmd_byok_create(args: argparse.Namespace) -> int:
     from server.byok import keys as store
     from server.routing.catalog import load_catalog
+    from server.vault import keycheck
     from server.vault.crypto import load_master_key
 
-    settings = load_settings(args.data_dir, args.database_url)
+    # The data dir checked against the database before the key file is created in it.
+    settings = _settings(args)
     catalog = load_catalog(settings.catalog_file)
     master = load_master_key(settings.data_dir)
     changes = store.check_changes(
@@ -610,20 +645,25 @@ async def cmd_byok_create(args: argparse.Namespace) -> int:
     )
     key = _byok_key_text(args)
 
-    async def work(session: AsyncSession, now: datetime) -> Any:
-        workspace = await _workspace(session, args.workspace, now)
-        return await store.create_key(
-            session,
-            master,
-            catalog,
-            workspace_id=workspace.id,
-            provider=args.provider,
-            key=key,
-            changes=changes,
-            now=now,
-        )
+    async def work(sessions: SessionFactory) -> Any:
+        now = SystemClock().now()
+        await keycheck.verify(sessions, master, now)  # the key is sealed under it
+        async with sessions() as session:
+            workspace = await _workspace(session, args.workspace, now)
+            row = await store.create_key(
+                session,
+                master,
+                catalog,
+                workspace_id=workspace.id,
+                provider=args.provider,
+                key=key,
+                changes=changes,
+                now=now,
+            )
+            await session.commit()
+            return row
 
-    row = await _with_session(args, work)
+    row = await _with_sessions(settings, work)
     print(f"Created BYOK key {row.label} for {row.provider} in {args.workspace or 'default'}")
     print(row.id)
     return 0
@@ -825,6 +865,12 @@ def build_parser() -> argparse.ArgumentParser:
     ws_update.add_argument("name")
     ws_update.add_argument("--intern-programme", type=_on_off, metavar="on|off")
     ws_update.add_argument("--vault-writes", type=_on_off, metavar="on|off")
+    ws_update.add_argument(
+        "--disabled",
+        type=_on_off,
+        metavar="on|off",
+        help="on: every key of the workspace is refused (401) until off; nothing is deleted",
+    )
     ws_update.add_argument(
         "--default-callback-url",
         metavar="URL",

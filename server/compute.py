@@ -124,3 +124,15 @@ class ComputePool:
         if self._executor is not None:
             executor, self._executor = self._executor, None
             await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+
+
+def release_free_memory() -> None:
+    """Give the heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere).
+    Large request bodies arrive as many small messages: once they are freed the heap keeps
+    their pages, interleaved with live objects, until trimmed. Blocking: run it in a thread."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:  # glibc only (musl has none)
+        trim(0)

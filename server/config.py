@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -27,6 +28,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from server.hostnames import dns_name
 
 DEFAULT_DATA_DIR = "gateway-data"
+# The video worker's outbound bounds (defaults of the settings below, used where a component
+# is built without settings: tests, benches).
+VIDEO_MAX_BYTES = 2 * 1024**3  # one provider result file
+VIDEO_DOWNLOAD_SECONDS = 900.0  # one provider result download, start to end
+VIDEO_IMAGE_MAX_BYTES = 20 * 1024**2  # one client image (Veo's own inline limit)
+VIDEO_IMAGE_FETCH_SECONDS = 30.0  # one client image fetch, start to end
+VIDEO_JOBS_AT_ONCE = 8  # jobs one server process's video worker runs concurrently
 ANY_ORIGIN = "*"
 ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 
@@ -37,10 +45,14 @@ ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 READ_ELSEWHERE: dict[str, tuple[str, str]] = {
     "GATEWAY_VAULT_MASTER_KEY": (
         "a key file in the data dir",
-        "The vault's master key (base64 of 32 bytes); `gateway vault rotate-master-key` "
-        "re-wraps the data keys under a new one.",
+        "The vault's master key (base64 of 32 bytes); every process on one database must "
+        "hold the same one (checked at start); `gateway vault rotate-master-key` re-wraps the "
+        "data keys under a new one.",
     ),
-    "GATEWAY_CONTENT_DIR": ("DATA_DIR/content", "Where finished videos are stored."),
+    "GATEWAY_CONTENT_DIR": (
+        "DATA_DIR/content",
+        "The local folder of finished videos, when GATEWAY_CONTENT_URL is empty.",
+    ),
     "GATEWAY_LOG_FORMAT": ("json", "`json` (one object per line on stderr) or `text`."),
     "GATEWAY_ENVOY_LOG_LEVEL": (
         "warning",
@@ -74,6 +86,23 @@ Origins = Annotated[tuple[Annotated[str, AfterValidator(_origin)], ...], BeforeV
 Hosts = Annotated[
     frozenset[Annotated[str, AfterValidator(dns_name)]], NoDecode, BeforeValidator(_listed)
 ]
+
+
+def _content_url(url: str) -> str:
+    """GATEWAY_CONTENT_URL: empty, file:///absolute/path or s3://bucket/prefix. The value is
+    never echoed: a mistyped one may carry a secret."""
+    if not url or (url.startswith("file:///") and len(url) > len("file:///")):
+        return url
+    if url.startswith("s3://"):
+        parts = urlsplit(url)
+        if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+            raise ValueError(
+                "must not carry credentials: they come from AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY"
+            )
+        if parts.netloc and not parts.query and not parts.fragment and ":" not in parts.netloc:
+            return url
+    raise ValueError("must be s3://bucket/prefix or file:///absolute/path (or empty)")
 
 
 def _seconds(default: float, variable: str, description: str) -> Any:
@@ -147,6 +176,21 @@ class EdgePolicy(BaseModel):
         gt=0,
         alias="GATEWAY_EDGE_MAX_CONNECTIONS",
         description="Open client connections per Envoy; more are refused.",
+    )
+    max_control_body_bytes: int = Field(
+        1024 * 1024,
+        gt=0,
+        alias="GATEWAY_EDGE_MAX_CONTROL_BODY_BYTES",
+        description="The body of a request to a route that carries no media (keys, vault, "
+        "guardrails, workspaces, BYOK: JSON of a few KiB); 413 past it, refused before it is "
+        "read when announced. Media routes take up to GATEWAY_MAX_REQUEST_BYTES.",
+    )
+    max_heap_bytes: int = Field(
+        1024**3,
+        ge=64 * 1024**2,
+        alias="GATEWAY_EDGE_MAX_HEAP_BYTES",
+        description="Envoy's heap: past 95% of it new requests get 503 with Retry-After "
+        "until it falls (the heap is shrunk from 90%).",
     )
 
     @property
@@ -228,7 +272,24 @@ class Settings(BaseSettings):
         description="Envoy's admin endpoint on 127.0.0.1; 0: a free port Envoy picks.",
     )
     max_request_bytes: int = Field(
-        50 * 1024 * 1024, gt=0, description="The largest request body accepted (413 above)."
+        50 * 1024 * 1024,
+        gt=0,
+        description="A media route's request body (transcriptions, video submissions), per "
+        "request: Envoy's 413 and the server's, streamed or not.",
+    )
+    body_budget_bytes: int = Field(
+        512 * 1024 * 1024,
+        gt=0,
+        description="Request bodies one server process holds at once, each counted as 4x its "
+        "bytes (what parsing holds at the peak; server/transcription/body.py): a body that "
+        "finds it spent waits GATEWAY_BODY_BUDGET_WAIT_SECONDS, then is refused with 503 and "
+        "Retry-After (413 if it could never fit).",
+    )
+    body_budget_wait_seconds: float = Field(
+        2.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="How long a request body waits for the body budget before its 503.",
     )
     catalog_file: str | None = Field(
         None,
@@ -242,11 +303,68 @@ class Settings(BaseSettings):
         description="How long a video worker holds a job before another process may take it "
         "over (the holder is presumed dead).",
     )
+    video_max_bytes: int = Field(
+        VIDEO_MAX_BYTES,
+        gt=0,
+        description="A provider's result file, streamed into the content store (never held "
+        "whole in memory): past this many bytes the job fails for good, uncharged, nothing "
+        "partial is left and it is not fetched again.",
+    )
+    video_download_seconds: float = Field(
+        VIDEO_DOWNLOAD_SECONDS,
+        gt=0,
+        allow_inf_nan=False,
+        description="One provider result download, start to end: past it the job fails as "
+        "for GATEWAY_VIDEO_MAX_BYTES.",
+    )
+    video_image_max_bytes: int = Field(
+        VIDEO_IMAGE_MAX_BYTES,
+        gt=0,
+        description="A client's image URL the gateway fetches for a provider that takes "
+        "images inline (Veo): past this many bytes the job fails as the client's fault, "
+        "uncharged.",
+    )
+    video_image_fetch_seconds: float = Field(
+        VIDEO_IMAGE_FETCH_SECONDS,
+        gt=0,
+        allow_inf_nan=False,
+        description="One client image fetch, start to end (past it: as for "
+        "GATEWAY_VIDEO_IMAGE_MAX_BYTES).",
+    )
+    video_jobs_at_once: int = Field(
+        VIDEO_JOBS_AT_ONCE,
+        ge=1,
+        description="Video jobs one server process works on concurrently, each lease renewed "
+        "while it runs: a slow provider, image host or download holds only its own job.",
+    )
     video_retention_seconds: float = Field(
         86400.0,
         gt=0,
         allow_inf_nan=False,
         description="How long a finished video's content is kept.",
+    )
+    content_url: Annotated[str, AfterValidator(_content_url)] = Field(
+        "",
+        description="Where finished videos are kept: empty, the local folder "
+        "GATEWAY_CONTENT_DIR; `file:///absolute/path`, that folder; `s3://bucket/prefix`, "
+        "S3-compatible object storage shared by several hosts (credentials, region and "
+        "endpoint from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, "
+        "AWS_ENDPOINT_URL; never in the URL).",
+    )
+    content_check_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        allow_inf_nan=False,
+        description="The content store is checked before serving (the bucket exists and "
+        "answers) within this, or the server stops with one line naming GATEWAY_CONTENT_URL.",
+    )
+    content_part_bytes: int = Field(
+        8 * 1024**2,
+        ge=5 * 1024**2,
+        le=5 * 1024**3,
+        description="An upload to object storage holds one part of this many bytes in memory "
+        "per video being stored (S3's parts: 5 MiB to 5 GiB).",
     )
     maintenance_interval_seconds: float = Field(
         5.0,
@@ -311,6 +429,19 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="How long in-flight requests may finish after SIGTERM.",
     )
+    key_rotation_grace_seconds: int = Field(
+        86400,
+        ge=0,
+        le=31 * 86400,
+        description="Key rotation (POST /api/v1/keys/{hash}/rotate): how long the old key "
+        "keeps working when the request names no grace_seconds.",
+    )
+    key_rotation_max_grace_seconds: int = Field(
+        30 * 86400,
+        ge=0,
+        le=366 * 86400,
+        description="The longest grace a key rotation request may ask for.",
+    )
     restart_limit: int = Field(
         5,
         ge=1,
@@ -338,6 +469,15 @@ class Settings(BaseSettings):
         gt=0,
         allow_inf_nan=False,
         description="How often each process pings the database for its gRPC health.",
+    )
+    max_clock_skew_seconds: float = Field(
+        2.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="How far this host's clock may be from the database server's "
+        "(PostgreSQL) at start: processes on one database compare times each of them wrote "
+        "(server/db/clockcheck.py).",
     )
     # CPU-bound work runs in worker processes (server.compute), never on the event loop; a
     # request finding the pool and its queue full is answered 429, never left to stall others

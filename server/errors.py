@@ -121,6 +121,9 @@ ERROR_STATUSES: tuple[ErrorStatus, ...] = (
         grpc_failures=(_CODE.RESOURCE_EXHAUSTED,),
         envoy_replies=(EnvoyReply(413), EnvoyReply(431, "Request headers too large")),
     ),
+    # GET /videos/{id}/content with a Range outside the video (RFC 9110 §15.5.17): sent with
+    # `Content-Range: bytes */size`.
+    ErrorStatus(416, _CODE.OUT_OF_RANGE, "RANGE_NOT_SATISFIABLE", "Range not satisfiable"),
     ErrorStatus(
         429,
         _CODE.RESOURCE_EXHAUSTED,

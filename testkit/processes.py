@@ -225,3 +225,12 @@ class GatewayProcess:
 
     def log(self) -> str:
         return "".join(self.output)
+
+    def master_key_env(self) -> dict[str, str]:
+        """The vault master key this gateway uses, as GATEWAY_VAULT_MASTER_KEY: what another
+        gateway on its database (with a data dir of its own) must be given, or it refuses
+        to start."""
+        given = self.extra_env.get("GATEWAY_VAULT_MASTER_KEY")
+        if given is None:
+            given = (self.data_dir / "vault-master.key").read_text().strip()
+        return {"GATEWAY_VAULT_MASTER_KEY": given}

@@ -32,6 +32,7 @@ from testkit.fakes.openai_stt import FakeSttProvider
 from testkit.fakes.video_providers import FakeVideoProviders
 from testkit.fakes.webhook_receiver import WebhookReceiver
 from testkit.processes import GatewayProcess
+from tests.support.moto import moto_s3  # noqa: F401  # the S3 endpoint fixture, for every module
 
 PG_HOST = os.environ.get("GATEWAY_TEST_PG_HOST", "127.0.0.1")
 PG_USER = os.environ.get("GATEWAY_TEST_PG_USER", "postgres")

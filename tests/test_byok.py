@@ -7,6 +7,7 @@ no free BYOK requests, a 10% fee."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
@@ -171,6 +172,12 @@ def test_a_workspace_key_serves_its_requests_and_pays_the_platform_fee(
     assert not [OWN_KEY[i : i + 12] for i in range(len(OWN_KEY) - 11) if OWN_KEY[i : i + 12] in log]
 
 
+def _python_path() -> dict[str, str]:
+    """The code under test (a worktree on PYTHONPATH), not only the installed one."""
+    given = os.environ.get("PYTHONPATH")
+    return {} if given is None else {"PYTHONPATH": given}
+
+
 def test_the_cli_creates_lists_and_deletes_keys_read_from_stdin_or_a_variable(
     tmp_path: Path,
 ) -> None:
@@ -184,7 +191,7 @@ def test_the_cli_creates_lists_and_deletes_keys_read_from_stdin_or_a_variable(
             capture_output=True,
             text=True,
             timeout=60,
-            env={"PATH": sys.exec_prefix + "/bin", **(env or {})},
+            env={"PATH": sys.exec_prefix + "/bin", **_python_path(), **(env or {})},
         )
         assert done.returncode == 0, done.stderr
         assert OWN_KEY not in done.stdout + done.stderr

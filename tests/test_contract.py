@@ -18,6 +18,7 @@ PUBLIC_ROUTES = {
     ("GET", "/api/v1/keys/{hash}"),
     ("PATCH", "/api/v1/keys/{hash}"),
     ("DELETE", "/api/v1/keys/{hash}"),
+    ("POST", "/api/v1/keys/{hash}/rotate"),
     ("GET", "/api/v1/credits"),
     ("POST", "/api/v1/videos"),
     ("GET", "/api/v1/videos/models"),

@@ -207,8 +207,10 @@ async def test_slow_headers_and_a_stalled_body_are_408(edge: OwnGateway) -> None
     slow_headers = await asyncio.to_thread(
         exchange, port, b"GET /api/v1/key HTTP/1.1\r\nHost: gateway\r\n", source="127.0.0.5"
     )
+    # With a key: a body without one is refused before it is read (tests/hostile).
     head = (
         b"POST /api/v1/audio/transcriptions HTTP/1.1\r\nHost: gateway\r\n"
+        b"Authorization: Bearer " + edge.issued.key.encode() + b"\r\n"
         b"Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
     )
     stalled_body = await asyncio.to_thread(exchange, port, head, b'{"model":', source="127.0.0.5")

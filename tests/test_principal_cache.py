@@ -37,7 +37,8 @@ async def second_process(stack: Stack) -> AsyncIterator[GatewayProcess]:
     other = GatewayProcess(
         data_dir=stack.gateway.data_dir / "second-principals",
         database_url=stack.gateway.database_url,
-        extra_env=stack.gateway.extra_env,
+        # Its own data dir, the first's vault master key: one key per database.
+        extra_env={**stack.gateway.extra_env, **stack.gateway.master_key_env()},
     )
     await asyncio.to_thread(other.start)
     yield other

@@ -420,7 +420,7 @@ async def test_grpc_callers_get_the_generation_id_in_metadata(
     async with grpc.aio.insecure_channel(stack.grpc_target) as channel:
         stub = audio_pb2_grpc.AudioStub(channel)
         raw = stub.Transcribe(
-            httpbody_pb2.HttpBody(content_type="application/json", data=body.encode()),
+            iter([httpbody_pb2.HttpBody(content_type="application/json", data=body.encode())]),
             metadata=funded.metadata,
         )
         answer = json.loads((await raw).data)

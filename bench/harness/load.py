@@ -198,8 +198,9 @@ class LeanHttpClient:
     """A minimal keep-alive HTTP/1.1 client for pre-encoded POSTs (or bodiless GETs): the
     requests are built once and each call costs a write and a parse of the response head, so
     the load generator's CPU stays small next to the servers'. Each call sends the next request in
-    turn (one per API key given). Connections are opened on demand, at most one per
-    concurrent call, and reused; one that fails or is cut off is closed."""
+    turn (one per API key given, each with the `headers` given). Connections are opened on
+    demand, at most one per concurrent call, and reused; one that fails or is cut off is
+    closed."""
 
     def __init__(
         self,
@@ -208,6 +209,7 @@ class LeanHttpClient:
         content_type: str,
         body: bytes,
         method: str = "POST",
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or parts.hostname != LOOPBACK or parts.port is None:
@@ -221,12 +223,18 @@ class LeanHttpClient:
             if method != "GET"
             else ""
         )
+        # More headers, sent as given (a proxy's routing headers: Portkey's x-portkey-*).
+        more = dict(headers or {})
+        if any("\r" in text or "\n" in text for item in more.items() for text in item):
+            raise ValueError("a header name or value holds a line break")
+        extra = "".join(f"{name}: {value}\r\n" for name, value in more.items())
         self._requests = [
             (
                 f"{method} {parts.path} HTTP/1.1\r\n"
                 f"Host: {LOOPBACK}:{parts.port}\r\n"
                 f"Authorization: Bearer {key}\r\n"
                 f"{entity}"
+                f"{extra}"
                 "Accept: application/json\r\n"
                 "\r\n"
             ).encode("latin-1")

@@ -19,8 +19,11 @@ from server.billing.ledger import add_credits
 from server.billing.money import AmountError, exact_micros, micros_to_json_number
 from server.billing.usage import ACCOUNT, read_usage, read_usages
 from server.clock import rfc3339
-from server.db.models import Account, ApiKey, LedgerEntry, Workspace
+from server.db.models import Account, ApiKey, Generation, LedgerEntry, VideoJob, Workspace
 from server.errors import GatewayError, bad_request, not_found
+
+# A video job still to finish (server/videos: pending → in_progress → a terminal state).
+UNFINISHED_JOB_STATUSES = ("pending", "in_progress")
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class WorkspaceView:
     workspace: Workspace
     credits_purchased_micros: int
     usage_micros: int
+    counts: WorkspaceCounts
 
     def document(self) -> dict[str, Any]:
         w = self.workspace
@@ -43,7 +47,48 @@ class WorkspaceView:
             "created_at": rfc3339(w.created_at),
             "total_credits": micros_to_json_number(self.credits_purchased_micros),
             "total_usage": micros_to_json_number(self.usage_micros),
+            "disabled": w.disabled,
+            "requests": self.counts.requests,
+            "keys": self.counts.keys,
+            "unfinished_video_jobs": self.counts.unfinished_video_jobs,
         }
+
+
+@dataclass(frozen=True)
+class WorkspaceCounts:
+    """What the operator weighs before turning a workspace off: its requests so far, the
+    keys that would be refused, the video jobs still running (they finish either way)."""
+
+    requests: int = 0
+    keys: int = 0
+    unfinished_video_jobs: int = 0
+
+
+async def workspace_counts(
+    session: AsyncSession, workspace_ids: list[str]
+) -> dict[str, WorkspaceCounts]:
+    """The counts of these workspaces, three grouped statements for the whole page."""
+    if not workspace_ids:
+        return {}
+    found: dict[str, dict[str, int]] = {w: {} for w in workspace_ids}
+    queries = {
+        "requests": select(Generation.workspace_id, sa.func.count())
+        .where(col(Generation.workspace_id).in_(workspace_ids))
+        .group_by(col(Generation.workspace_id)),
+        "keys": select(ApiKey.workspace_id, sa.func.count())
+        .where(col(ApiKey.workspace_id).in_(workspace_ids))
+        .group_by(col(ApiKey.workspace_id)),
+        "unfinished_video_jobs": select(VideoJob.workspace_id, sa.func.count())
+        .where(
+            col(VideoJob.workspace_id).in_(workspace_ids),
+            col(VideoJob.status).in_(UNFINISHED_JOB_STATUSES),
+        )
+        .group_by(col(VideoJob.workspace_id)),
+    }
+    for name, query in queries.items():
+        for workspace_id, count in (await session.exec(query)).all():
+            found[workspace_id][name] = int(count)
+    return {w: WorkspaceCounts(**counts) for w, counts in found.items()}
 
 
 async def workspace_view(
@@ -52,7 +97,10 @@ async def workspace_view(
     account = await account_of(session, workspace)
     await session.refresh(account)  # a purchase in this transaction is seen
     usage = await read_usage(session, ACCOUNT, account.id, now)
-    return WorkspaceView(workspace, account.credits_purchased_micros, usage.spend["all"])
+    counts = await workspace_counts(session, [workspace.id])
+    return WorkspaceView(
+        workspace, account.credits_purchased_micros, usage.spend["all"], counts[workspace.id]
+    )
 
 
 async def list_workspaces(
@@ -69,11 +117,13 @@ async def list_workspaces(
     )
     pairs = rows.all()
     usages = await read_usages(session, [(ACCOUNT, account.id) for _, account in pairs], now)
+    counts = await workspace_counts(session, [workspace.id for workspace, _ in pairs])
     views = [
         WorkspaceView(
             workspace,
             account.credits_purchased_micros,
             usages[(ACCOUNT, account.id)].spend["all"],
+            counts[workspace.id],
         )
         for workspace, account in pairs
     ]

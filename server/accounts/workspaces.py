@@ -80,7 +80,10 @@ async def update_workspace(
     intern_programme: bool | None = None,
     vault_writes_disabled: bool | None = None,
     default_callback_url: str | None = None,
+    disabled: bool | None = None,
 ) -> Workspace:
+    if disabled is not None:
+        workspace.disabled = disabled
     if intern_programme is not None:
         workspace.intern_programme = intern_programme
     if vault_writes_disabled is not None:

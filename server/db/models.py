@@ -63,6 +63,19 @@ class PrincipalStamp(TableModel, table=True):
     version: int = Field(default=0, sa_type=sa.BigInteger)
 
 
+class Agreement(TableModel, table=True):
+    """What every process on one database must agree on, by name (migration 0016): the
+    first process to start writes its value, every later one compares its own with it
+    before serving. "vault-master-key": the vault master key's check value
+    (server/vault/keycheck.py), never the key."""
+
+    __tablename__ = "agreements"
+
+    name: str = Field(primary_key=True, max_length=64)
+    value: str = Field(max_length=128)
+    updated_at: datetime = Field(sa_type=UtcDateTime)
+
+
 class Workspace(TableModel, table=True):
     __tablename__ = "workspaces"
 
@@ -71,6 +84,8 @@ class Workspace(TableModel, table=True):
     name: str = Field(unique=True, max_length=255)
     intern_programme: bool = False
     vault_writes_disabled: bool = False
+    # The operator's switch (migration 0015): while on, every key of the workspace is refused.
+    disabled: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
     default_callback_url: str | None = Field(default=None, max_length=2048)
     # Standard Webhooks signing secret ("whsec_..."), created when first needed and sealed
     # (server/vault/webhook_secrets.py): AES-256-GCM ciphertext and nonce.

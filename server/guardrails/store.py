@@ -231,6 +231,27 @@ async def _keys_of_workspace(
     return hashes
 
 
+async def copy_assignments(
+    session: AsyncSession, from_hash: str, to_hash: str, now: datetime
+) -> int:
+    """Assign to_hash every guardrail from_hash is assigned (a rotated key's successor keeps
+    its policy); the number copied. The caller commits."""
+    rows = await session.exec(  # type: ignore[call-overload]  # sqlmodel's exec() is typed for its own select() only
+        sa.select(_ASSIGNMENTS.c.guardrail_id).where(_ASSIGNMENTS.c.key_hash == from_hash)
+    )
+    guardrail_ids = [str(value) for value in rows.scalars().all()]
+    for guardrail_id in guardrail_ids:
+        session.add(
+            GuardrailKeyAssignment(
+                id=f"gka_{secrets.token_hex(12)}",
+                guardrail_id=guardrail_id,
+                key_hash=to_hash,
+                created_at=now,
+            )
+        )
+    return len(guardrail_ids)
+
+
 async def assign_keys(
     session: AsyncSession, guardrail: Guardrail, hashes: list[str], now: datetime
 ) -> int:

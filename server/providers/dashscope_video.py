@@ -51,20 +51,23 @@ region), `api_key_env = "DASHSCOPE_API_KEY"`, and `model` the Wan model name, e.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import httpx
 
 from server.providers import http as provider_http
-from server.providers.endpoint import Endpoint
-from server.providers.failures import CLIENT_ERROR, INVALID_RESPONSE, ProviderFailure
-from server.providers.http import Downloads
-from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_tasks import failed, merged, seconds_of
+from server.providers.failures import CLIENT_ERROR, ProviderFailure
+from server.providers.video import VideoCall
+from server.providers.video_tasks import (
+    TASK_ID,
+    TaskSpec,
+    TaskVideoAdapter,
+    field_of,
+    merged,
+    seconds_of,
+    states_of,
+)
 
-_RUNNING = ("PENDING", "RUNNING")
-_TASK_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _INPUT_OPTIONS = ("negative_prompt",)
 TEXT_OR_FIRST_FRAME_PATH = "services/aigc/video-generation/video-synthesis"
 FIRST_AND_LAST_FRAME_PATH = "services/aigc/image2video/video-synthesis"
@@ -170,57 +173,36 @@ def task_request(call: VideoCall) -> tuple[str, dict[str, Any]]:
     }
 
 
-def _task_id(value: object) -> str:
-    if not isinstance(value, str) or not _TASK_ID.match(value):
-        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid task id")
-    return value
+def _seconds(answer: dict[str, Any]) -> float | None:
+    usage = answer.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    # wan2.7 reports output_video_duration; earlier models video_duration.
+    return seconds_of(usage.get("output_video_duration", usage.get("video_duration")))
 
 
-class DashScopeVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
-        self._http = http
-        self._downloads = downloads or Downloads(http)
+SPEC = TaskSpec(
+    request=task_request,
+    task_id=lambda answer, path, endpoint: field_of(answer, "output", "task_id"),
+    id_pattern=TASK_ID,
+    poll_path="tasks/{task}",
+    state=lambda answer: field_of(answer, "output", "task_status"),
+    # UNKNOWN: the task expired (after 24 h)
+    states=states_of(
+        running=("PENDING", "RUNNING"),
+        succeeded="SUCCEEDED",
+        failed=("FAILED", "UNKNOWN"),
+        cancelled="CANCELED",
+    ),
+    videos=lambda answer: [field_of(answer, "output", "video_url")],
+    seconds=_seconds,
+    error=lambda answer: (
+        field_of(answer, "output", "message") or field_of(answer, "output", "code")
+    ),
+    failure_of=failure_of,
+    cancel=("POST", "tasks/{task}/cancel"),
+    submit_headers={"X-DashScope-Async": "enable"},
+)
 
-    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-        path, body = task_request(call)
-        response = await provider_http.call(
-            self._http,
-            endpoint,
-            "POST",
-            f"{endpoint.base_url}/{path}",
-            json=body,
-            headers={"X-DashScope-Async": "enable"},
-            failure_of=failure_of,
-        )
-        output = provider_http.json_object(response).get("output")
-        task_id = _task_id(output.get("task_id") if isinstance(output, dict) else None)
-        return VideoProgress(state="running", provider_job_id=task_id)
 
-    async def poll(
-        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
-    ) -> VideoProgress:
-        url = f"{endpoint.base_url}/tasks/{_task_id(provider_job_id)}"
-        body = provider_http.json_object(
-            await provider_http.call(self._http, endpoint, "GET", url, failure_of=failure_of)
-        )
-        output = body.get("output")
-        if not isinstance(output, dict) or not isinstance(output.get("task_status"), str):
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
-        status = output["task_status"]
-        if status in _RUNNING:
-            return VideoProgress(state="running", provider_job_id=provider_job_id)
-        if status == "SUCCEEDED":
-            video = await self._downloads.fetch(endpoint, output.get("video_url"))
-            usage = body.get("usage")
-            usage = usage if isinstance(usage, dict) else {}
-            # wan2.7 reports output_video_duration; earlier models video_duration.
-            seconds = seconds_of(usage.get("output_video_duration", usage.get("video_duration")))
-            return VideoProgress(
-                state="completed", provider_job_id=provider_job_id, videos=[video], seconds=seconds
-            )
-        detail = output.get("message") or output.get("code") or status
-        return failed(provider_job_id, detail)
-
-    async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:
-        url = f"{endpoint.base_url}/tasks/{_task_id(provider_job_id)}/cancel"
-        await provider_http.call(self._http, endpoint, "POST", url, failure_of=failure_of)
+class DashScopeVideoAdapter(TaskVideoAdapter):
+    spec = SPEC

@@ -36,6 +36,13 @@ number, and the v3 text-to-video page's type could not be read; Kling v3 image-t
 fal is a separate endpoint taking `start_image_url` / `end_image_url`, so a first frame sent
 as `image_url` to a text-to-video model id is not used by it.
 
+The `queue` adapter name is this adapter for servers that speak fal's queue protocol with
+`Authorization: Bearer <key>` (the fakes, a self-hosted queue): it is the same adapter with
+that one difference. Such a server may answer the submit with `{request_id}` only: the job
+id is then that request id, its URLs `{model}/requests/{request_id}`, as fal builds them
+for a model id without a sub-path. A `FAILED` status (such servers send it) fails the job;
+a result file under the endpoint's base URL is fetched with the key, any other without.
+
 How an operator configures it: an endpoint `adapter = "fal"`, `base_url =
 "https://queue.fal.run"`, `api_key_env = "FAL_KEY"`, and `model` the fal model id, e.g.
 `fal-ai/kling-video/v2.1/master/text-to-video`.
@@ -53,21 +60,31 @@ import httpx
 from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
-from server.providers.http import Downloads
-from server.providers.queue_video import queue_input
-from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_tasks import failed, merged
+from server.providers.video import VideoCall
+from server.providers.video_tasks import (
+    TaskSpec,
+    TaskVideoAdapter,
+    image_urls,
+    key_auth,
+    merged,
+    states_of,
+)
 
-AUTH_SCHEME = "Key"
-_RUNNING = ("IN_QUEUE", "IN_PROGRESS")
-_JOB_PATH = re.compile(r"^[A-Za-z0-9._~-]+(/[A-Za-z0-9._~-]+)*/requests/[A-Za-z0-9_-]+$")
+_REQUEST_ID = r"[A-Za-z0-9_-]{1,128}"
+_SEGMENT = r"(?!\.\.?/)[A-Za-z0-9._~-]+"  # a path segment, never . or ..
+# fal's job path (`fal-ai/kling-video/requests/{id}`), or a bare request id
+_JOB_PATH = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*/requests/{_REQUEST_ID}|{_REQUEST_ID}")
 
 
 def read_error(response: httpx.Response) -> provider_http.ErrorFields:
-    """fal's error body: `{"detail": "…"}` or `{"detail": [{"loc", "msg", "type"}]}`."""
-    detail = (provider_http.json_or_none(response) or {}).get("detail")
+    """fal's error body: `{"detail": "…"}` or `{"detail": [{"loc", "msg", "type"}]}`; an
+    OpenAI-style `{"error": {...}}` from a queue server that answers so."""
+    body = provider_http.json_or_none(response) or {}
+    detail = body.get("detail")
     if isinstance(detail, list) and detail and isinstance(detail[0], dict):
         return provider_http.error_fields(detail[0].get("type"), detail[0].get("msg"))
+    if detail is None and "error" in body:
+        return provider_http.openai_error(response)
     return provider_http.error_fields(None, detail)
 
 
@@ -75,76 +92,71 @@ failure_of = provider_http.failure_reading(read_error)
 
 
 def fal_input(call: VideoCall) -> dict[str, Any]:
-    images_only = [r for r in call.params.get("input_references", []) if r["type"] == "image_url"]
-    mapped = queue_input(
-        replace(call, params={**call.params, "input_references": images_only}, options={})
-    )
-    return merged(mapped, call.options)
+    """fal's common video input names; images only (audio and video references dropped)."""
+    params = call.params
+    first, last, references = image_urls(params)
+    body: dict[str, Any] = {
+        "prompt": params.get("prompt", ""),
+        "duration": params["duration"],
+        "resolution": params.get("resolution"),
+        "aspect_ratio": params.get("aspect_ratio"),
+        "generate_audio": params.get("generate_audio", False),
+        "seed": params.get("seed"),
+        "image_url": first,
+        "end_image_url": last,
+        "reference_urls": references or None,
+    }
+    # What the gateway mapped wins over provider.options (the duration it charges for).
+    return merged(body, call.options)
 
 
-def _job_path(endpoint: Endpoint, response_url: object) -> str:
-    """The path of fal's response_url below the endpoint's base URL, once it is checked."""
+def job_path(answer: dict[str, Any], path: str, endpoint: Endpoint) -> object:
+    """The path of fal's response_url below the endpoint's base URL, once it is checked (a
+    response_url off the endpoint's host is refused); the request_id when the answer has
+    no response_url."""
+    response_url = answer.get("response_url")
+    if response_url is None:
+        return answer.get("request_id")
     base = str(endpoint.base_url).rstrip("/")
-    if not provider_http.same_origin(response_url, base):
+    if not provider_http.same_origin(response_url, base) or not str(response_url).isprintable():
         raise ProviderFailure(INVALID_RESPONSE, "Provider returned a response URL off its host")
-    path = urlsplit(str(response_url)).path[len(urlsplit(base).path) :].strip("/")
-    if not _JOB_PATH.match(path):
-        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response URL")
-    return path
+    return urlsplit(str(response_url)).path[len(urlsplit(base).path) :].strip("/")
 
 
-class FalVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
-        self._http = http
-        self._downloads = downloads or Downloads(http)
+def _located(task_id: str, call: VideoCall) -> str:
+    return task_id if "/requests/" in task_id else f"{call.model}/requests/{task_id}"
 
-    async def _call(self, endpoint: Endpoint, method: str, url: str, **kwargs: Any) -> Any:
-        return await provider_http.call(
-            self._http,
-            endpoint,
-            method,
-            url,
-            auth_scheme=AUTH_SCHEME,
-            failure_of=failure_of,
-            **kwargs,
-        )
 
-    def _url(self, endpoint: Endpoint, provider_job_id: str, suffix: str = "") -> str:
-        if not _JOB_PATH.match(provider_job_id):
-            raise ProviderFailure(INVALID_RESPONSE, "Invalid fal request path")
-        return f"{str(endpoint.base_url).rstrip('/')}/{provider_job_id}{suffix}"
+def _state(answer: dict[str, Any]) -> object:
+    status = answer.get("status")
+    return "FAILED" if status == "COMPLETED" and answer.get("error") else status
 
-    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-        response = await self._call(
-            endpoint, "POST", f"{endpoint.base_url}/{call.model}", json=fal_input(call)
-        )
-        body = provider_http.json_object(response)
-        return VideoProgress(
-            state="running", provider_job_id=_job_path(endpoint, body.get("response_url"))
-        )
 
-    async def poll(
-        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
-    ) -> VideoProgress:
-        status = provider_http.json_object(
-            await self._call(endpoint, "GET", self._url(endpoint, provider_job_id, "/status"))
-        )
-        state = status.get("status")
-        if state in _RUNNING:
-            return VideoProgress(state="running", provider_job_id=provider_job_id)
-        if state != "COMPLETED":
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid status")
-        if status.get("error"):
-            return failed(provider_job_id, status["error"])
-        result = provider_http.json_object(
-            await self._call(endpoint, "GET", self._url(endpoint, provider_job_id))
-        )
-        entries = result.get("videos") or ([result["video"]] if "video" in result else [])
-        urls = [e.get("url") if isinstance(e, dict) else None for e in entries]
-        if not urls:
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
-        videos = [await self._downloads.fetch(endpoint, url) for url in urls]
-        return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=videos)
+def _videos(result: dict[str, Any]) -> list[object]:
+    entries = result.get("videos") or ([result["video"]] if "video" in result else [])
+    return [e.get("url") if isinstance(e, dict) else None for e in entries]
 
-    async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:
-        await self._call(endpoint, "PUT", self._url(endpoint, provider_job_id, "/cancel"))
+
+SPEC = TaskSpec(
+    request=lambda call: (call.model, fal_input(call)),
+    task_id=job_path,
+    id_pattern=_JOB_PATH,
+    poll_path="{task}/status",
+    state=_state,
+    states=states_of(
+        running=("IN_QUEUE", "IN_PROGRESS"), succeeded="COMPLETED", failed=("FAILED",)
+    ),
+    result_path=lambda answer, task: task,
+    videos=_videos,
+    error=lambda answer: answer.get("error"),
+    failure_of=failure_of,
+    cancel=("PUT", "{task}/cancel"),
+    auth=key_auth("Key"),
+    locate=_located,
+)
+# The `queue` adapter: the same protocol with `Authorization: Bearer`.
+QUEUE_SPEC = replace(SPEC, auth=key_auth("Bearer"))
+
+
+class FalVideoAdapter(TaskVideoAdapter):
+    spec = SPEC

@@ -52,9 +52,9 @@ from server.providers.failures import (
     REJECTED_CREDENTIALS,
     ProviderFailure,
 )
-from server.providers.http import Downloads, ImageFetcher, json_object, send
+from server.providers.http import Downloads, ImageFetcher, json_object
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_tasks import image_urls
+from server.providers.video_tasks import image_urls, send_json
 
 
 def _check_duration(call: VideoCall) -> None:
@@ -89,14 +89,10 @@ class GeminiVideoAdapter:
     async def _call(
         self, endpoint: Endpoint, method: str, url: str, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        request = self._http.build_request(
-            method,
-            url,
-            headers=self._headers(endpoint),
-            json=body,
-            timeout=endpoint.timeout_seconds,
+        headers = self._headers(endpoint)
+        return json_object(
+            await send_json(self._http, endpoint, method, url, headers, veo.failure_of, body)
         )
-        return json_object(await send(self._http, request, veo.failure_of))
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         _check_duration(call)
@@ -128,7 +124,7 @@ class GeminiVideoAdapter:
             return veo.filtered(name, result)
         # The key goes only to the API's own host, never to a host the response names.
         videos = [
-            await self._downloads.fetch(
+            self._downloads.remote(
                 endpoint, uri, headers=self._headers(endpoint), failure_of=veo.failure_of
             )
             for uri in uris

@@ -7,6 +7,7 @@ URLs someone else named — a provider's result file (`Downloads`) and a client'
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import email.utils
@@ -17,8 +18,8 @@ import os
 import re
 import ssl
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache, partial
 from json import dumps as json_dumps
@@ -40,6 +41,7 @@ from httpx._types import (
     TimeoutTypes,
 )
 
+from server.config import VIDEO_IMAGE_FETCH_SECONDS, VIDEO_IMAGE_MAX_BYTES
 from server.providers.endpoint import Endpoint
 from server.providers.failures import (
     CLIENT_ERROR,
@@ -639,6 +641,28 @@ class CheckedFetcher:
         )
 
 
+# How much of a failed download's error body is read for its failure (the rest is dropped).
+_ERROR_BODY_BYTES = 64 * 1024
+_CHUNK = 64 * 1024
+
+
+@dataclass(frozen=True)
+class RemoteVideo:
+    """A provider's result file, not fetched yet: `chunks()` fetches it as a stream of
+    chunks (the video worker writes them into the content store under its size and time
+    bounds), so no whole video is ever held in memory. Each call fetches it again."""
+
+    downloads: Downloads
+    endpoint: Endpoint
+    url: str
+    headers: dict[str, str] | None = field(default=None, repr=False)  # may hold a credential
+    failure_of: FailureOf = failure_from_response
+    origin: str | None = None
+
+    def chunks(self) -> AsyncGenerator[bytes, None]:
+        return self.downloads.stream(self)
+
+
 class Downloads(CheckedFetcher):
     """Fetches the files a provider's answer points at (a finished video). A URL on the
     trusted origin — the endpoint's base URL, or another the adapter was configured with
@@ -646,9 +670,9 @@ class Downloads(CheckedFetcher):
     Any other URL (a CDN, signed storage) only over https to a public address, checked after
     DNS and pinned as webhook targets are (private ones only when the operator allows them),
     and never with `headers`: a credential stays on its own origin. One redirect is followed,
-    under the same rules, without `headers`."""
+    under the same rules, without `headers`. The body is streamed, never read whole."""
 
-    async def fetch(
+    def remote(
         self,
         endpoint: Endpoint,
         url: object,
@@ -656,28 +680,46 @@ class Downloads(CheckedFetcher):
         headers: dict[str, str] | None = None,
         failure_of: FailureOf = failure_from_response,
         origin: str | None = None,
-    ) -> bytes:
-        trusted = _origin(origin or endpoint.base_url or "")
-        timeout = endpoint.timeout_seconds
+    ) -> RemoteVideo:
+        """The result file at `url`, to be fetched by its `chunks()`."""
         if not isinstance(url, str):
             raise ProviderFailure(INVALID_RESPONSE, _BAD_URL)
-        response = await self._get(url, trusted, headers, failure_of, timeout)
-        if response.is_redirect:
-            location = response.headers.get("location")
-            if not location:
-                raise ProviderFailure(INVALID_RESPONSE, "Provider redirected nowhere")
-            try:
-                target = urljoin(url, location)
-            except ValueError as exc:
-                raise ProviderFailure(INVALID_RESPONSE, _BAD_URL) from exc
-            response = await self._get(target, trusted, None, failure_of, timeout)
-            if response.is_redirect:
-                raise ProviderFailure(INVALID_RESPONSE, "Provider redirected too often")
-        if not response.content:
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an empty video")
-        return response.content
+        return RemoteVideo(self, endpoint, url, headers, failure_of, origin)
 
-    async def _get(
+    async def stream(self, video: RemoteVideo) -> AsyncGenerator[bytes, None]:
+        endpoint = video.endpoint
+        trusted = _origin(video.origin or endpoint.base_url or "")
+        timeout = endpoint.timeout_seconds
+        url, failure_of = video.url, video.failure_of
+        response = await self._open(url, trusted, video.headers, failure_of, timeout)
+        try:
+            if response.is_redirect:
+                location = response.headers.get("location")
+                await response.aclose()
+                if not location:
+                    raise ProviderFailure(INVALID_RESPONSE, "Provider redirected nowhere")
+                try:
+                    target = urljoin(url, location)
+                except ValueError as exc:
+                    raise ProviderFailure(INVALID_RESPONSE, _BAD_URL) from exc
+                response = await self._open(target, trusted, None, failure_of, timeout)
+                if response.is_redirect:
+                    raise ProviderFailure(INVALID_RESPONSE, "Provider redirected too often")
+            empty = True
+            try:
+                async for chunk in response.aiter_bytes(_CHUNK):
+                    empty = False
+                    yield chunk
+            except httpx.TimeoutException as exc:
+                raise ProviderFailure(TIMEOUT, "Provider timed out") from exc
+            except httpx.TransportError as exc:
+                raise ProviderFailure(UNREACHABLE, "Provider is unreachable") from exc
+            if empty:
+                raise ProviderFailure(INVALID_RESPONSE, "Provider returned an empty video")
+        finally:
+            await response.aclose()
+
+    async def _open(
         self,
         url: str,
         trusted: tuple[str, str] | None,
@@ -685,10 +727,14 @@ class Downloads(CheckedFetcher):
         failure_of: FailureOf,
         timeout_seconds: float,
     ) -> httpx.Response:
+        """The answer's head, its body still to be read; an HTTP error as its failure (read
+        from at most _ERROR_BODY_BYTES of its body)."""
         origin = _origin(url)
+        # Asked for as it is: a compressed video gains nothing and its decoding costs.
+        plain = {"accept-encoding": "identity"}
         if origin is not None and origin == trusted:
             request = self._http.build_request(
-                "GET", url, headers=headers or {}, timeout=timeout_seconds
+                "GET", url, headers={**plain, **(headers or {})}, timeout=timeout_seconds
             )
         elif headers:
             raise ProviderFailure(INVALID_RESPONSE, _BAD_URL)
@@ -701,8 +747,37 @@ class Downloads(CheckedFetcher):
                 raise ProviderFailure(
                     UNREACHABLE, "Provider's video host cannot be resolved"
                 ) from exc
-            request = self._pinned_get(target, timeout_seconds)
-        return await send(self._http, request, failure_of)
+            request = self._pinned_get(target, timeout_seconds, plain)
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise ProviderFailure(TIMEOUT, "Provider timed out") from exc
+        except httpx.TransportError as exc:
+            raise ProviderFailure(UNREACHABLE, "Provider is unreachable") from exc
+        if response.status_code < 400:
+            return response
+        try:
+            head = await _prefix(response, _ERROR_BODY_BYTES)
+        finally:
+            await response.aclose()
+        raise failure_of(
+            httpx.Response(
+                response.status_code, headers=response.headers, content=head, request=request
+            )
+        )
+
+
+async def _prefix(response: httpx.Response, limit: int) -> bytes:
+    """At most `limit` bytes of a streamed body (what is left is not read)."""
+    data = bytearray()
+    try:
+        async for chunk in response.aiter_bytes():
+            data += chunk[: limit - len(data)]
+            if len(data) >= limit:
+                break
+    except httpx.HTTPError:
+        pass  # what arrived is enough to read the failure from
+    return bytes(data)
 
 
 @dataclass(frozen=True)
@@ -737,20 +812,40 @@ def data_url_image(url: str) -> InlineImage | None:
     return InlineImage(data, mime_type)
 
 
-MAX_IMAGE_BYTES = 20 * 1024 * 1024  # Veo's own limit on an inline image
-
-
 class ImageFetcher(CheckedFetcher):
     """Fetches a client's image URL for providers that take images only inline (Veo).
     https only, to public addresses only (checked after DNS and pinned, as webhook targets
     are, so a name cannot point inside the gateway's network), no redirects, no
-    credentials, at most MAX_IMAGE_BYTES of an image/* type. Every refusal is the client's
-    fault: its message names the problem, never the URL."""
+    credentials, at most `max_bytes` of an image/* type, the whole fetch within `seconds`
+    (a host that trickles its answer fails it then, whatever the per-read timeouts). Every
+    refusal is the client's fault: its message names the problem, never the URL."""
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        *,
+        allow_private: bool = False,
+        lookup: Lookup = dns_lookup,
+        max_bytes: int = VIDEO_IMAGE_MAX_BYTES,
+        seconds: float = VIDEO_IMAGE_FETCH_SECONDS,
+    ) -> None:
+        super().__init__(http, allow_private=allow_private, lookup=lookup)
+        self._max_bytes = max_bytes
+        self._seconds = seconds
 
     async def inline(self, url: str, timeout_seconds: float) -> InlineImage:
         image = data_url_image(url)
         if image is not None:
             return image
+        try:
+            async with asyncio.timeout(self._seconds):
+                return await self._fetch(url, min(timeout_seconds, self._seconds))
+        except TimeoutError:
+            raise ProviderFailure(
+                CLIENT_ERROR, f"An image URL did not answer within {self._seconds:g} s"
+            ) from None
+
+    async def _fetch(self, url: str, timeout_seconds: float) -> InlineImage:
         try:
             target = await self._target(url)
         except RefusedTarget as exc:
@@ -760,17 +855,23 @@ class ImageFetcher(CheckedFetcher):
         except UnresolvedTarget as exc:
             raise ProviderFailure(CLIENT_ERROR, "An image URL's host cannot be resolved") from exc
         request = self._pinned_get(target, timeout_seconds, {"accept": "image/*"})
+        too_large = ProviderFailure(
+            CLIENT_ERROR, f"An image is larger than the limit ({self._max_bytes} bytes)"
+        )
         try:
             response = await self._http.send(request, stream=True)
             try:
                 mime_type = response.headers.get("content-type", "").split(";")[0].strip()
                 if response.status_code != 200 or not mime_type.startswith("image/"):
                     raise ProviderFailure(CLIENT_ERROR, "An image URL did not return an image")
+                announced = response.headers.get("content-length", "")
+                if announced.isdigit() and int(announced) > self._max_bytes:
+                    raise too_large
                 data = bytearray()
                 async for chunk in response.aiter_bytes():
                     data += chunk
-                    if len(data) > MAX_IMAGE_BYTES:
-                        raise ProviderFailure(CLIENT_ERROR, "An image is larger than 20 MB")
+                    if len(data) > self._max_bytes:
+                        raise too_large
             finally:
                 await response.aclose()
         except httpx.HTTPError as exc:

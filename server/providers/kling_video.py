@@ -43,6 +43,7 @@ aspect ratios 16:9, 9:16, 1:1."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -60,23 +61,25 @@ from server.providers.failures import (
     TIMEOUT,
     ProviderFailure,
 )
-from server.providers.http import (
-    Downloads,
-    data_url_image,
-    http_failure,
-    json_object,
-    json_or_none,
-    send,
+from server.providers.http import Downloads, data_url_image, http_failure, json_object, json_or_none
+from server.providers.video import VideoCall
+from server.providers.video_tasks import (
+    Stage,
+    TaskSpec,
+    TaskVideoAdapter,
+    field_of,
+    image_urls,
+    merged,
+    seconds_of,
+    states_of,
 )
-from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_tasks import failed, image_urls, merged, seconds_of
 
 TOKEN_LIFETIME = timedelta(minutes=30)
 TOKEN_LEEWAY = timedelta(seconds=5)  # nbf in the past: the provider's clock may lag
 KINDS = ("text2video", "image2video", "multi-image2video")
 MAX_IMAGE_LIST = 4
-_RUNNING = ("submitted", "processing")
-_TASK_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # it becomes part of a URL path
+# The job id the gateway keeps is `<kind>/<task_id>`; it becomes part of a URL path.
+_JOB_ID = re.compile(rf"(?:{'|'.join(KINDS)})/[A-Za-z0-9_-]{{1,128}}")
 _CREDENTIAL_CODES = {1000, 1001, 1002, 1003, 1004, 1100, 1101, 1102, 1103, 1304}
 _RATE_CODES = {1302, 1303}
 
@@ -109,7 +112,7 @@ def _image(url: str) -> str:
 
 
 def task_body(call: VideoCall) -> tuple[str, dict[str, Any]]:
-    """(kind, body) of the create-task request."""
+    """(path, body) of the create-task request."""
     params = call.params
     first, last, references = image_urls(params)
     body: dict[str, Any] = {
@@ -134,19 +137,58 @@ def task_body(call: VideoCall) -> tuple[str, dict[str, Any]]:
     else:
         kind = "text2video"
         body["aspect_ratio"] = params.get("aspect_ratio")
-    body = {k: v for k, v in body.items() if v is not None}
-    return kind, merged(body, call.options)
+    return f"v1/videos/{kind}", merged(body, call.options)
 
 
-class KlingVideoAdapter:
-    def __init__(
-        self, http: httpx.AsyncClient, clock: Clock, downloads: Downloads | None = None
-    ) -> None:
-        self._http = http
+def data(response: httpx.Response, stage: Stage) -> dict[str, Any]:
+    """The answer's `data`; a `code` other than 0 is a failure, even with HTTP 200."""
+    answer = json_object(response)
+    if answer.get("code") != 0:
+        raise failure_of(response, answer)
+    payload = answer.get("data")
+    if not isinstance(payload, dict):
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+    return payload
+
+
+def _job_id(data: dict[str, Any], path: str, endpoint: Endpoint) -> object:
+    task_id = data.get("task_id")
+    return f"{path.rsplit('/', 1)[-1]}/{task_id}" if isinstance(task_id, str) else None
+
+
+def _entries(data: dict[str, Any]) -> list[Any]:
+    entries = field_of(data, "task_result", "videos")
+    return entries if isinstance(entries, list) else []
+
+
+def _seconds(data: dict[str, Any]) -> float | None:
+    reported = (seconds_of(field_of(e, "duration")) for e in _entries(data))
+    return next((s for s in reported if s is not None), None)
+
+
+SPEC = TaskSpec(
+    request=task_body,
+    task_id=_job_id,
+    id_pattern=_JOB_ID,
+    poll_path="v1/videos/{task}",
+    state=lambda data: data.get("task_status"),
+    states=states_of(running=("submitted", "processing"), succeeded="succeed", failed=("failed",)),
+    videos=lambda data: [field_of(e, "url") for e in _entries(data)],
+    seconds=_seconds,
+    error=lambda data: data.get("task_status_msg"),
+    failure_of=failure_of,
+    answer=data,
+)
+
+
+class JwtAuth:
+    """`Authorization: Bearer <JWT>`: an HS256 JWT of the access key signed with the secret
+    key, minted for each request (it is short-lived) at the injected clock's time."""
+
+    def __init__(self, clock: Clock) -> None:
         self._clock = clock
-        self._downloads = downloads or Downloads(http)
 
-    def _token(self, endpoint: Endpoint) -> str:
+    def __call__(self, endpoint: Endpoint) -> dict[str, str]:
         access_key, secret_key = endpoint.credential(), endpoint.secret()
         if not access_key or not secret_key:
             raise ProviderFailure(REJECTED_CREDENTIALS, "No credential is configured")
@@ -156,65 +198,16 @@ class KlingVideoAdapter:
             "exp": int((now + TOKEN_LIFETIME).timestamp()),
             "nbf": int((now - TOKEN_LEEWAY).timestamp()),
         }
-        return jwt.encode(claims, secret_key, algorithm="HS256", headers={"typ": "JWT"})
+        token = jwt.encode(claims, secret_key, algorithm="HS256", headers={"typ": "JWT"})
+        return {"Authorization": f"Bearer {token}"}
 
-    async def _call(
-        self, endpoint: Endpoint, method: str, path: str, body: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        request = self._http.build_request(
-            method,
-            f"{endpoint.base_url}{path}",
-            headers={"Authorization": f"Bearer {self._token(endpoint)}"},
-            json=body,
-            timeout=endpoint.timeout_seconds,
-        )
-        response = await send(self._http, request, failure_of)
-        answer = json_object(response)
-        if answer.get("code") != 0:  # some refusals come with HTTP 200
-            raise failure_of(response, answer)
-        data = answer.get("data")
-        if not isinstance(data, dict):
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
-        return data
 
-    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-        kind, body = task_body(call)
-        data = await self._call(endpoint, "POST", f"/v1/videos/{kind}", body)
-        return await self._progress(endpoint, kind, data)
+class KlingVideoAdapter(TaskVideoAdapter):
+    """Kling's task API with its JWT, minted at `clock`'s time."""
 
-    async def poll(
-        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
-    ) -> VideoProgress:
-        kind, _, task_id = provider_job_id.partition("/")
-        if kind not in KINDS or not task_id:
-            raise ProviderFailure(INVALID_RESPONSE, "Not a Kling task id")
-        data = await self._call(endpoint, "GET", f"/v1/videos/{kind}/{task_id}")
-        return await self._progress(endpoint, kind, data)
+    spec = SPEC
 
-    async def _progress(self, endpoint: Endpoint, kind: str, data: dict[str, Any]) -> VideoProgress:
-        task_id = data.get("task_id")
-        status = data.get("task_status")
-        if (
-            not isinstance(task_id, str)
-            or not _TASK_ID.fullmatch(task_id)
-            or not isinstance(status, str)
-        ):
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
-        job_id = f"{kind}/{task_id}"
-        if status in _RUNNING:
-            return VideoProgress(state="running", provider_job_id=job_id)
-        if status != "succeed":
-            return failed(job_id, data.get("task_status_msg") or status)
-        result = data.get("task_result")
-        entries = result.get("videos") if isinstance(result, dict) else None
-        if not isinstance(entries, list) or not entries:
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video")
-        videos, seconds = [], None
-        for entry in entries:
-            if not isinstance(entry, dict):
-                raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video")
-            videos.append(await self._downloads.fetch(endpoint, entry.get("url")))
-            seconds = seconds or seconds_of(entry.get("duration"))
-        return VideoProgress(
-            state="completed", provider_job_id=job_id, videos=videos, seconds=seconds
-        )
+    def __init__(
+        self, http: httpx.AsyncClient, clock: Clock, downloads: Downloads | None = None
+    ) -> None:
+        super().__init__(http, downloads, spec=replace(SPEC, auth=JwtAuth(clock)))

@@ -83,8 +83,9 @@ def render_mp4(params: dict[str, Any]) -> bytes:
 class LocalVideoAdapter:
     """Renders in worker threads, a bounded number at once (it is CPU-bound). Threads, not
     processes: libx264 and Pillow release the GIL while they work, so a render in a thread
-    leaves the event loop's thread running, and the MP4 need not be copied between processes;
-    the video worker renders one job at a time per server process."""
+    leaves the event loop's thread running, and the MP4 need not be copied between processes.
+    `max_parallel` render at once per server process, however many jobs the video worker
+    runs at once (GATEWAY_VIDEO_JOBS_AT_ONCE): the others wait for a slot."""
 
     def __init__(self, max_parallel: int = 1) -> None:
         self._slots = asyncio.Semaphore(max_parallel)

@@ -44,7 +44,6 @@ from urllib.parse import quote
 
 import httpx
 
-from server.providers.endpoint import Endpoint
 from server.providers.failures import (
     CLIENT_ERROR,
     INVALID_RESPONSE,
@@ -54,18 +53,19 @@ from server.providers.failures import (
     TIMEOUT,
     ProviderFailure,
 )
-from server.providers.http import (
-    Downloads,
-    failure_from_response,
-    http_failure,
-    json_object,
-    json_or_none,
-    send,
+from server.providers.http import failure_from_response, http_failure, json_object, json_or_none
+from server.providers.video import VideoCall
+from server.providers.video_tasks import (
+    TASK_ID,
+    Stage,
+    TaskSpec,
+    TaskVideoAdapter,
+    field_of,
+    image_urls,
+    merged,
+    states_of,
 )
-from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_tasks import failed, image_urls, merged
 
-_RUNNING = ("Queueing", "Preparing", "Processing")
 _RATE_CODES = {1002, 1039}
 _CREDENTIAL_CODES = {1004, 1008, 2049}
 _CLIENT_CODES = {1026, 1027, 1042, 2013}
@@ -101,6 +101,21 @@ def failure_of(response: httpx.Response) -> ProviderFailure:
     return failure_of_code(response, *coded)
 
 
+def checked(response: httpx.Response, stage: Stage) -> dict[str, Any]:
+    """An answer whose base_resp says success. A refused input (sensitive content, bad
+    parameters) is the request's fault when submitting, a failed task when polling."""
+    answer = json_object(response)
+    coded = _base_resp(answer)
+    if coded is None:
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+    code, _ = coded
+    if stage == "poll" and code in _CLIENT_CODES and answer.get("status") != "Success":
+        return {**answer, "status": "Fail"}
+    if code != 0:
+        raise failure_of_code(response, *coded)
+    return answer
+
+
 def task_body(call: VideoCall) -> dict[str, Any]:
     params = call.params
     if str(params.get("resolution")).upper() == "1080P" and params.get("duration") == 10:
@@ -120,69 +135,29 @@ def task_body(call: VideoCall) -> dict[str, Any]:
     return merged(body, call.options)
 
 
-class MiniMaxVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
-        self._http = http
-        self._downloads = downloads or Downloads(http)
+def _file(answer: dict[str, Any], task: str) -> str:
+    file_id = answer.get("file_id")
+    if not isinstance(file_id, str | int) or not str(file_id):
+        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
+    return f"v1/files/retrieve?file_id={quote(str(file_id))}"
 
-    async def _call(
-        self, endpoint: Endpoint, method: str, path: str, body: dict[str, Any] | None = None
-    ) -> tuple[dict[str, Any], httpx.Response]:
-        key = endpoint.credential()
-        if not key:
-            raise ProviderFailure(REJECTED_CREDENTIALS, "No credential is configured")
-        request = self._http.build_request(
-            method,
-            f"{endpoint.base_url}{path}",
-            headers={"Authorization": f"Bearer {key}"},
-            json=body,
-            timeout=endpoint.timeout_seconds,
-        )
-        response = await send(self._http, request, failure_of)
-        answer = json_object(response)
-        if _base_resp(answer) is None:
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
-        return answer, response
 
-    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-        answer, response = await self._call(
-            endpoint, "POST", "/v1/video_generation", task_body(call)
-        )
-        coded = _base_resp(answer)
-        assert coded is not None
-        if coded[0] != 0:
-            raise failure_of_code(response, *coded)
-        task_id = answer.get("task_id")
-        if not isinstance(task_id, str) or not task_id:
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned no task_id")
-        return VideoProgress(state="running", provider_job_id=task_id)
+SPEC = TaskSpec(
+    request=lambda call: ("v1/video_generation", task_body(call)),
+    task_id=lambda answer, path, endpoint: answer.get("task_id"),
+    id_pattern=TASK_ID,
+    poll_path="v1/query/video_generation?task_id={task}",
+    state=lambda answer: answer.get("status"),
+    states=states_of(
+        running=("Queueing", "Preparing", "Processing"), succeeded="Success", failed=("Fail",)
+    ),
+    result_path=_file,
+    videos=lambda answer: [field_of(answer, "file", "download_url")],
+    error=lambda answer: field_of(answer, "base_resp", "status_msg") or "the task failed",
+    failure_of=failure_of,
+    answer=checked,
+)
 
-    async def poll(
-        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
-    ) -> VideoProgress:
-        answer, response = await self._call(
-            endpoint, "GET", f"/v1/query/video_generation?task_id={quote(provider_job_id)}"
-        )
-        coded = _base_resp(answer)
-        assert coded is not None
-        status = answer.get("status")
-        if status == "Fail" or (coded[0] in _CLIENT_CODES and status != "Success"):
-            return failed(provider_job_id, coded[1] or "the task failed")
-        if coded[0] != 0:
-            raise failure_of_code(response, *coded)
-        if status in _RUNNING:
-            return VideoProgress(state="running", provider_job_id=provider_job_id)
-        file_id = answer.get("file_id")
-        if status != "Success" or not isinstance(file_id, str | int) or not str(file_id):
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
-        answer, response = await self._call(
-            endpoint, "GET", f"/v1/files/retrieve?file_id={quote(str(file_id))}"
-        )
-        coded = _base_resp(answer)
-        assert coded is not None
-        if coded[0] != 0:
-            raise failure_of_code(response, *coded)
-        file = answer.get("file")
-        url = file.get("download_url") if isinstance(file, dict) else None
-        video = await self._downloads.fetch(endpoint, url)
-        return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=[video])
+
+class MiniMaxVideoAdapter(TaskVideoAdapter):
+    spec = SPEC

@@ -16,81 +16,57 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
-from server.providers import http as provider_http
 from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, ProviderFailure
 from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_tasks import merged
+from server.providers.video_tasks import (
+    TASK_ID,
+    TaskSpec,
+    TaskVideoAdapter,
+    field_of,
+    merged,
+    states_of,
+)
 
-_RUNNING = ("queued", "in_progress", "processing", "pending")
+
+def video_body(call: VideoCall) -> dict[str, Any]:
+    params = call.params
+    return merged(
+        {
+            "model": call.model,
+            "prompt": params.get("prompt", ""),
+            "seconds": str(params["duration"]),
+            "size": f"{params['width']}x{params['height']}",
+        },
+        call.options,
+    )
 
 
-class OpenAIVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient) -> None:
-        self._http = http
+SPEC = TaskSpec(
+    request=lambda call: ("videos", video_body(call)),
+    task_id=lambda answer, path, endpoint: answer.get("id"),
+    id_pattern=TASK_ID,
+    poll_path="videos/{task}",
+    state=lambda answer: answer.get("status"),
+    states=states_of(
+        running=("queued", "in_progress", "processing", "pending"),
+        succeeded="completed",
+        failed=("failed",),
+    ),
+    videos=lambda answer: [],
+    content_path="videos/{task}/content",  # the MP4, read with the key
+    error=lambda answer: field_of(answer, "error", "message"),
+)
 
-    def _progress(self, body: dict[str, Any]) -> VideoProgress:
-        status = body.get("status")
-        job_id = body.get("id")
-        if not isinstance(job_id, str) or not isinstance(status, str):
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
-        if status in _RUNNING:
-            return VideoProgress(state="running", provider_job_id=job_id)
-        if status == "completed":
-            return VideoProgress(state="completed", provider_job_id=job_id)
-        error = body.get("error")
-        message = error.get("message") if isinstance(error, dict) else None
-        return VideoProgress(
-            state="failed", provider_job_id=job_id, error=f"Provider failed: {message or status}"
-        )
 
-    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-        params = call.params
-        body = merged(
-            {
-                "model": call.model,
-                "prompt": params.get("prompt", ""),
-                "seconds": str(params["duration"]),
-                "size": f"{params['width']}x{params['height']}",
-            },
-            call.options,
-        )
-        response = await provider_http.call(
-            self._http, endpoint, "POST", f"{endpoint.base_url}/videos", json=body
-        )
-        return await self._finish(endpoint, self._progress(provider_http.json_object(response)))
+class OpenAIVideoAdapter(TaskVideoAdapter):
+    spec = SPEC
 
     async def continue_job(
         self, endpoint: Endpoint, previous_provider_job_id: str, call: VideoCall
     ) -> VideoProgress:
         """A remix of the finished video under the new prompt (its size and length are the
         original's: the remix endpoint takes only the prompt)."""
-        response = await provider_http.call(
-            self._http,
-            endpoint,
-            "POST",
-            f"{endpoint.base_url}/videos/{previous_provider_job_id}/remix",
-            json={"prompt": call.params.get("prompt", "")},
-        )
-        return await self._finish(endpoint, self._progress(provider_http.json_object(response)))
-
-    async def poll(
-        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
-    ) -> VideoProgress:
-        response = await provider_http.call(
-            self._http, endpoint, "GET", f"{endpoint.base_url}/videos/{provider_job_id}"
-        )
-        return await self._finish(endpoint, self._progress(provider_http.json_object(response)))
-
-    async def _finish(self, endpoint: Endpoint, progress: VideoProgress) -> VideoProgress:
-        if progress.state == "completed":
-            content = await provider_http.call(
-                self._http,
-                endpoint,
-                "GET",
-                f"{endpoint.base_url}/videos/{progress.provider_job_id}/content",
-            )
-            progress.videos = [content.content]
-        return progress
+        path = f"videos/{self._checked(previous_provider_job_id)}/remix"
+        body = {"prompt": call.params.get("prompt", "")}
+        answer = await self._answer(endpoint, "POST", path, "submit", body)
+        return VideoProgress(state="running", provider_job_id=self._checked(answer.get("id")))

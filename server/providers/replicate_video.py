@@ -44,14 +44,15 @@ from typing import Any
 import httpx
 
 from server.providers import http as provider_http
-from server.providers.endpoint import Endpoint
-from server.providers.failures import INVALID_RESPONSE, RATE_LIMITED, ProviderFailure
-from server.providers.http import Downloads
-from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_tasks import failed, merged
+from server.providers.failures import RATE_LIMITED, ProviderFailure
+from server.providers.video import VideoCall
+from server.providers.video_tasks import (
+    TaskSpec,
+    TaskVideoAdapter,
+    merged,
+    states_of,
+)
 
-_RUNNING = ("starting", "processing")
-_ID = re.compile(r"^[A-Za-z0-9]{1,64}$")
 _THROTTLED = re.compile(r"available in (\d+) seconds?", re.IGNORECASE)
 
 
@@ -87,53 +88,37 @@ def prediction_input(call: VideoCall) -> dict[str, Any]:
     return merged(body, call.options)
 
 
-def _prediction_id(value: object) -> str:
-    if not isinstance(value, str) or not _ID.match(value):
-        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid prediction id")
-    return value
+def prediction_request(call: VideoCall) -> tuple[str, dict[str, Any]]:
+    """A model pinned to a version (`owner/name:version`) goes to /predictions."""
+    owner_name, _, version = call.model.partition(":")
+    if version:
+        return "predictions", {"version": version, "input": prediction_input(call)}
+    return f"models/{owner_name}/predictions", {"input": prediction_input(call)}
 
 
-class ReplicateVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
-        self._http = http
-        self._downloads = downloads or Downloads(http)
+def _output(answer: dict[str, Any]) -> list[object]:
+    output = answer.get("output")
+    return output if isinstance(output, list) else [output]
 
-    async def _call(self, endpoint: Endpoint, method: str, url: str, **kwargs: Any) -> Any:
-        return await provider_http.call(
-            self._http, endpoint, method, url, failure_of=failure_of, **kwargs
-        )
 
-    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-        owner_name, _, version = call.model.partition(":")
-        if version:
-            url = f"{endpoint.base_url}/predictions"
-            body: dict[str, Any] = {"version": version, "input": prediction_input(call)}
-        else:
-            url = f"{endpoint.base_url}/models/{owner_name}/predictions"
-            body = {"input": prediction_input(call)}
-        prediction = provider_http.json_object(await self._call(endpoint, "POST", url, json=body))
-        return VideoProgress(state="running", provider_job_id=_prediction_id(prediction.get("id")))
+SPEC = TaskSpec(
+    request=prediction_request,
+    task_id=lambda answer, path, endpoint: answer.get("id"),
+    id_pattern=re.compile(r"[A-Za-z0-9]{1,64}"),
+    poll_path="predictions/{task}",
+    state=lambda answer: answer.get("status"),
+    states=states_of(
+        running=("starting", "processing"),
+        succeeded="succeeded",
+        failed=("failed",),
+        cancelled="canceled",
+    ),
+    videos=_output,
+    error=lambda answer: answer.get("error"),
+    failure_of=failure_of,
+    cancel=("POST", "predictions/{task}/cancel"),
+)
 
-    async def poll(
-        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
-    ) -> VideoProgress:
-        url = f"{endpoint.base_url}/predictions/{_prediction_id(provider_job_id)}"
-        prediction = provider_http.json_object(await self._call(endpoint, "GET", url))
-        status = prediction.get("status")
-        if status in _RUNNING:
-            return VideoProgress(state="running", provider_job_id=provider_job_id)
-        if status == "succeeded":
-            output = prediction.get("output")
-            urls = output if isinstance(output, list) else [output]
-            if not urls:
-                raise ProviderFailure(INVALID_RESPONSE, "Provider returned no video URL")
-            videos = [await self._downloads.fetch(endpoint, u) for u in urls]
-            return VideoProgress(state="completed", provider_job_id=provider_job_id, videos=videos)
-        if status not in ("failed", "canceled"):
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid status")
-        detail = prediction.get("error") or status
-        return failed(provider_job_id, detail)
 
-    async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:
-        url = f"{endpoint.base_url}/predictions/{_prediction_id(provider_job_id)}/cancel"
-        await self._call(endpoint, "POST", url)
+class ReplicateVideoAdapter(TaskVideoAdapter):
+    spec = SPEC

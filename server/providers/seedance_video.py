@@ -42,17 +42,19 @@ How an operator configures it: an endpoint `adapter = "seedance"`, `base_url =
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-import httpx
-
-from server.providers import http as provider_http
-from server.providers.endpoint import Endpoint
-from server.providers.failures import CLIENT_ERROR, INVALID_RESPONSE, ProviderFailure
-from server.providers.http import Downloads
-from server.providers.video import VideoCall, VideoProgress
-from server.providers.video_tasks import failed, merged, seconds_of
+from server.providers.failures import CLIENT_ERROR, ProviderFailure
+from server.providers.video import VideoCall
+from server.providers.video_tasks import (
+    TASK_ID,
+    TaskSpec,
+    TaskVideoAdapter,
+    field_of,
+    merged,
+    seconds_of,
+    states_of,
+)
 
 RESOLUTIONS = ("480p", "720p", "1080p")
 RATIOS = ("16:9", "4:3", "1:1", "3:4", "9:16", "21:9")
@@ -61,8 +63,7 @@ _REFERENCE_ROLES = {
     "video_url": "reference_video",
     "audio_url": "reference_audio",
 }
-_RUNNING = ("queued", "running")
-_TASK_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+TASKS = "contents/generations/tasks"
 
 
 def task_body(call: VideoCall) -> dict[str, Any]:
@@ -98,57 +99,25 @@ def task_body(call: VideoCall) -> dict[str, Any]:
     return merged(body, call.options)
 
 
-def _task_url(endpoint: Endpoint, task_id: str) -> str:
-    if not _TASK_ID.match(task_id):
-        raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid task id")
-    return f"{endpoint.base_url}/contents/generations/tasks/{task_id}"
+SPEC = TaskSpec(
+    request=lambda call: (TASKS, task_body(call)),
+    task_id=lambda answer, path, endpoint: answer.get("id"),
+    id_pattern=TASK_ID,
+    poll_path=TASKS + "/{task}",
+    state=lambda answer: answer.get("status"),
+    states=states_of(
+        running=("queued", "running"),
+        succeeded="succeeded",
+        failed=("failed", "expired"),
+        cancelled="cancelled",
+    ),
+    videos=lambda answer: [field_of(answer, "content", "video_url")],
+    seconds=lambda answer: seconds_of(answer.get("duration")),
+    error=lambda answer: field_of(answer, "error", "message") or field_of(answer, "error", "code"),
+    # A running task cannot be stopped: the provider refuses, which the gateway ignores.
+    cancel=("DELETE", TASKS + "/{task}"),
+)
 
 
-class SeedanceVideoAdapter:
-    def __init__(self, http: httpx.AsyncClient, downloads: Downloads | None = None) -> None:
-        self._http = http
-        self._downloads = downloads or Downloads(http)
-
-    async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-        response = await provider_http.call(
-            self._http,
-            endpoint,
-            "POST",
-            f"{endpoint.base_url}/contents/generations/tasks",
-            json=task_body(call),
-        )
-        task_id = provider_http.json_object(response).get("id")
-        if not isinstance(task_id, str) or not _TASK_ID.match(task_id):
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned no task id")
-        return VideoProgress(state="running", provider_job_id=task_id)
-
-    async def poll(
-        self, endpoint: Endpoint, provider_job_id: str, call: VideoCall
-    ) -> VideoProgress:
-        task = provider_http.json_object(
-            await provider_http.call(
-                self._http, endpoint, "GET", _task_url(endpoint, provider_job_id)
-            )
-        )
-        status = task.get("status")
-        if status in _RUNNING:
-            return VideoProgress(state="running", provider_job_id=provider_job_id)
-        if status == "succeeded":
-            content = task.get("content")
-            url = content.get("video_url") if isinstance(content, dict) else None
-            video = await self._downloads.fetch(endpoint, url)
-            duration = task.get("duration")
-            seconds = seconds_of(duration)
-            return VideoProgress(
-                state="completed", provider_job_id=provider_job_id, videos=[video], seconds=seconds
-            )
-        if not isinstance(status, str):
-            raise ProviderFailure(INVALID_RESPONSE, "Provider returned an invalid response")
-        error = task.get("error")
-        detail = error.get("message") or error.get("code") if isinstance(error, dict) else None
-        return failed(provider_job_id, detail or status)
-
-    async def cancel(self, endpoint: Endpoint, provider_job_id: str, call: VideoCall) -> None:
-        await provider_http.call(
-            self._http, endpoint, "DELETE", _task_url(endpoint, provider_job_id)
-        )
+class SeedanceVideoAdapter(TaskVideoAdapter):
+    spec = SPEC

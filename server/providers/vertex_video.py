@@ -63,8 +63,9 @@ from server.providers.failures import (
     UNREACHABLE,
     ProviderFailure,
 )
-from server.providers.http import Downloads, ImageFetcher, json_object, send
-from server.providers.video import VideoCall, VideoProgress
+from server.providers.http import Downloads, ImageFetcher, json_object
+from server.providers.video import VideoCall, VideoProgress, VideoSource
+from server.providers.video_tasks import send_json
 
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 GLOBAL_HOST = "aiplatform.googleapis.com"
@@ -187,14 +188,10 @@ class VertexVideoAdapter:
         return f"{base}/projects/{project}/locations/{DEFAULT_LOCATION}"
 
     async def _post(self, endpoint: Endpoint, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        request = self._http.build_request(
-            "POST",
-            url,
-            headers=await self._headers(endpoint),
-            json=body,
-            timeout=endpoint.timeout_seconds,
+        headers = await self._headers(endpoint)
+        return json_object(
+            await send_json(self._http, endpoint, "POST", url, headers, veo.failure_of, body)
         )
-        return json_object(await send(self._http, request, veo.failure_of))
 
     async def submit(self, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
         body = await veo.request_body(
@@ -232,7 +229,7 @@ class VertexVideoAdapter:
         content = [await self._video(endpoint, video) for video in videos]
         return VideoProgress(state="completed", provider_job_id=name, videos=content)
 
-    async def _video(self, endpoint: Endpoint, video: object) -> bytes:
+    async def _video(self, endpoint: Endpoint, video: object) -> VideoSource:
         if isinstance(video, dict) and isinstance(video.get("bytesBase64Encoded"), str):
             try:
                 return base64.b64decode(video["bytesBase64Encoded"], validate=True)
@@ -246,7 +243,7 @@ class VertexVideoAdapter:
             f"{self._storage_base}/storage/v1/b/{quote(bucket, safe='')}"
             f"/o/{quote(name, safe='')}?alt=media"
         )
-        return await self._downloads.fetch(
+        return self._downloads.remote(
             endpoint,
             url,
             headers=await self._headers(endpoint),

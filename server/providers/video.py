@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from server.providers.endpoint import Endpoint
+from server.providers.http import RemoteVideo
+
+# A finished video: its bytes (rendered here, or inline in the provider's answer), or the
+# provider's file to be streamed into the content store (never read whole into memory).
+VideoSource = bytes | RemoteVideo
 
 CONTINUE_JOB = "continue_job"  # the optional adapter method that continues a finished job
 
@@ -23,11 +29,12 @@ class VideoCall:
 
 @dataclass
 class VideoProgress:
-    """Where a provider job stands. `videos` is set once it completed (MP4 bytes)."""
+    """Where a provider job stands. `videos` is set once it completed (MP4 bytes or the
+    provider's files, which the worker streams into the content store)."""
 
     state: str  # "running" | "completed" | "failed"
     provider_job_id: str | None = None
-    videos: list[bytes] = field(default_factory=list)
+    videos: Sequence[VideoSource] = field(default_factory=list)
     error: str | None = None
     seconds: float | None = None  # output duration, when the provider reports it
 

@@ -83,6 +83,7 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
                 page,
                 key_hash=own_records(principal),
                 status=request.status,
+                job_id=request.id,
             )
         response = console_pb2.VideoJobListResponse(total_count=total)
         for job in jobs:

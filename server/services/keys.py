@@ -14,7 +14,7 @@ from server.clock import Clock, rfc3339
 from server.contract import keys_pb2, keys_pb2_grpc
 from server.db.driver import HotReads
 from server.db.engine import SessionFactory
-from server.db.models import ApiKey
+from server.db.models import ApiKey, Workspace
 from server.guardrails.cache import GuardrailsCache
 from server.guardrails.policy import Guardrails
 from server.limits.guardrail_budgets import BudgetLayer, budget_layers, effective_budget
@@ -87,9 +87,11 @@ def _effective(layers: list[BudgetLayer]) -> struct_pb2.Value:
     return value
 
 
-def key_fields(key: ApiKey) -> keys_pb2.CurrentKey:
-    """The members of GET /key that depend on the key row alone."""
+def key_fields(key: ApiKey, workspace: Workspace | None = None) -> keys_pb2.CurrentKey:
+    """The members of GET /key that depend on the key and workspace rows alone."""
     return keys_pb2.CurrentKey(
+        workspace_name="" if workspace is None else workspace.name,
+        intern_programme=workspace is not None and workspace.intern_programme,
         label=key.label,
         limit=nullable_usd(key.limit_micros),
         limit_reset=nullable_string(key.limit_reset),
@@ -153,7 +155,7 @@ class KeysService(keys_pb2_grpc.KeysServicer):
         self._reads = reads
         self._guardrails = guardrails if guardrails is not None else GuardrailsCache(auth.stamp)
         # key hash -> (the cached key row they were built from, its key_fields)
-        self._fields: dict[str, tuple[ApiKey, keys_pb2.CurrentKey]] = {}
+        self._fields: dict[str, tuple[ApiKey, Workspace, keys_pb2.CurrentKey]] = {}
 
     async def GetCurrentKey(
         self, request: keys_pb2.GetCurrentKeyRequest, context: grpc.aio.ServicerContext
@@ -177,7 +179,7 @@ class KeysService(keys_pb2_grpc.KeysServicer):
                 self._reads, principal.key, principal.account, now
             )
             if not self._auth.stamp.observe(stamp, now):
-                return self._response(status, guardrails, now)
+                return self._response(status, guardrails, now, principal.workspace)
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata)
             now = self._clock.now()
@@ -192,24 +194,24 @@ class KeysService(keys_pb2_grpc.KeysServicer):
             guardrails = await self._guardrails.of(
                 session, principal.workspace.id, principal.key.hash
             )
-        return self._response(status, guardrails, now)
+        return self._response(status, guardrails, now, principal.workspace)
 
     def _response(
-        self, status: KeyStatus, guardrails: Guardrails, now: datetime
+        self, status: KeyStatus, guardrails: Guardrails, now: datetime, workspace: Workspace
     ) -> keys_pb2.CurrentKeyResponse:
         layers = budget_layers(guardrails.budgets, status.key, status.usage, now)
         return keys_pb2.CurrentKeyResponse(
-            data=current_key_message(status, layers, self._fields_of(status.key))
+            data=current_key_message(status, layers, self._fields_of(status.key, workspace))
         )
 
-    def _fields_of(self, key: ApiKey) -> keys_pb2.CurrentKey:
+    def _fields_of(self, key: ApiKey, workspace: Workspace) -> keys_pb2.CurrentKey:
         """key_fields, built again whenever the principal cache holds a new row for the key
-        (it does after any change: the rows it shares are never modified)."""
+        or its workspace (it does after any change: the rows it shares are never modified)."""
         known = self._fields.get(key.hash)
-        if known is not None and known[0] is key:
-            return known[1]
-        fields = key_fields(key)
+        if known is not None and known[0] is key and known[1] is workspace:
+            return known[2]
+        fields = key_fields(key, workspace)
         if known is None and len(self._fields) >= MAX_CACHED_FIELDS:
             del self._fields[next(iter(self._fields))]
-        self._fields[key.hash] = (key, fields)
+        self._fields[key.hash] = (key, workspace, fields)
         return fields

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import grpc
 from google.protobuf import struct_pb2
@@ -21,6 +22,8 @@ from server.clock import Clock, rfc3339
 from server.contract import management_pb2, management_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import Account, ApiKey
+from server.errors import bad_request
+from server.guardrails.store import copy_assignments
 from server.limits.key_status import key_status
 from server.services.keys import limit_and_usage_fields
 from server.services.rpc import (
@@ -70,11 +73,27 @@ async def api_key_message(
     )
 
 
+@dataclass(frozen=True)
+class KeyRotation:
+    """POST /keys/{hash}/rotate's bounds (settings key_rotation_grace_seconds and
+    key_rotation_max_grace_seconds)."""
+
+    default_grace_seconds: int = 86400
+    max_grace_seconds: int = 30 * 86400
+
+
 class ManagementService(management_pb2_grpc.ManagementServicer):
-    def __init__(self, auth: Authenticator, sessions: SessionFactory, clock: Clock) -> None:
+    def __init__(
+        self,
+        auth: Authenticator,
+        sessions: SessionFactory,
+        clock: Clock,
+        rotation: KeyRotation | None = None,
+    ) -> None:
         self._auth = auth
         self._sessions = sessions
         self._clock = clock
+        self._rotation = rotation if rotation is not None else KeyRotation()
 
     async def _principal(
         self, session: AsyncSession, context: grpc.aio.ServicerContext
@@ -214,6 +233,52 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
             await key_store.delete_key(session, key)
             await session.commit()
         return management_pb2.DeleteKeyResponse(deleted=True)
+
+    async def RotateKey(
+        self, request: management_pb2.RotateKeyRequest, context: grpc.aio.ServicerContext
+    ) -> management_pb2.RotateKeyResponse:
+        """A new key in the old one's place; the old one expires after the grace period (at
+        once with 0), or at its own expiry when that comes first."""
+        grace = (
+            request.grace_seconds
+            if request.HasField("grace_seconds")
+            else self._rotation.default_grace_seconds
+        )
+        if not 0 <= grace <= self._rotation.max_grace_seconds:
+            raise bad_request(
+                f"grace_seconds must be 0 to {self._rotation.max_grace_seconds}",
+                param="grace_seconds",
+            )
+        async with self._sessions() as session:
+            principal = await self._principal(session, context)
+            old = await self._account_key(session, principal, request.hash)
+            now = self._clock.now()
+            if old.expires_at is not None and old.expires_at <= now:
+                raise bad_request("an expired key cannot be rotated", param="hash")
+            workspace = await workspace_by_id(session, old.workspace_id)
+            assert workspace is not None
+            new, plaintext = await key_store.create_key(
+                session,
+                workspace=workspace,
+                name=old.name,
+                now=now,
+                limit=key_store.KeyLimit(old.limit_micros, old.limit_reset),
+                include_byok_in_limit=old.include_byok_in_limit,
+                expires_at=old.expires_at,
+                management=old.is_management,
+                creator_user_id=old.creator_user_id,
+                external_user=old.external_user,
+                intern_id=old.intern_id,
+            )
+            await copy_assignments(session, old.hash, new.hash, now)
+            ends = now + timedelta(seconds=grace)
+            if old.expires_at is None or ends < old.expires_at:
+                await key_store.update_key(session, old, {"expires_at": ends}, now)
+            await session.commit()
+            message = await self._key_message(session, new, principal)
+            rotated = await self._key_message(session, old, principal)
+        await answer_with_status(context, 201)
+        return management_pb2.RotateKeyResponse(data=message, key=plaintext, rotated=rotated)
 
     async def GetCredits(
         self, request: management_pb2.GetCreditsRequest, context: grpc.aio.ServicerContext

@@ -11,7 +11,7 @@ from server.clock import Clock
 from server.contract import models_pb2, models_pb2_grpc
 from server.db.engine import SessionFactory
 from server.guardrails.cache import GuardrailsCache
-from server.routing.catalog import Catalog, Model
+from server.routing.catalog import LOCAL_ADAPTERS, Catalog, Model
 from server.routing.listing import ListedModel, ModelQuery, list_models
 from server.services.rpc import metadata_of, null, nullable_string
 
@@ -45,6 +45,12 @@ def model_message(listed: ListedModel) -> models_pb2.Model:
         links=models_pb2.ModelLinks(details=f"/api/v1/models/{model.id}/endpoints"),
         available=listed.available,
         unavailable_reason=nullable_string(listed.unavailable_reason),
+        endpoints=[
+            models_pb2.ModelEndpoint(
+                provider=e.provider, accepts_byok=e.adapter not in LOCAL_ADAPTERS
+            )
+            for e in model.endpoints
+        ],
     )
 
 

@@ -109,6 +109,7 @@ class OperatorService(management_pb2_grpc.OperatorServicer):
                 default_callback_url=request.default_callback_url
                 if request.HasField("default_callback_url")
                 else None,
+                disabled=request.disabled if request.HasField("disabled") else None,
             )
             await session.commit()
             view = await provisioning.workspace_view(session, workspace, self._clock.now())

@@ -11,6 +11,7 @@ import logging
 import math
 import re
 import time
+import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextvars import ContextVar, Token
@@ -142,6 +143,10 @@ async def _answer_failure(
         raise exc
     error = failure_error(exc, database_retry_seconds)
     call.status = error.status
+    # gRPC keeps the abort's exception, and with it (as its context) this one, past the
+    # call: its traceback's frames would keep the handler's locals — a request body of
+    # megabytes — alive until a full garbage collection. Logged above; cleared here.
+    traceback.clear_frames(exc.__traceback__)
     await abort_with(context, error)
 
 
@@ -265,6 +270,12 @@ class RequestObserver:
                 request_deserializer=deserializer,
                 response_serializer=handler.response_serializer,
             )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._client_stream(handler.stream_unary, route),
+                request_deserializer=deserializer,
+                response_serializer=handler.response_serializer,
+            )
         return handler
 
     @staticmethod
@@ -339,6 +350,27 @@ class RequestObserver:
 
         return observed
 
+    def _client_stream(self, inner: Any, route: str) -> Any:
+        async def observed(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            call = self._begin(context)
+            with self._span(route, call):
+                try:
+                    return await inner(_checked(requests), context)
+                except BaseException as exc:
+                    await _answer_failure(context, call, exc, self._database_retry_seconds)
+                finally:
+                    self._end(route, call)
+
+        return observed
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A client stream's messages, each checked as a unary request is (check_request); the
+    handler pulls them, so it decides when (and whether) the body is read."""
+    async for request in requests:
+        check_request(request)
+        yield request
+
 
 _NO_SPAN = contextlib.nullcontext()
 
@@ -393,12 +425,17 @@ class _ObservedGenericHandler(grpc.GenericRpcHandler):
         return self._server.observed(handler_call_details.method, handler)
 
 
-async def answer_with_status(context: grpc.aio.ServicerContext, http_status: int) -> None:
-    """A success status other than 200 (202, 204) for the REST facade to apply."""
+async def answer_with_status(
+    context: grpc.aio.ServicerContext,
+    http_status: int,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> None:
+    """A success status other than 200 (202, 204, 206) for the REST facade to apply, with
+    response headers of its own (initial metadata the facade passes on as headers)."""
     call = _CALL.get()
     if call is not None:
         call.status = http_status
-    await context.send_initial_metadata((("x-http-status", str(http_status)),))
+    await context.send_initial_metadata((("x-http-status", str(http_status)), *headers))
 
 
 def string_or_null(value: struct_pb2.Value, param: str) -> str | None:

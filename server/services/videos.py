@@ -20,6 +20,7 @@ from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.engine import SessionFactory
 from server.db.models import VideoJob
 from server.db.writer import Writer
+from server.errors import GatewayError
 from server.guardrails.cache import GuardrailsCache
 from server.guardrails.policy import Guardrails
 from server.limits.admission import EnforcedLimits, Limits
@@ -38,6 +39,7 @@ from server.services.rpc import (
 from server.videos import jobs
 from server.videos.cancel import cancel_job
 from server.videos.content import ContentStore
+from server.videos.ranges import Unsatisfiable, byte_range
 from server.videos.request import parse_video_request
 
 
@@ -250,9 +252,30 @@ class VideosService(videos_pb2_grpc.VideosServicer):
             principal = await self._auth.authenticate(session, metadata_of(context))
             job = await jobs.find_job(session, principal, request.job_id)
         index = request.index if request.HasField("index") else 0
-        jobs.check_content(job, index, self._store)
+        size = await jobs.check_content(job, index, self._store)
+        try:
+            span = byte_range(header_value(context, "range"), size)
+        except Unsatisfiable as refused:
+            raise GatewayError(
+                416, str(refused), headers={"Content-Range": f"bytes */{refused.size}"}
+            ) from None
+        if span is None:
+            await context.send_initial_metadata((("accept-ranges", "bytes"),))
+            start, end = 0, None
+        else:
+            await answer_with_status(
+                context,
+                206,
+                (
+                    ("content-range", span.content_range),
+                    # gRPC metadata cannot carry content-length itself: the facade sets it
+                    ("x-content-length", str(span.end - span.start)),
+                    ("accept-ranges", "bytes"),
+                ),
+            )
+            start, end = span.start, span.end
         first = True
-        for chunk in self._store.chunks(job.id, index):
+        async for chunk in self._store.read(job.id, index, start, end):
             # The first message's content type becomes the response's Content-Type.
             yield httpbody_pb2.HttpBody(content_type="video/mp4" if first else "", data=chunk)
             first = False

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import secrets
 from dataclasses import dataclass
@@ -18,7 +19,9 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.db.models import Intern, VaultKey, VaultSecret, Workspace
 from server.errors import GatewayError, bad_request, not_found
 from server.hostnames import dns_name
-from server.vault import crypto
+from server.vault import crypto, keycheck
+
+log = logging.getLogger("gateway.vault")
 
 NAME = re.compile(r"(?!.*__)[a-z]([a-z0-9_]*[a-z0-9])?")
 MAX_NAME = 255
@@ -95,6 +98,13 @@ async def _data_key(
     """The vault's data key, created on first use (first writer wins)."""
     row = await session.get(VaultKey, vault_id)
     if row is None:
+        if not await keycheck.data_key_allowed(session, master):
+            # Started before a rotation: a data key wrapped by the old key would not open.
+            log.error(
+                "the vault master key %s is no longer this database's: restart with the new one",
+                master.source,
+            )
+            raise GatewayError(500, "Internal server error")
         dialect = session.get_bind().dialect.name
         insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
         await session.exec(

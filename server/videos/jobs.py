@@ -282,15 +282,18 @@ async def find_job(session: AsyncSession, principal: Principal, job_id: str) -> 
     return visible(principal, job, not_found(f"Video job {job_id!r} not found"))
 
 
-def check_content(job: VideoJob, index: int, store: ContentStore) -> None:
+async def check_content(job: VideoJob, index: int, store: ContentStore) -> int:
+    """The size of the job's video `index`, if the caller may download it now."""
     if job.status == EXPIRED:
         raise GatewayError(410, "The video has expired and its content was deleted")
     if job.status != COMPLETED:
         raise GatewayError(409, f"The video is not ready (status {job.status})")
     if index < 0 or index >= job.content_count:
         raise bad_request(f"index must be between 0 and {job.content_count - 1}", param="index")
-    if not store.exists(job.id, index):
+    size = await store.size(job.id, index)
+    if size is None:
         raise GatewayError(410, "The video content is no longer available")
+    return size
 
 
 def job_document(job: VideoJob) -> dict[str, Any]:

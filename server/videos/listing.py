@@ -24,7 +24,13 @@ FINISHED_DELIVERIES = ("delivered", "stopped", "failed")
 
 
 async def list_jobs(
-    session: AsyncSession, workspace_id: str, page: Page, *, key_hash: str = "", status: str = ""
+    session: AsyncSession,
+    workspace_id: str,
+    page: Page,
+    *,
+    key_hash: str = "",
+    status: str = "",
+    job_id: str = "",
 ) -> tuple[list[VideoJob], int]:
     if status not in JOB_STATUSES:
         raise bad_request(f"status must be one of {', '.join(JOB_STATUSES[1:])}", param="status")
@@ -33,6 +39,8 @@ async def list_jobs(
         conditions.append(VideoJob.key_hash == key_hash)
     if status:
         conditions.append(VideoJob.status == status)
+    if job_id:
+        conditions.append(VideoJob.id == job_id)
     total = (
         await session.exec(select(sa.func.count()).select_from(VideoJob).where(*conditions))
     ).one()
@@ -63,6 +71,11 @@ def job_summary(job: VideoJob) -> dict[str, Any]:
         "is_byok": job.is_byok,
         "api_key_hash": job.key_hash,
         "session_id": job.session_id,
+        "prompt": job.params.get("prompt"),
+        "duration": job.params.get("duration"),
+        "resolution": job.params.get("resolution"),
+        "aspect_ratio": job.params.get("aspect_ratio"),
+        "callback_url": job.callback_url,
     }
 
 

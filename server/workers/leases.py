@@ -115,3 +115,17 @@ class Claimer:
         )
         await session.commit()
         return leased
+
+    async def renew(
+        self, session: AsyncSession, *, row_id: str, owner: str, now: datetime, lease: timedelta
+    ) -> bool:
+        """Extend `owner`'s lease of the row to `now + lease`; False when the row is no
+        longer leased to `owner` (its lease was cleared or taken over). Commits."""
+        table = self._model.__table__
+        result = await session.exec(
+            sa.update(table)
+            .where(table.c.id == row_id, table.c.lease_owner == owner)
+            .values(lease_expires_at=now + lease)
+        )
+        await session.commit()
+        return bool(result.rowcount == 1)

@@ -1,15 +1,21 @@
 """The video job worker: runs inside every server process. Jobs are claimed with a lease
 (a conditional UPDATE, and on PostgreSQL `FOR UPDATE SKIP LOCKED` to skip rows another
 process is claiming), so no two processes run one job; a process that dies leaves its lease
-to lapse and the job is taken up again. The charge and the terminal state commit together,
-guarded by the lease, so a job is charged exactly once."""
+to lapse and the job is taken up again, while a live worker renews the leases of the jobs it
+is working on. The charge and the terminal state commit together, guarded by the lease, so a
+job is charged exactly once.
+
+A process works on up to `jobs_at_once` jobs concurrently: one job's slow provider, image
+host or download holds only that job. A provider's result is streamed into the content
+store under a size and a time bound; past either the job fails for good (its hold
+released, nothing stored), it is not fetched again."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -22,8 +28,9 @@ from server.billing.holds import Hold, drop_hold, settle_hold
 from server.billing.money import usd_to_micros
 from server.byok.routing import ByokRouting, PlannedAttempt
 from server.clock import Clock
+from server.config import VIDEO_DOWNLOAD_SECONDS, VIDEO_JOBS_AT_ONCE, VIDEO_MAX_BYTES
 from server.db.driver import fetch_rows
-from server.db.engine import SessionFactory
+from server.db.engine import SessionFactory, is_database_unavailable
 from server.db.models import Generation, VideoJob
 from server.db.writer import Writer
 from server.observability.generations import store_generation
@@ -36,6 +43,7 @@ from server.providers.video import (
     VideoAdapter,
     VideoCall,
     VideoProgress,
+    VideoSource,
     can_continue,
 )
 from server.routing.catalog import Catalog, Model
@@ -43,7 +51,7 @@ from server.routing.cooldowns import Cooldowns
 from server.routing.fallback import no_provider
 from server.videos import jobs
 from server.videos.cancel import cancel_at_provider
-from server.videos.content import ContentStore
+from server.videos.content import ContentRefused, ContentStore
 from server.workers.leases import Claimer
 from server.workers.loop import run_until_stopped
 
@@ -94,6 +102,20 @@ class _LeaseLost(Exception):
     progress: its finish writes nothing."""
 
 
+async def _chunks_of(video: VideoSource) -> AsyncIterator[bytes]:
+    """A video's bytes as the content store takes them: a provider's file fetched as it is
+    read, or bytes already here in one piece."""
+    if isinstance(video, bytes):
+        yield video
+        return
+    download = video.chunks()
+    try:
+        async for chunk in download:
+            yield chunk
+    finally:
+        await download.aclose()
+
+
 def poll_delay(attempts: int) -> timedelta:
     """Provider polling backoff: 1 s doubling to 30 s."""
     return timedelta(seconds=min(30, 2 ** min(attempts, 5)))
@@ -117,7 +139,18 @@ class VideoWorker:
         byok: ByokRouting | None = None,
         cooldowns: Cooldowns | None = None,
         writer: Writer | None = None,
+        max_video_bytes: int = VIDEO_MAX_BYTES,
+        download_seconds: float = VIDEO_DOWNLOAD_SECONDS,
+        jobs_at_once: int = VIDEO_JOBS_AT_ONCE,
+        drain_seconds: float = 30.0,
     ) -> None:
+        # Bounds of each result file streamed into the store (server/config.py).
+        self._max_video_bytes = max_video_bytes
+        self._download_seconds = download_seconds
+        self._jobs_at_once = jobs_at_once
+        # On stop, how long jobs under way may take to finish before they are cancelled
+        # (their leases then lapse and another process takes them up).
+        self._drain_seconds = drain_seconds
         # The process's group-commit writer, which commits each job's terminal transaction
         # (None: a session of its own per job).
         self._writer = writer
@@ -135,20 +168,101 @@ class VideoWorker:
         self._retention = retention
         self._idle_wait = idle_wait
         self.owner = f"worker-{secrets.token_hex(6)}"
+        # Set, per job under way in run(), once its lease is no longer this worker's (the
+        # job was cancelled, or taken over): its download stops.
+        self._lease_lost: dict[str, asyncio.Event] = {}
         self.wake = asyncio.Event()  # set on submit: no need to wait for the next poll
 
     # --- the loop -----------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Claim and run due jobs until `stop`; then finish the current step and return."""
-        await run_until_stopped(self._work_once, stop, self.wake, self._idle_wait, log)
+        """Claim due jobs and run each as a task of its own, up to `jobs_at_once` at a time,
+        until `stop`; then let the steps under way finish (for up to `drain_seconds`, then
+        they are cancelled) and return."""
+        running: set[asyncio.Task[None]] = set()
+        under_way: set[str] = set()  # the ids of the jobs those tasks run
 
-    async def _work_once(self) -> bool:
-        job = await self.claim()
-        if job is None:
-            return False
-        await self.step(job)
-        return True
+        async def work_once() -> bool:
+            if len(running) >= self._jobs_at_once:
+                # Every slot busy: claim nothing (another process may take the jobs) until
+                # one frees or the loop is told to stop.
+                stopping = asyncio.ensure_future(stop.wait())
+                try:
+                    await asyncio.wait({*running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stopping.cancel()
+                return True
+            job = await self.claim()
+            if job is None:
+                return False
+            if job.id in under_way:
+                # Its lease lapsed while its step runs here (the database was unreachable
+                # when it was due for renewal): claimed again by this very worker, it is
+                # leased afresh, and run once.
+                return True
+            task = asyncio.create_task(self._run_job(job), name=f"video job {job.id}")
+            running.add(task)
+            under_way.add(job.id)
+            task.add_done_callback(running.discard)
+            task.add_done_callback(lambda _: under_way.discard(job.id))
+            return True
+
+        try:
+            await run_until_stopped(work_once, stop, self.wake, self._idle_wait, log)
+        finally:
+            await self._drain(running)
+
+    async def _drain(self, running: set[asyncio.Task[None]]) -> None:
+        if not running:
+            return
+        _done, late = await asyncio.wait(set(running), timeout=self._drain_seconds)
+        for task in late:
+            task.cancel()  # its download stops and leaves nothing; its lease lapses
+        if late:
+            await asyncio.wait(late)
+
+    async def _run_job(self, job: VideoJob) -> None:
+        """One step of one claimed job, its lease renewed while it runs; a failure is logged
+        (the job's lease lapses and it is taken up again)."""
+        lost = self._lease_lost[job.id] = asyncio.Event()
+        renewing = asyncio.create_task(self._keep_leased(job, lost))
+        try:
+            await self.step(job)
+        except Exception as exc:
+            if is_database_unavailable(exc):
+                log.warning("video job %s skipped: database unavailable", job.id)
+            else:
+                log.exception("video job %s step failed; it will be taken up again", job.id)
+        finally:
+            renewing.cancel()
+            await asyncio.wait({renewing})
+            del self._lease_lost[job.id]
+
+    async def _keep_leased(self, job: VideoJob, lost: asyncio.Event) -> None:
+        """Renews the job's lease every third of it while its step runs (a download may
+        take longer than one lease); once the lease is no longer this worker's, sets
+        `lost` and stops."""
+        every = self._lease.total_seconds() / 3
+        while True:
+            await asyncio.sleep(every)
+            try:
+                async with self._sessions() as session:
+                    kept = await _CLAIMER.renew(
+                        session,
+                        row_id=job.id,
+                        owner=self.owner,
+                        now=self._clock.now(),
+                        lease=self._lease,
+                    )
+            except Exception as exc:
+                if not is_database_unavailable(exc):
+                    log.exception("renewing the lease of %s failed; no longer renewed", job.id)
+                    return
+                log.warning("renewing the lease of %s: database unavailable", job.id)
+                continue
+            if not kept:
+                lost.set()  # cancelled, or taken over: its finish would write nothing
+                return
 
     async def claim(self) -> VideoJob | None:
         now = self._clock.now()
@@ -202,14 +316,69 @@ class VideoWorker:
         if progress.state == "running":
             await self._reschedule(job)
         elif progress.state == "completed":
-            for index, video in enumerate(progress.videos):
-                await asyncio.to_thread(self._store.save, job.id, index, video)
+            if not await self._store_videos(job, model, progress.videos):
+                return
             seconds = Decimal(str(progress.seconds)) if progress.seconds else None
             if not await self.finish(job, model, videos=len(progress.videos), seconds=seconds):
                 # Cancelled (or taken over) meanwhile: the files saved above are nobody's.
-                await asyncio.to_thread(self._store.delete, job.id)
+                await self._store.delete(job.id)
         else:
             await self.finish(job, model, error=progress.error or "The provider failed")
+
+    async def _store_videos(
+        self, job: VideoJob, model: Model, videos: Sequence[VideoSource]
+    ) -> bool:
+        """Stream the job's videos into the store, each within the size and time bounds.
+        False when they are not all stored (none is left then): a bound passed fails the job
+        for good; a provider's transient failure has it polled (and fetched) again later."""
+        writing = asyncio.ensure_future(self._write_videos(job, videos))
+        lost = self._lease_lost.get(job.id)
+        if lost is not None:
+            losing = asyncio.ensure_future(lost.wait())
+            try:
+                await asyncio.wait({writing, losing}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                losing.cancel()
+                if not writing.done():
+                    # Cancelled meanwhile, or taken over (or this step is being cancelled):
+                    # the download stops now and leaves nothing.
+                    writing.cancel()
+                    await asyncio.wait({writing})
+        try:
+            await writing
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if lost is None or not lost.is_set() or (current is not None and current.cancelling()):
+                raise  # this step itself is being cancelled (a drain)
+            log.info("video job %s: download stopped, the job is no longer this worker's", job.id)
+            return False
+        except ContentRefused as refused:
+            log.warning("video job %s: %s", job.id, refused)
+            await self.finish(job, model, error=str(refused))
+            return False
+        except ProviderFailure as failure:
+            if failure.kind in (CLIENT_ERROR, REJECTED_CREDENTIALS):
+                await self.finish(job, model, error=f"Provider error: {failure.message}")
+            else:
+                log.warning("downloading %s failed: %s; will retry", job.id, failure.message)
+                await self._reschedule(job)
+            return False
+        return True
+
+    async def _write_videos(self, job: VideoJob, videos: Sequence[VideoSource]) -> None:
+        try:
+            for index, video in enumerate(videos):
+                await self._store.write(
+                    job.id,
+                    index,
+                    _chunks_of(video),
+                    max_bytes=self._max_video_bytes,
+                    seconds=self._download_seconds,
+                )
+        except BaseException:
+            # Shielded: a cancelled download (a cancel, a drain) still removes what it stored.
+            await asyncio.shield(self._store.delete(job.id))
+            raise
 
     @property
     def adapters(self) -> Mapping[str, VideoAdapter]:

@@ -53,6 +53,8 @@ class HostilePeer:
     max_bytes: int = 8 * 1024**3
     ok_body: bytes = b'{"ok":true}'
     ok_content_type: str = "application/json"
+    # the Content-Type of the huge, endless and trickling bodies (an image host: "image/png")
+    body_content_type: str = "application/octet-stream"
     requests: list[PeerRequest] = field(default_factory=list)
     bytes_sent: int = 0
     _server: BurstHTTPServer | None = None
@@ -136,7 +138,7 @@ class HostilePeer:
 
             def _huge(self, total: int, deadline: float) -> None:
                 self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Type", peer.body_content_type)
                 self.send_header("Content-Length", str(total))
                 self.end_headers()
                 chunk = b"\0" * CHUNK
@@ -149,7 +151,7 @@ class HostilePeer:
 
             def _chunked(self, deadline: float, interval: float, piece: bytes) -> None:
                 self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Type", peer.body_content_type)
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 framed = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
@@ -163,7 +165,7 @@ class HostilePeer:
 
             def _trickle_length(self, interval: float, deadline: float) -> None:
                 self.send_response(200)
-                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Type", peer.body_content_type)
                 self.send_header("Content-Length", str(1024 * 1024))
                 self.end_headers()
                 while time.monotonic() < deadline:

@@ -145,7 +145,8 @@ async def test_video_jobs_and_their_webhook_deliveries_are_listed(domain: Domain
             key_hash=owner.hash,
             model="unit/video",
             status=status,
-            params={},
+            params={"prompt": f"prompt {number}", "duration": 4, "resolution": "720p"},
+            callback_url="https://hooks.example.com/in" if number == 1 else None,
             next_run_at=now,
             created_at=now + timedelta(seconds=number),
             updated_at=now,
@@ -175,6 +176,12 @@ async def test_video_jobs_and_their_webhook_deliveries_are_listed(domain: Domain
         pending, _ = await list_jobs(
             session, issued.workspace.id, page_of(None, None), status="pending"
         )
+        one, one_total = await list_jobs(
+            session, issued.workspace.id, page_of(None, None), job_id=jobs[0].id
+        )
+        foreign, _ = await list_jobs(
+            session, issued.workspace.id, page_of(None, None), job_id=jobs[2].id
+        )
         deliveries = await job_deliveries(session, principal, jobs[0].id)
         with pytest.raises(GatewayError) as hidden:
             await job_deliveries(session, principal, jobs[2].id)
@@ -185,6 +192,13 @@ async def test_video_jobs_and_their_webhook_deliveries_are_listed(domain: Domain
     assert hidden.value.status == 404  # another workspace's job
     summary = job_summary(listed[1])
     assert summary["cost"] == 0.0015 and summary["api_key_hash"] == issued.hash
+    # What was asked and where its webhooks go, so the console can tell jobs apart.
+    assert summary["prompt"] == "prompt 1" and summary["duration"] == 4
+    assert summary["resolution"] == "720p" and summary["aspect_ratio"] is None
+    assert summary["callback_url"] == "https://hooks.example.com/in"
+    assert job_summary(listed[0])["callback_url"] is None
+    assert [j.id for j in one] == [jobs[0].id] and one_total == 1
+    assert foreign == []  # another workspace's job, by id: not listed
     [document] = [delivery_document(d) for d in deliveries]
     assert document["event"] == "video.generation.completed" and document["attempts"] == 2
     assert document["last_status"] == 500 and document["next_attempt_at"] is not None

@@ -363,7 +363,7 @@ async def test_a_job_whose_credentials_were_removed_fails_naming_the_variable(
 ) -> None:
     from server.db.models import VideoJob
     from server.videos import jobs
-    from server.videos.content import ContentStore
+    from server.videos.content import LocalContentStore
     from server.workers.video_worker import VideoWorker
 
     issued = await domain.funded_key("credentials-removed")
@@ -381,7 +381,7 @@ async def test_a_job_whose_credentials_were_removed_fails_naming_the_variable(
         domain.clock,
         domain.catalog,
         domain.video_adapters(),
-        ContentStore(tmp_path / "content"),
+        LocalContentStore(tmp_path / "content"),
     )
     claimed = await worker.claim()
     assert claimed is not None

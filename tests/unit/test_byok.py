@@ -30,7 +30,7 @@ from server.transcription.request import TranscriptionInput
 from server.transcription.transcriber import Transcriber, TranscriptionResult
 from server.vault.crypto import MasterKey
 from server.videos import jobs
-from server.videos.content import ContentStore
+from server.videos.content import LocalContentStore
 from server.workers.video_worker import VideoWorker
 from testkit.admin import IssuedKey
 from testkit.audio import fixture
@@ -385,7 +385,7 @@ async def test_a_video_job_submitted_and_polled_with_the_workspace_key(
         domain.clock,
         domain.catalog,
         domain.video_adapters(),
-        ContentStore(tmp_path / "content"),
+        LocalContentStore(tmp_path / "content"),
         byok=byok,
     )
     for _ in range(3):  # submit, then poll until the provider says completed

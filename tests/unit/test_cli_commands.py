@@ -166,3 +166,15 @@ def test_cli_guardrails(gateway: Run) -> None:
     assert unknown.returncode == 2 and "unknown model" in unknown.stderr
     assert gateway("guardrails", "delete", guardrail_id).returncode == 0
     assert guardrail_id not in gateway("guardrails", "list").stdout
+
+
+def test_cli_disables_and_enables_a_workspace(gateway: Run) -> None:
+    """`gateway workspaces update NAME --disabled on|off`: the operator's switch, as PATCH
+    /workspaces/{id} {disabled} (every key of the workspace refused while on)."""
+    assert gateway("workspaces", "create", "switched").returncode == 0
+    off = gateway("workspaces", "update", "switched", "--disabled", "on")
+    assert off.returncode == 0, off.stderr
+    assert "switched: disabled (its keys are refused)" in off.stdout
+    on = gateway("workspaces", "update", "switched", "--disabled", "off")
+    assert on.returncode == 0, on.stderr
+    assert "switched: enabled" in on.stdout

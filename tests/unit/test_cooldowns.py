@@ -23,7 +23,7 @@ from server.providers.failures import (
 from server.routing.cooldowns import MAX_COOLDOWN_SECONDS, Cooldowns
 from server.routing.fallback import route
 from server.videos import jobs
-from server.videos.content import ContentStore
+from server.videos.content import LocalContentStore
 from server.workers.video_worker import VideoWorker
 from testkit.domain import Domain, video_input
 
@@ -133,7 +133,7 @@ async def test_a_video_job_waits_for_its_cooling_provider_instead_of_failing(
         domain.clock,
         domain.catalog,
         domain.video_adapters(),
-        ContentStore(tmp_path / "content"),
+        LocalContentStore(tmp_path / "content"),
         cooldowns=cooldowns,
     )
     model = domain.catalog.get("unitvideo/ok")

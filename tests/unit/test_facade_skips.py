@@ -13,6 +13,7 @@ import pytest
 
 from facade.compose import compose_envoy_options
 from facade.envoy_config import (
+    DECLARED_LENGTH_HEADER,
     FORWARDED_HEADERS,
     HEADERS_FROM_TRAILERS,
     HEADERS_FROM_TRAILERS_MARK,
@@ -68,6 +69,7 @@ def _holds(predicate: dict[str, Any], request: Headers, response: Headers | None
     return value is not None and _string_match(single["value_match"], value)
 
 
+WELL_FORMED_KEY = "Bearer sk-gw-v1-" + "0" * 64
 PLAIN = {
     ":method": "GET",
     ":path": "/api/v1/key",
@@ -84,7 +86,13 @@ PLAIN = {
     "changes",
     [
         {},
-        {":method": "POST", "content-type": "application/json", "content-length": "9999999"},
+        {
+            ":method": "POST",
+            "content-type": "application/json",
+            "content-length": "999999",
+            "authorization": WELL_FORMED_KEY,
+        },
+        {":method": "PUT", "authorization": "bearer  sk-gw-op-" + "0" * 64},
         {"x-other": "caf\xe9", "grpc-timeout": "1S", "x-foo-bin": "AAA"},  # dropped natively
         {"origin": "https://any.example"},
         {"x-session-id": "s1", "traceparent": "00-1-2-01", "tracestate": "a=b"},
@@ -106,10 +114,17 @@ def test_a_plain_request_skips_the_request_lua(changes: Headers) -> None:
         {"upgrade": "websocket"},
         {"content-length": "52428801"},
         {"content-length": "10000000"},  # under the limit, but the Lua filter decides
+        {"content-length": "1000000"},  # under a control route's limit: the Lua decides too
         {"content-length": "1, 2"},
         {"authorization": "Bearer caf\xe9"},
         {"x-session-id": "a\x7fb"},
         {"x-request-id": "\x01"},
+        # A body without a well-formed key: refused by the Lua filter before it is read.
+        {":method": "POST", "content-type": "application/json", "content-length": "9"},
+        {":method": "POST", "authorization": "Bearer sk-x"},
+        {":method": "PATCH", "authorization": "Basic " + WELL_FORMED_KEY[7:]},
+        {":method": "PUT", "authorization": WELL_FORMED_KEY.upper()},
+        {":method": "POST", "authorization": WELL_FORMED_KEY + "0"},
     ],
 )
 def test_what_the_request_lua_acts_on_is_never_skipped(changes: Headers) -> None:
@@ -190,8 +205,15 @@ def test_only_the_forwarded_headers_are_kept() -> None:
     for name in ("host", "te", "x", "grpc-timeout", "x-foo-bin", "x-forwarded-host", "accept"):
         assert dropped.fullmatch(name), name
     mutation = _filters()["envoy.filters.http.header_mutation"]["mutations"]
-    (allowlist,) = mutation["request_mutations"]
+    allowlist, declared_length = mutation["request_mutations"]
     assert allowlist["remove_on_match"]["key_matcher"]["safe_regex"]["regex"] == dropped.pattern
+    # Set after the allowlist, by Envoy alone: a client's own value never reaches the server.
+    assert declared_length["append"]["header"] == {
+        "key": DECLARED_LENGTH_HEADER,
+        "value": "%REQ(CONTENT-LENGTH)%",
+    }
+    assert declared_length["append"]["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD"
+    assert dropped.fullmatch(DECLARED_LENGTH_HEADER)
 
 
 @pytest.mark.parametrize("limit", [0, 5, 9, 10, 999, 1000, 52428800])

@@ -26,7 +26,7 @@ from server.maintenance import Maintenance
 from server.maintenance.maintenance import BATCH
 from server.observability.metrics import Metrics
 from server.videos import jobs
-from server.videos.content import ContentStore
+from server.videos.content import LocalContentStore
 from testkit.admin import Admin, IssuedKey
 
 NOW = datetime(2026, 7, 2, 10, 30, 20, tzinfo=UTC)
@@ -45,8 +45,8 @@ async def admin(admin_db: Admin, clock: ManualClock) -> Admin:
 
 
 @pytest.fixture
-def content(tmp_path: Path) -> ContentStore:
-    return ContentStore(tmp_path / "content")
+def content(tmp_path: Path) -> LocalContentStore:
+    return LocalContentStore(tmp_path / "content")
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def metrics() -> Metrics:
 
 @pytest.fixture
 def maintenance(
-    admin: Admin, clock: ManualClock, content: ContentStore, metrics: Metrics
+    admin: Admin, clock: ManualClock, content: LocalContentStore, metrics: Metrics
 ) -> Maintenance:
     return Maintenance(admin.sessions, clock, content, metrics)
 
@@ -136,7 +136,7 @@ async def _job(
     admin: Admin,
     status: str,
     expires_at: datetime | None,
-    content: ContentStore | None = None,
+    content: LocalContentStore | None = None,
     callback_url: str | None = None,
 ) -> str:
     job_id = f"video_{secrets.token_hex(8)}"
@@ -162,7 +162,9 @@ async def _job(
         )
         await session.commit()
     if content is not None:
-        content.save(job_id, 0, b"\x00\x00\x00\x18ftypmp42")
+        stored = content.path(job_id, 0)
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        stored.write_bytes(b"\x00\x00\x00\x18ftypmp42")
     return job_id
 
 
@@ -178,7 +180,7 @@ async def test_videos_past_retention_expire_and_their_content_is_deleted(
     clock: ManualClock,
     maintenance: Maintenance,
     metrics: Metrics,
-    content: ContentStore,
+    content: LocalContentStore,
 ) -> None:
     now = clock.now()
     past = await _job(admin, jobs.COMPLETED, now - timedelta(seconds=1), content)
@@ -189,8 +191,8 @@ async def test_videos_past_retention_expire_and_their_content_is_deleted(
     done = await maintenance.run_once(now)
     assert done["videos"] == 1
     assert await _status(admin, past) == jobs.EXPIRED
-    assert not content.exists(past, 0) and not (content.root / past).exists()
-    assert await _status(admin, kept) == jobs.COMPLETED and content.exists(kept, 0)
+    assert not content.path(past, 0).is_file() and not (content.root / past).exists()
+    assert await _status(admin, kept) == jobs.COMPLETED and content.path(kept, 0).is_file()
     assert await _status(admin, failed) == jobs.FAILED
     assert await _status(admin, running) == jobs.IN_PROGRESS
     assert rows_metric(metrics, "videos") == 1
@@ -198,7 +200,7 @@ async def test_videos_past_retention_expire_and_their_content_is_deleted(
     assert (await maintenance.run_once(now))["videos"] == 0  # an expired job stays expired
     clock.advance(timedelta(hours=1))  # the second one's retention ends: exactly then
     assert (await maintenance.run_once(clock.now()))["videos"] == 1
-    assert await _status(admin, kept) == jobs.EXPIRED and not content.exists(kept, 0)
+    assert await _status(admin, kept) == jobs.EXPIRED and not content.path(kept, 0).is_file()
     assert rows_metric(metrics, "videos") == 2
 
 
@@ -368,7 +370,7 @@ async def test_two_processes_share_the_work_without_doing_anything_twice(
     admin: Admin,
     second_process: Admin,
     clock: ManualClock,
-    content: ContentStore,
+    content: LocalContentStore,
     maintenance: Maintenance,
     metrics: Metrics,
 ) -> None:
@@ -395,11 +397,11 @@ async def test_two_processes_share_the_work_without_doing_anything_twice(
         )
     assert await admin.count(CreditHold) == 0
     assert await admin.count(VideoJob, VideoJob.status == jobs.EXPIRED) == 6
-    assert not any(content.exists(job_id, 0) for job_id in videos)
+    assert not any(content.path(job_id, 0).is_file() for job_id in videos)
 
 
 async def test_the_loop_runs_at_its_interval_and_stops_on_drain(
-    admin: Admin, clock: ManualClock, content: ContentStore, metrics: Metrics
+    admin: Admin, clock: ManualClock, content: LocalContentStore, metrics: Metrics
 ) -> None:
     maintenance = Maintenance(admin.sessions, clock, content, metrics, interval=0.05)
     issued = await _funded_key(admin)
@@ -423,3 +425,31 @@ async def test_the_loop_runs_at_its_interval_and_stops_on_drain(
     finally:
         stop.set()
         await asyncio.wait_for(task, 5)  # drained: the loop returns
+
+
+async def test_a_content_delete_that_fails_leaves_the_other_expired_videos_deleted(
+    admin: Admin, clock: ManualClock, metrics: Metrics, content: LocalContentStore
+) -> None:
+    """Object storage unreachable for one delete: that failure is logged and counted, the
+    other expired jobs' content is still deleted (not left behind for good)."""
+    calls: list[str] = []
+
+    class FlakyStore(LocalContentStore):
+        async def delete(self, job_id: str) -> None:
+            calls.append(job_id)
+            if len(calls) == 1:
+                raise OSError("storage unreachable")
+            await super().delete(job_id)
+
+    store = FlakyStore(content.root)
+    maintenance = Maintenance(admin.sessions, clock, store, metrics)
+    now = clock.now()
+    expired = [await _job(admin, jobs.COMPLETED, now - timedelta(seconds=1), store) for _ in "ab"]
+    done = await maintenance.run_once(now)
+    assert done["videos"] == 2
+    assert sorted(calls) == sorted(expired)
+    assert [store.path(job, 0).is_file() for job in calls] == [True, False]
+    assert (
+        metrics.registry.get_sample_value("gateway_maintenance_failures_total", {"task": "videos"})
+        == 1
+    )

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from server.accounts.keys import delete_key, key_by_hash, update_key
+from server.accounts.workspaces import update_workspace, workspace_by_id
 from server.auth import Authenticator
 from server.clock import ManualClock
 from server.db import stamp as stamp_module
@@ -326,3 +327,27 @@ async def test_a_request_holding_the_connection_never_waits_on_another_s_stamp_r
         assert not waiting.done()
         await asyncio.wait_for(process.auth.stamp.check(holding), timeout=5)
     await asyncio.wait_for(waiting, timeout=5)
+
+
+async def test_a_workspace_disabled_elsewhere_refuses_its_keys_after_the_second(
+    domain: Domain, process: Process, clock: ManualClock
+) -> None:
+    """The operator's switch (migration 0015): every key of a disabled workspace is refused
+    like a disabled key, everywhere within the stamp's second; enabled again, they work."""
+    issued = await domain.funded_key("pc-ws-off")
+    await process.authenticate(issued)
+    async with domain.sessions() as session:
+        workspace = await workspace_by_id(session, issued.workspace.id)
+        assert workspace is not None
+        await update_workspace(session, workspace, disabled=True)
+        await session.commit()
+    clock.advance(timedelta(seconds=1))
+    assert await process.refusal(issued) == "API key's workspace is disabled"
+    assert process.auth.cached(issued.metadata) is None
+    async with domain.sessions() as session:
+        workspace = await workspace_by_id(session, issued.workspace.id)
+        assert workspace is not None
+        await update_workspace(session, workspace, disabled=False)
+        await session.commit()
+    clock.advance(timedelta(seconds=1))
+    assert await process.refusal(issued) is None

@@ -1,4 +1,4 @@
-"""The generic queue adapter (server/providers/queue_video.py) keeps the provider key on the
+"""The `queue` adapter (server/providers/fal_video.py with QUEUE_SPEC) keeps the provider key on the
 provider's API host: the result JSON is read with it, a video file on a CDN without it."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import pytest
 
 from server.providers.endpoint import Endpoint
 from server.providers.failures import INVALID_RESPONSE, ProviderFailure
+from server.providers.fal_video import QUEUE_SPEC, FalVideoAdapter
 from server.providers.http import Downloads
-from server.providers.queue_video import QueueVideoAdapter
 from server.providers.video import VideoCall
+from tests.support.video_content import video_bytes
 
 BASE = "https://queue.test/queue"
 KEY = "queue-test-key"
@@ -21,7 +22,7 @@ async def lookup(host: str, port: int) -> list[str]:
     return {"cdn.example.com": ["93.184.216.34"]}.get(host, ["10.0.0.5"])
 
 
-def adapter_with(video_url: str, seen: list[httpx.Request]) -> QueueVideoAdapter:
+def adapter_with(video_url: str, seen: list[httpx.Request]) -> FalVideoAdapter:
     def handle(request: httpx.Request) -> httpx.Response:
         seen.append(request)
         path = request.url.path
@@ -32,7 +33,7 @@ def adapter_with(video_url: str, seen: list[httpx.Request]) -> QueueVideoAdapter
         return httpx.Response(200, content=b"mp4-bytes")
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handle))
-    return QueueVideoAdapter(http, Downloads(http, lookup=lookup))
+    return FalVideoAdapter(http, Downloads(http, lookup=lookup), spec=QUEUE_SPEC)
 
 
 def endpoint() -> Endpoint:
@@ -43,7 +44,7 @@ async def poll(video_url: str, seen: list[httpx.Request]) -> list[bytes]:
     progress = await adapter_with(video_url, seen).poll(
         endpoint(), "r1", VideoCall(model="m", params={"duration": 4})
     )
-    return progress.videos
+    return await video_bytes(progress.videos)
 
 
 async def test_cdn_video_is_fetched_without_the_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,10 +25,9 @@ from server.providers.failures import (
     UNREACHABLE,
     ProviderFailure,
 )
-from server.providers.fal_video import FalVideoAdapter
+from server.providers.fal_video import QUEUE_SPEC, FalVideoAdapter
 from server.providers.http import Downloads
 from server.providers.openai_video import OpenAIVideoAdapter
-from server.providers.queue_video import QueueVideoAdapter
 from server.providers.replicate_video import ReplicateVideoAdapter
 from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
@@ -37,6 +36,7 @@ from server.webhooks.targets import dns_lookup
 from testkit.fakes.video_providers import VIDEO
 from tests.fakes import dashscope, fal, replicate, seedance
 from tests.support.catalog_offers import catalog_offers
+from tests.support.video_content import download, video_bytes
 
 FAL_CDN = "https://v3.fal.test"
 # The test's DNS: fal's CDN is a public address, another name resolves inside the gateway's
@@ -176,10 +176,12 @@ def _call(endpoint: Endpoint, options: dict[str, Any] | None = None, **extra: An
 
 
 async def _run(adapter: VideoAdapter, endpoint: Endpoint, call: VideoCall) -> VideoProgress:
-    """Submit, then poll until the job leaves `running` (each fake takes a few looks)."""
+    """Submit, then poll until the job leaves `running` (each fake takes a few looks); its
+    videos fetched, as the worker fetches them into the store."""
     progress = await adapter.submit(endpoint, call)
     for _ in range(5):
         if progress.state != "running":
+            progress.videos = await video_bytes(progress.videos)
             return progress
         assert progress.provider_job_id is not None
         progress = await adapter.poll(endpoint, progress.provider_job_id, call)
@@ -193,7 +195,7 @@ async def test_a_job_completes_with_the_providers_mp4(fakes: Fakes, name: str) -
         endpoint = provider.endpoint("ok")
         progress = await _run(provider.make(http), endpoint, _call(endpoint))
     assert progress.state == "completed"
-    assert progress.videos == [VIDEO]
+    assert await video_bytes(progress.videos) == [VIDEO]
     assert progress.seconds == provider.seconds
     requests = fakes.of(name).requests
     downloads = [r for r in requests if "/files/" in r.url.path]
@@ -273,7 +275,7 @@ async def test_a_task_the_provider_fails_fails_the_job(fakes: Fakes, name: str) 
     async with httpx.AsyncClient(transport=fakes.transport()) as http:
         endpoint = provider.endpoint("fail")
         progress = await _run(provider.make(http), endpoint, _call(endpoint))
-    assert progress.state == "failed" and progress.videos == []
+    assert progress.state == "failed" and await video_bytes(progress.videos) == []
     assert progress.error is not None and progress.error.startswith("Provider failed: ")
     assert len(progress.error) > len("Provider failed: ")
 
@@ -588,7 +590,7 @@ async def test_replicate_sends_input_and_downloads_every_output(fakes: Fakes) ->
         progress = await _run(provider.make(http), endpoint, call)
         pinned = Endpoint(**{**endpoint.__dict__, "model": "owner/ok:5c7d5dc6dd8b"})
         await provider.make(http).submit(pinned, _call(pinned))
-    assert progress.videos == [VIDEO, VIDEO]
+    assert await video_bytes(progress.videos) == [VIDEO, VIDEO]
     first = fakes.replicate.created()[0]
     assert first == {
         "prompt": "a lighthouse at dusk",
@@ -628,10 +630,10 @@ async def test_only_public_or_same_origin_video_urls_are_downloaded(
     async with httpx.AsyncClient(transport=fakes.transport()) as http:
         downloads = Downloads(http, lookup=lookup)
         if allowed:
-            assert await downloads.fetch(endpoint, url) == VIDEO
+            assert await download(downloads, endpoint, url) == VIDEO
             return
         with pytest.raises(ProviderFailure) as failed:
-            await downloads.fetch(endpoint, url)
+            await download(downloads, endpoint, url)
     assert failed.value.kind == INVALID_RESPONSE
     assert fakes.seedance.requests == [] and fakes.fal.requests == []
 
@@ -640,15 +642,18 @@ async def test_a_cdn_download_goes_to_the_checked_address_without_the_key(fakes:
     endpoint = PROVIDERS["seedance"].endpoint("ok")
     async with httpx.AsyncClient(transport=fakes.transport()) as http:
         downloads = Downloads(http, lookup=lookup)
-        assert await downloads.fetch(endpoint, f"{FAL_CDN}/files/out.mp4") == VIDEO
+        assert await download(downloads, endpoint, f"{FAL_CDN}/files/out.mp4") == VIDEO
         (request,) = fakes.fal.requests
         assert (request.url.host, request.headers["host"]) == ("93.184.216.34", "v3.fal.test")
         assert request.extensions["sni_hostname"] == "v3.fal.test"
         assert "authorization" not in request.headers
         # A credential stays on its own origin: a CDN URL with one is refused.
         with pytest.raises(ProviderFailure) as failed:
-            await downloads.fetch(
-                endpoint, f"{FAL_CDN}/files/out.mp4", headers={"Authorization": "Bearer k"}
+            await download(
+                downloads,
+                endpoint,
+                f"{FAL_CDN}/files/out.mp4",
+                headers={"Authorization": "Bearer k"},
             )
     assert failed.value.kind == INVALID_RESPONSE and len(fakes.fal.requests) == 1
 
@@ -668,8 +673,11 @@ async def test_a_redirect_is_checked_as_the_url_itself(location: str, kind: str 
 
     endpoint = Endpoint("p", "x", "https://api.test/v1", model="m")
     async with httpx.AsyncClient(transport=httpx.MockTransport(storage)) as http:
-        fetch = Downloads(http, lookup=lookup).fetch(
-            endpoint, "https://api.test/v1/files/out.mp4", headers={"Authorization": "Bearer k"}
+        fetch = download(
+            Downloads(http, lookup=lookup),
+            endpoint,
+            "https://api.test/v1/files/out.mp4",
+            headers={"Authorization": "Bearer k"},
         )
         if kind is None:
             assert await fetch == VIDEO
@@ -689,8 +697,10 @@ async def test_a_video_host_that_does_not_resolve_is_unreachable() -> None:
         transport=httpx.MockTransport(lambda r: httpx.Response(500))
     ) as http:
         with pytest.raises(ProviderFailure) as failed:
-            await Downloads(http, lookup=nowhere).fetch(
-                PROVIDERS["seedance"].endpoint("ok"), "https://cdn.gone.test/out.mp4"
+            await download(
+                Downloads(http, lookup=nowhere),
+                PROVIDERS["seedance"].endpoint("ok"),
+                "https://cdn.gone.test/out.mp4",
             )
     assert failed.value.kind == UNREACHABLE
 
@@ -769,6 +779,6 @@ async def test_queue_provider_options_cannot_override_what_the_gateway_charges_f
     async with httpx.AsyncClient(transport=httpx.MockTransport(queue_api)) as http:
         with pytest.MonkeyPatch.context() as env:
             env.setenv("TEST_QUEUE_KEY", "queue-key")
-            await QueueVideoAdapter(http).submit(endpoint, call)
+            await FalVideoAdapter(http, spec=QUEUE_SPEC).submit(endpoint, call)
     assert (sent[0]["duration"], sent[0]["style"]) == (5, "x")
     assert "callback_url" not in sent[0]

@@ -19,7 +19,7 @@ from server.providers.openai_video import OpenAIVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall
 from server.videos import jobs
 from server.videos.cancel import cancel_job
-from server.videos.content import ContentStore
+from server.videos.content import LocalContentStore
 from server.videos.request import VideoInput
 from server.workers.video_worker import VideoWorker
 from testkit.admin import IssuedKey
@@ -45,11 +45,13 @@ def adapter(domain: Domain) -> CancellingAdapter:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> ContentStore:
-    return ContentStore(tmp_path / "content")
+def store(tmp_path: Path) -> LocalContentStore:
+    return LocalContentStore(tmp_path / "content")
 
 
-def _worker(domain: Domain, store: ContentStore, adapters: dict[str, VideoAdapter]) -> VideoWorker:
+def _worker(
+    domain: Domain, store: LocalContentStore, adapters: dict[str, VideoAdapter]
+) -> VideoWorker:
     return VideoWorker(domain.sessions, domain.clock, domain.catalog, adapters, store)
 
 
@@ -77,7 +79,7 @@ async def _cancel(
     domain: Domain, principal: Principal, job_id: str, adapters: dict[str, VideoAdapter]
 ) -> VideoJob:
     """What the service does: the worker (any process's) asks the provider to cancel."""
-    worker = _worker(domain, ContentStore(Path("/nonexistent")), adapters)
+    worker = _worker(domain, LocalContentStore(Path("/nonexistent")), adapters)
     return await cancel_job(
         domain.sessions, principal, job_id, domain.clock.now(), worker.cancel_at_provider
     )
@@ -100,7 +102,7 @@ async def _released_and_uncharged(domain: Domain, issued: IssuedKey) -> bool:
 
 
 async def test_cancelling_a_running_job_stops_it_everywhere(
-    domain: Domain, store: ContentStore, adapter: CancellingAdapter
+    domain: Domain, store: LocalContentStore, adapter: CancellingAdapter
 ) -> None:
     adapters: dict[str, VideoAdapter] = {"openai": adapter}
     worker = _worker(domain, store, adapters)
@@ -134,7 +136,7 @@ async def test_cancelling_a_running_job_stops_it_everywhere(
 
 
 async def test_a_pending_job_is_cancelled_without_a_provider_call(
-    domain: Domain, store: ContentStore
+    domain: Domain, store: LocalContentStore
 ) -> None:
     """OpenAI's videos API has no cancel: the adapter has none and nothing is sent."""
     adapters: dict[str, VideoAdapter] = {"openai": OpenAIVideoAdapter(domain.http)}
@@ -148,7 +150,7 @@ async def test_a_pending_job_is_cancelled_without_a_provider_call(
 
 
 async def test_a_poll_in_flight_that_completes_after_the_cancel_changes_nothing(
-    domain: Domain, store: ContentStore, adapter: CancellingAdapter
+    domain: Domain, store: LocalContentStore, adapter: CancellingAdapter
 ) -> None:
     adapters: dict[str, VideoAdapter] = {"openai": adapter}
     worker = _worker(domain, store, adapters)
@@ -165,13 +167,13 @@ async def test_a_poll_in_flight_that_completes_after_the_cancel_changes_nothing(
     await worker.step(in_flight)
     job = await _job(domain, job_id)
     assert (job.status, job.cost_micros, job.content_count) == (jobs.CANCELLED, None, 0)
-    assert not store.exists(job_id, 0)  # the downloaded video was thrown away
+    assert not store.path(job_id, 0).is_file()  # the downloaded video was thrown away
     assert await _released_and_uncharged(domain, issued)
     assert await _hooks(domain, job_id) == ["video.generation.cancelled"]
 
 
 async def test_a_completion_committed_first_makes_the_cancel_a_409(
-    domain: Domain, store: ContentStore, adapter: CancellingAdapter
+    domain: Domain, store: LocalContentStore, adapter: CancellingAdapter
 ) -> None:
     adapters: dict[str, VideoAdapter] = {"openai": adapter}
     worker = _worker(domain, store, adapters)
@@ -192,7 +194,7 @@ async def test_a_completion_committed_first_makes_the_cancel_a_409(
 
 
 async def test_a_submission_in_flight_when_cancelled_is_cancelled_at_the_provider(
-    domain: Domain, store: ContentStore, adapter: CancellingAdapter
+    domain: Domain, store: LocalContentStore, adapter: CancellingAdapter
 ) -> None:
     adapters: dict[str, VideoAdapter] = {"openai": adapter}
     worker = _worker(domain, store, adapters)

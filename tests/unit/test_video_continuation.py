@@ -14,7 +14,7 @@ from server.errors import GatewayError
 from server.providers.video import can_continue
 from server.routing.catalog import Model
 from server.videos import jobs
-from server.videos.content import ContentStore
+from server.videos.content import LocalContentStore
 from server.videos.request import VideoInput
 from server.workers.video_worker import VideoWorker
 from testkit.admin import IssuedKey
@@ -78,7 +78,7 @@ async def _run_until_done(domain: Domain, worker: VideoWorker) -> None:
 
 @pytest.fixture
 def worker(domain: Domain, tmp_path: Path) -> VideoWorker:
-    store = ContentStore(tmp_path / "content")
+    store = LocalContentStore(tmp_path / "content")
     return VideoWorker(
         domain.sessions, domain.clock, domain.catalog, domain.video_adapters(), store
     )
@@ -125,7 +125,7 @@ async def test_which_earlier_jobs_can_be_continued(domain: Domain, worker: Video
 
     # A provider without a continuation API: 400 naming the field, nothing held.
     no_continuation = VideoWorker(
-        domain.sessions, domain.clock, domain.catalog, {}, ContentStore(Path("/nonexistent"))
+        domain.sessions, domain.clock, domain.catalog, {}, LocalContentStore(Path("/nonexistent"))
     )
     with pytest.raises(GatewayError) as unsupported:
         await _submit(domain, no_continuation, issued, "unitvideo/ok", previous=running)

@@ -10,7 +10,7 @@ from server.db.models import CreditHold, VideoJob
 from server.providers.endpoint import Endpoint
 from server.providers.video import VideoCall, VideoProgress
 from server.videos import jobs
-from server.videos.content import ContentStore
+from server.videos.content import LocalContentStore
 from server.workers.video_worker import VideoWorker
 from testkit.domain import Domain, video_input
 
@@ -44,7 +44,7 @@ async def test_a_job_that_never_ends_fails_at_the_deadline_and_is_cancelled(
         domain.clock,
         domain.catalog,
         {"openai": provider},  # the adapter unitvideo/ok's endpoint names
-        ContentStore(tmp_path / "content"),
+        LocalContentStore(tmp_path / "content"),
     )
     issued = await domain.funded_key("video-stuck")
     account = issued.workspace.account_id

@@ -20,7 +20,7 @@ from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.video import VideoAdapter
 from server.routing.catalog import Catalog, load_catalog
 from server.videos import jobs
-from server.videos.content import ContentStore
+from server.videos.content import LocalContentStore
 from server.workers.video_worker import VideoWorker
 from testkit.admin import IssuedKey
 from testkit.domain import Domain, video_input
@@ -83,7 +83,7 @@ def providers(monkeypatch: pytest.MonkeyPatch) -> Providers:
 
 
 def _worker(
-    domain: Domain, catalog: Catalog, http: httpx.AsyncClient, store: ContentStore
+    domain: Domain, catalog: Catalog, http: httpx.AsyncClient, store: LocalContentStore
 ) -> VideoWorker:
     adapters: dict[str, VideoAdapter] = {
         "fal": FalVideoAdapter(http),
@@ -129,7 +129,7 @@ async def test_a_retryable_failure_at_fal_falls_back_to_replicate_and_charges_on
     domain: Domain, providers: Providers, tmp_path: Path
 ) -> None:
     catalog = _catalog(tmp_path, "error-503")
-    store = ContentStore(tmp_path / "content")
+    store = LocalContentStore(tmp_path / "content")
     issued = await domain.funded_key("mixed-fallback")
     account = issued.workspace.account_id
     async with httpx.AsyncClient(transport=httpx.MockTransport(providers.handle)) as http:
@@ -143,7 +143,7 @@ async def test_a_retryable_failure_at_fal_falls_back_to_replicate_and_charges_on
             await _step(worker)
     job = await _job(domain, job_id)
     assert (job.status, job.cost_micros, job.content_count) == (jobs.COMPLETED, PRICE_MICROS, 1)
-    assert b"".join(store.chunks(job_id, 0)) == VIDEO
+    assert store.path(job_id, 0).read_bytes() == VIDEO
     assert (_posts(providers.fal), _posts(providers.replicate)) == (1, 1)
     assert await domain.charges(account) == [PRICE_MICROS]
     assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
@@ -158,7 +158,7 @@ async def test_a_content_refusal_at_fal_does_not_fall_back(
     issued = await domain.funded_key("mixed-refused")
     account = issued.workspace.account_id
     async with httpx.AsyncClient(transport=httpx.MockTransport(providers.handle)) as http:
-        worker = _worker(domain, catalog, http, ContentStore(tmp_path / "content"))
+        worker = _worker(domain, catalog, http, LocalContentStore(tmp_path / "content"))
         job_id = await _submit(domain, catalog, issued, "mixed/video")
         await _step(worker)
     job = await _job(domain, job_id)
@@ -176,7 +176,7 @@ async def test_a_job_that_never_ends_is_failed_and_cancelled_at_its_provider(
     issued = await domain.funded_key("mixed-endless")
     account = issued.workspace.account_id
     async with httpx.AsyncClient(transport=httpx.MockTransport(providers.handle)) as http:
-        worker = _worker(domain, catalog, http, ContentStore(tmp_path / "content"))
+        worker = _worker(domain, catalog, http, LocalContentStore(tmp_path / "content"))
         job_id = await _submit(domain, catalog, issued, "mixed/endless")
         await _step(worker)  # submitted: queued at the provider
         domain.clock.advance(jobs.JOB_DEADLINE + timedelta(minutes=1))

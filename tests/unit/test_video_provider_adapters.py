@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 
 from server.clock import ManualClock, SystemClock
+from server.config import VIDEO_IMAGE_MAX_BYTES as MAX_IMAGE_BYTES
 from server.providers.endpoint import Endpoint
 from server.providers.failures import (
     CLIENT_ERROR,
@@ -29,7 +30,7 @@ from server.providers.failures import (
     ProviderFailure,
 )
 from server.providers.gemini_video import GeminiVideoAdapter
-from server.providers.http import MAX_IMAGE_BYTES, Downloads, ImageFetcher
+from server.providers.http import Downloads, ImageFetcher
 from server.providers.kling_video import KlingVideoAdapter
 from server.providers.minimax_video import MiniMaxVideoAdapter
 from server.providers.vertex_video import ServiceAccountTokens, VertexVideoAdapter
@@ -41,6 +42,7 @@ from tests.fakes.minimax_video import FakeMiniMax
 from tests.fakes.vertex_video import FakeVertex
 from tests.fakes.video_loopback import VIDEO
 from tests.support.catalog_offers import catalog_offers
+from tests.support.video_content import video_bytes
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n fake image").decode()
 DATA_URL = f"data:image/png;base64,{PNG}"
@@ -151,7 +153,7 @@ async def test_gemini_submits_polls_and_downloads_through_the_redirect(
     )
     progress = await _run(GeminiVideoAdapter(http), endpoint, call)
     assert progress.state == "completed", progress
-    assert progress.videos == [VIDEO]
+    assert await video_bytes(progress.videos) == [VIDEO]
     body = gemini.submissions()[-1]
     (instance,) = body["instances"]
     assert instance["prompt"] == "a lighthouse at dusk"
@@ -308,7 +310,7 @@ async def test_vertex_mints_a_token_once_and_returns_inline_videos(
         options={"personGeneration": "allow_adult", "sampleCount": 4, "storageUri": "gs://x"},
     )
     progress = await _run(adapter, endpoint, call)
-    assert (progress.state, progress.videos) == ("completed", [VIDEO])
+    assert (progress.state, await video_bytes(progress.videos)) == ("completed", [VIDEO])
     again = await _run(adapter, endpoint, call)
     assert again.state == "completed"
     assert len(vertex.tokens) == minted + 1  # one token for two jobs (submit + 2 polls each)
@@ -334,7 +336,7 @@ async def test_vertex_refreshes_an_expiring_token_and_downloads_gcs_results(
     )
     call = _call("veo-3.1-generate-001")
     progress = await _run(adapter, endpoint, call)
-    assert (progress.state, progress.videos) == ("completed", [VIDEO])
+    assert (progress.state, await video_bytes(progress.videos)) == ("completed", [VIDEO])
     assert vertex.storage_paths()[-1].startswith("/storage/v1/b/veo-out/o/jobs/")
     minted = len(vertex.tokens)
     # google-auth refreshes a token close to its expiry: make it so.
@@ -421,7 +423,11 @@ async def test_kling_text_to_video_with_a_signed_jwt(
         options={"cfg_scale": 0.7, "model_name": "kling-pricier", "callback_url": "https://x.test"},
     )
     progress = await _run(KlingVideoAdapter(http, SystemClock()), endpoint, call)
-    assert (progress.state, progress.videos, progress.seconds) == ("completed", [VIDEO], 5.04)
+    assert (progress.state, await video_bytes(progress.videos), progress.seconds) == (
+        "completed",
+        [VIDEO],
+        5.04,
+    )
     assert progress.provider_job_id and progress.provider_job_id.startswith("text2video/")
     kind, body = kling.submissions()[-1]
     assert kind == "text2video"
@@ -539,7 +545,7 @@ async def test_minimax_creates_queries_retrieves_and_downloads(
         options={"prompt_optimizer": False, "model": "other", "duration": 10},
     )
     progress = await _run(MiniMaxVideoAdapter(http), endpoint, call)
-    assert (progress.state, progress.videos) == ("completed", [VIDEO])
+    assert (progress.state, await video_bytes(progress.videos)) == ("completed", [VIDEO])
     assert minimax.submissions()[-1] == {
         "model": "MiniMax-Hailuo-02",
         "prompt": "a lighthouse at dusk",
@@ -647,7 +653,7 @@ async def test_vertex_without_a_project_in_its_base_url_uses_the_service_account
         _vertex_endpoint(vertex, tmp_path, monkeypatch), base_url=f"{vertex.origin}/v1"
     )
     progress = await _run(VertexVideoAdapter(http), endpoint, _call("veo-3.1-generate-001"))
-    assert (progress.state, progress.videos) == ("completed", [VIDEO])
+    assert (progress.state, await video_bytes(progress.videos)) == ("completed", [VIDEO])
 
 
 # --- result URLs off the provider's host ------------------------------------------------------
@@ -694,6 +700,7 @@ async def test_a_result_url_that_resolves_inside_is_not_downloaded(
             else MiniMaxVideoAdapter(client, downloads)
         )
         job_id = "text2video/t1" if name == "kling" else "t1"
-        with pytest.raises(ProviderFailure) as failed:
-            await adapter.poll(endpoint, job_id, _call("m", duration=5))
+        progress = await adapter.poll(endpoint, job_id, _call("m", duration=5))
+        with pytest.raises(ProviderFailure) as failed:  # refused when it is fetched
+            await video_bytes(progress.videos)
     assert failed.value.kind == INVALID_RESPONSE

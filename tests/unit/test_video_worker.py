@@ -10,7 +10,7 @@ import pytest
 
 from server.db.models import CreditHold, Generation, VideoJob
 from server.videos import jobs
-from server.videos.content import ContentStore
+from server.videos.content import LocalContentStore
 from server.workers.video_worker import VideoWorker
 from testkit.admin import IssuedKey
 from testkit.domain import VIDEO_BYTES, Domain, video_input
@@ -19,7 +19,7 @@ PRICE_MICROS = 100_000  # 0.05 USD/s for 2 s
 
 
 def _worker(
-    domain: Domain, store: ContentStore, lease: timedelta = timedelta(minutes=2)
+    domain: Domain, store: LocalContentStore, lease: timedelta = timedelta(minutes=2)
 ) -> VideoWorker:
     adapters = domain.video_adapters()
     return VideoWorker(
@@ -61,7 +61,7 @@ async def test_a_job_is_submitted_polled_completed_and_charged_once(
     any_domain: Domain, tmp_path: Path
 ) -> None:
     domain = any_domain
-    store = ContentStore(tmp_path / "content")
+    store = LocalContentStore(tmp_path / "content")
     worker = _worker(domain, store)
     issued = await domain.funded_key("video-ok")
     account = issued.workspace.account_id
@@ -83,7 +83,7 @@ async def test_a_job_is_submitted_polled_completed_and_charged_once(
 
     job = await _job(domain, job_id)
     assert (job.status, job.cost_micros, job.content_count) == (jobs.COMPLETED, PRICE_MICROS, 1)
-    assert store.exists(job_id, 0) and b"".join(store.chunks(job_id, 0)) == VIDEO_BYTES
+    assert store.path(job_id, 0).is_file() and store.path(job_id, 0).read_bytes() == VIDEO_BYTES
     assert await domain.charges(account) == [PRICE_MICROS]
     assert await domain.counted_spend(account) == PRICE_MICROS
     assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
@@ -102,7 +102,7 @@ async def test_a_job_is_submitted_polled_completed_and_charged_once(
 async def test_a_provider_failure_releases_the_hold_and_charges_nothing(
     domain: Domain, tmp_path: Path
 ) -> None:
-    worker = _worker(domain, ContentStore(tmp_path / "content"))
+    worker = _worker(domain, LocalContentStore(tmp_path / "content"))
     issued = await domain.funded_key("video-fail")
     account = issued.workspace.account_id
     job_id = await _submit(domain, issued, "unitvideo/fail")
@@ -128,7 +128,7 @@ async def test_a_lapsed_lease_lets_another_worker_resume_the_job(
     while A's lease runs, takes it once it lapses, and completes it. A's late finish (if it
     wakes up) changes nothing: the job is charged once."""
     domain = any_domain
-    store = ContentStore(tmp_path / "content")
+    store = LocalContentStore(tmp_path / "content")
     lease = timedelta(minutes=2)
     a, b = _worker(domain, store, lease=lease), _worker(domain, store, lease=lease)
     issued = await domain.funded_key("video-lease")

@@ -1,0 +1,182 @@
+"""A streamed request body, read within bounds: at most `limit` bytes per request, and a
+process-wide budget shared by every body being read or parsed (issue 29).
+
+The budget is counted in body bytes times BODY_COPIES: parsing holds the raw body and up to
+three more copies of it at once (the JSON text, the base64 string and the decoded audio; a
+multipart body its parts), so a request reserves that much as its bytes arrive and keeps it
+until it ends. A body of declared length (Content-Length, the common case) reserves all of it
+before its first byte is read; when the budget is spent it waits up to `wait_seconds` (others
+end and give theirs back), holding nothing, then is refused with 503 and Retry-After. A body
+of unknown length (chunked) reserves as its bytes arrive and never waits: requests holding
+part of the budget while waiting for more could wait for each other. Concurrent large bodies
+cost at most the budget, never the process's memory."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from server.errors import GatewayError, service_unavailable
+
+# The raw body plus what parsing it holds at the same time (see the module's docstring).
+BODY_COPIES = 4
+
+
+def too_large(limit: int) -> GatewayError:
+    return GatewayError(413, f"The request body is larger than {limit // (1024 * 1024)} MiB")
+
+
+class BodyBudget:
+    """Bytes of request bodies this process may hold at once (`capacity`), handed out in
+    reservations; waiting at most `wait_seconds` for room, then 503 + Retry-After.
+
+    `trim` (server.compute.release_free_memory) gives the heap's free pages back; it runs in
+    a thread when the budget is idle again after a quarter of it was lent since the last
+    time: the memory a burst of bodies took goes back to the system once the burst is over,
+    and small bodies one at a time trim rarely."""
+
+    def __init__(
+        self,
+        capacity: int,
+        wait_seconds: float,
+        retry_after_seconds: int,
+        trim: Callable[[], None] | None = None,
+    ) -> None:
+        self.capacity = capacity
+        self.free = capacity
+        self._wait_seconds = wait_seconds
+        self._retry_after = retry_after_seconds
+        self._changed = asyncio.Condition()
+        self._trim = trim
+        self._lent_since_trim = 0
+        self._trimming: asyncio.Future[None] | None = None
+
+    def reservation(self) -> Reservation:
+        return Reservation(self)
+
+    async def _take(self, size: int, wait: bool) -> None:
+        if size > self.capacity:
+            # Never fits, however long it waits: not a 503 to retry.
+            raise GatewayError(413, "The request body is larger than this server accepts")
+        if self.free >= size:  # the common case: no waiting, no lock
+            self.free -= size
+            self._lent_since_trim += size
+            return
+        if not wait:
+            raise service_unavailable(self._retry_after)
+        async with self._changed:
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self.free >= size), self._wait_seconds
+                )
+            except TimeoutError:
+                raise service_unavailable(self._retry_after) from None
+            self.free -= size
+            self._lent_since_trim += size
+
+    async def _give(self, size: int) -> None:
+        self.free += size
+        if self.free == self.capacity:
+            self._trim_when_due()
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _trim_when_due(self) -> None:
+        if self._trim is None or self._lent_since_trim < self.capacity // 4:
+            return
+        if self._trimming is not None and not self._trimming.done():
+            return
+        self._lent_since_trim = 0
+        self._trimming = asyncio.get_running_loop().run_in_executor(None, self._trim)
+
+
+class Reservation:
+    """One request's share of the budget; everything it took is given back on exit."""
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self._budget = budget
+        self.held = 0
+
+    async def take(self, size: int) -> None:
+        """Reserve `size` more bytes; only a reservation holding nothing yet waits."""
+        await self._budget._take(size, wait=self.held == 0)
+        self.held += size
+
+    async def __aenter__(self) -> Reservation:
+        return self
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        held, self.held = self.held, 0
+        if held:
+            await asyncio.shield(self._budget._give(held))
+
+
+@dataclass
+class Body:
+    data: bytes
+    content_type: str
+
+
+def declared_length(value: str | None) -> int | None:
+    """The client's Content-Length (forwarded by the facade), when it is a plain number."""
+    if value is None or not value.isdigit() or len(value) > 18:
+        return None
+    return int(value)
+
+
+async def read_body(
+    messages: AsyncIterator[Any],
+    reservation: Reservation,
+    limit: int,
+    length: int | None,
+) -> Body:
+    """The body of a streamed HttpBody request (the facade sends the content type in the
+    first message, the bytes in as many as it likes). `length`, the declared Content-Length,
+    is reserved at once (a body over `limit` is refused before a byte is read); a body of
+    unknown length reserves as its bytes arrive."""
+    if length is not None:
+        if length > limit:
+            raise too_large(limit)
+        await reservation.take(BODY_COPIES * length)
+    # The bytes gather in one buffer, each message's released as soon as it is copied: kept
+    # side by side until a join, thousands of small allocations would fragment the heap and
+    # stay with the process after the body is gone. A one-message body is used as it came.
+    first: bytes | None = None
+    gathered: bytearray | None = None
+    received = 0
+    content_type = ""
+    async for message in messages:
+        chunk = message.data
+        if received + len(chunk) > limit:
+            raise too_large(limit)
+        if length is None or received + len(chunk) > length:
+            # Unknown length, or more bytes than declared: reserve what arrives.
+            extra = received + len(chunk) - max(length or 0, received)
+            await reservation.take(BODY_COPIES * extra)
+        if first is None:
+            content_type = message.content_type
+            first = chunk
+        else:
+            if gathered is None:
+                gathered = bytearray(first)
+                first = b""
+            gathered += chunk
+        received += len(chunk)
+        del message, chunk
+    if gathered is not None:
+        return Body(bytes(gathered), content_type)
+    return Body(first or b"", content_type)
+
+
+def retry_after_for(wait_seconds: float) -> int:
+    """The Retry-After of a body refused for want of budget: about as long as it waited."""
+    return max(1, math.ceil(wait_seconds))
