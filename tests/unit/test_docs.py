@@ -71,6 +71,28 @@ def test_the_grpc_page_shows_every_service_method_and_route(reference: ModuleTyp
     assert "free-model requests recorded in the current UTC day" in page
 
 
+def test_the_readme_is_a_two_minute_read_with_the_two_commands() -> None:
+    """The README says what the gateway is, the two commands, a first request and where to
+    go next; everything else is a page of the site (docs/)."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    for command in ("pip install . && gateway up", "pip install '.[test]' && pytest"):
+        assert f"```sh\n{command}\n```" in readme, command
+    for sdk in ("from openrouter import OpenRouter", "from openai import OpenAI", "curl -s"):
+        assert sdk in readme, sdk
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
+    assert missing == [], "the README links to files that are not in the repository"
+
+
+def test_the_benchmarks_write_into_the_performance_page() -> None:
+    from bench.all import END_MARKER, PERFORMANCE_PAGE, START_MARKER
+
+    page = PERFORMANCE_PAGE.read_text()
+    assert page.index(START_MARKER) < page.index(END_MARKER)
+    assert "`python -m bench.all`" in page.split(START_MARKER, 1)[1]
+
+
 def test_the_rest_page_lists_every_route_of_the_contract(reference: ModuleType) -> None:
     table = reference.routes_table(DESCRIPTOR_SET)
     for path, route in http_routes().items():
@@ -78,3 +100,4 @@ def test_the_rest_page_lists_every_route_of_the_contract(reference: ModuleType) 
         service, method = path.rsplit("/", 2)[1:]
         row = next(line for line in table.splitlines() if f"| `{verb}` | `{url}` |" in line)
         assert f"`{service.removeprefix('gateway.v1.')}.{method}`" in row, row
+    assert reference.ROUTES_MARK in (ROOT / "docs" / reference.REST_PAGE).read_text()

@@ -1,6 +1,6 @@
 """The layout is the architecture: every import (module-level and function-local, read with
 ast) runs down the layers below, and no two of server's packages import each other, however
-indirectly. The README's Architecture section draws the same table; change both together.
+indirectly. docs/architecture.md draws the same table; change both together.
 
 A new arrow the wrong way (a domain package importing a handler, the contract or the wiring;
 a facade module reaching past the server's foundation) fails here, naming the module, the
