@@ -65,7 +65,7 @@ key="$("$gateway" keys create --name smoke --data-dir "$data" | tail -1)"
 
 # The REST calls, with the standard library only.
 "$work/venv/bin/python" - "$base_url" "$key" \
-  "$checkout/tests/fixtures/door.wav" "$operator_key" <<'PY'
+  "$checkout/testkit/fixtures/door.wav" "$operator_key" <<'PY'
 import json
 import sys
 import time

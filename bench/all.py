@@ -13,7 +13,7 @@ machine that is busy with anything else are not worth publishing.
 Run from the repository root:
 
     python -m bench.all                     # print the table (about 12 min on 2 cores)
-    python -m bench.all --readme            # ... and write it into README.md's Performance
+    python -m bench.all --docs              # ... and write it into docs/performance.md
     python -m bench.all --requests 100 --backends sqlite --workers 1   # a quick check
 
 Peak RSS is VmHWM (/proc/<pid>/status) of the gateway's processes - `gateway up`, its server
@@ -51,7 +51,7 @@ from bench.key_status import REST_PATH
 from bench.limits import MODELS, NO_LIMITS
 from bench.transcription import GATEWAY_PATH
 
-README = REPO_ROOT / "README.md"
+PERFORMANCE_PAGE = REPO_ROOT / "docs" / "performance.md"
 START_MARKER = "<!-- bench:all:start -->"
 END_MARKER = "<!-- bench:all:end -->"
 SQLITE = "SQLite"
@@ -305,13 +305,15 @@ def section(
     return "\n".join(lines)
 
 
-def write_readme(text: str, readme: Path = README) -> None:
-    document = readme.read_text(encoding="utf-8")
+def write_page(text: str, page: Path = PERFORMANCE_PAGE) -> None:
+    """Replace the page's current figures (between the markers) with `text`; the dated
+    history below them is kept (move the old figures there by hand)."""
+    document = page.read_text(encoding="utf-8")
     start, end = document.find(START_MARKER), document.find(END_MARKER)
     if start < 0 or end < start:
-        raise ValueError(f"{readme} has no {START_MARKER} ... {END_MARKER} section")
+        raise ValueError(f"{page} has no {START_MARKER} ... {END_MARKER} section")
     before = document[: start + len(START_MARKER)]
-    readme.write_text(f"{before}\n{text}\n{document[end:]}", encoding="utf-8")
+    page.write_text(f"{before}\n{text}\n{document[end:]}", encoding="utf-8")
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -324,7 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
         "and print one table.",
     )
     parser.add_argument(
-        "--readme", action="store_true", help=f"replace README.md's {START_MARKER} section"
+        "--docs",
+        action="store_true",
+        help=f"replace the current figures ({START_MARKER}) of docs/performance.md",
     )
     parser.add_argument(
         "--requests", type=positive_int, default=1000, help="measured requests per case (1000)"
@@ -392,9 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(outcome.log_tail, file=sys.stderr, flush=True)
     text = section(outcomes, args.benchmarks, args.requests, time.monotonic() - started)
     print(text)
-    if args.readme:
-        write_readme(text)
-        print(f"Wrote the table into {README}", file=sys.stderr)
+    if args.docs:
+        write_page(text)
+        print(f"Wrote the table into {PERFORMANCE_PAGE}", file=sys.stderr)
     return 0 if all(o.status == "ok" for o in outcomes) else 1
 
 

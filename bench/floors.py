@@ -40,7 +40,7 @@ from facade.envoy_config import EnvoyOptions, Upstream
 from facade.launcher import EnvoyProcess
 from server.config import EdgePolicy
 from server.contract import DESCRIPTOR_SET, SERVICES, audio_pb2_grpc, keys_pb2, keys_pb2_grpc
-from tests.support.processes import free_port
+from testkit.processes import free_port
 
 FLOOR_READY = "Floor listening on"
 

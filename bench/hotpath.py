@@ -97,8 +97,8 @@ from bench.harness.stt import (
     running_fake_provider,
     write_catalog,
 )
-from tests.support.audio import speech
-from tests.support.catalog import FAKE_KEY_ENV
+from testkit.audio import speech
+from testkit.catalog import FAKE_KEY_ENV
 
 F1_KEY = "F1 GET /key"
 GW_KEY = "gateway GET /key"

@@ -71,7 +71,7 @@ from bench.harness.report import (
     write_json,
 )
 from server.contract import keys_pb2, keys_pb2_grpc
-from tests.support.processes import GatewayProcess
+from testkit.processes import GatewayProcess
 
 REST_PATH = "REST GET /api/v1/key (Envoy)"
 GRPC_PATH = "gRPC Keys/GetCurrentKey (direct)"

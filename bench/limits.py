@@ -120,9 +120,9 @@ from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
 from server.db.models import RateWindow
 from server.limits.free_models import FREE_SUFFIX, REQUESTS_PER_MINUTE
-from tests.support.audio import fixture
-from tests.support.catalog import FAKE_KEY_ENV
-from tests.support.processes import GatewayProcess
+from testkit.audio import fixture
+from testkit.catalog import FAKE_KEY_ENV
+from testkit.processes import GatewayProcess
 
 PAID_MODEL = BENCH_MODEL
 FREE_MODEL = BENCH_MODEL + FREE_SUFFIX
@@ -572,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers=args.workers,
             client="lean",
             models=dict(MODELS),
-            audio=f"tests/fixtures/{AUDIO_NAME}.wav",
+            audio=f"testkit/fixtures/{AUDIO_NAME}.wav",
             load_accounts=accounts,
             credits_usd_per_account=CREDITS_USD,
             key_cap_usd=KEY_CAP_USD,

@@ -36,7 +36,7 @@ import httpx
 from bench.harness.load import LOOPBACK
 from bench.harness.processes import REPO_ROOT, peak_rss, terminate
 from bench.harness.stt import FakeProviderProcess
-from tests.support.processes import free_port
+from testkit.processes import free_port
 
 VERSION = "1.15.2"
 PACKAGE = "@portkey-ai/gateway"

@@ -64,8 +64,8 @@ from bench.harness.stt import (
     running_fake_provider,
     write_catalog,
 )
-from tests.support.audio import speech
-from tests.support.catalog import FAKE_KEY_ENV
+from testkit.audio import speech
+from testkit.catalog import FAKE_KEY_ENV
 
 CONCURRENCY = 4
 SAMPLE_RATE = 250  # per second

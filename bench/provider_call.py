@@ -42,7 +42,7 @@ from server.providers.http import (
 from server.providers.openai_stt import MIME, OpenAISttAdapter, form_fields, parse
 from server.providers.stt import SttCall, Transcript, reading_answer
 from server.providers.transport import _head
-from tests.support.catalog import FAKE_KEY_ENV
+from testkit.catalog import FAKE_KEY_ENV
 
 AUDIO_BYTES = 32 * 1024
 TIMEOUT, LIMITS = PROVIDER_TIMEOUT, PROVIDER_LIMITS

@@ -50,8 +50,8 @@ from server.transcription import transcriber as transcriber_module
 from server.transcription.request import from_http
 from server.transcription.transcriber import Transcriber, TranscriptionResult, price
 from server.vault.crypto import MasterKey
-from tests.support.admin import Admin
-from tests.support.domain import InlinePool, write_unit_catalog
+from testkit.admin import Admin
+from testkit.domain import InlinePool, write_unit_catalog
 
 
 def _audio_32k() -> bytes:

@@ -97,8 +97,8 @@ from bench.harness.stt import (
     running_fake_provider,
     write_catalog,
 )
-from tests.support.audio import fixture
-from tests.support.catalog import FAKE_KEY_ENV
+from testkit.audio import fixture
+from testkit.catalog import FAKE_KEY_ENV
 
 DIRECT_PATH = "direct to fake provider"
 GATEWAY_PATH = "REST POST /api/v1/audio/transcriptions (Envoy)"
@@ -339,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers=args.workers,
             provider_transport=args.provider_transport,
             model=BENCH_MODEL,
-            audio=f"tests/fixtures/{AUDIO_NAME}.wav",
+            audio=f"testkit/fixtures/{AUDIO_NAME}.wav",
         ),
         machine,
         rss_json(run.peak_rss),

@@ -12,7 +12,7 @@ turns limits off.
 
 The database URL and the catalog come from the environment (GATEWAY_DATABASE_URL,
 GATEWAY_CATALOG) or --database-url/--catalog, as for `gateway`. Beyond the gateway's own
-modules it imports only the ready line of tests/support/processes.py (standard library), so
+modules it imports only the ready line of testkit/processes.py (standard library), so
 the processes' memory stays comparable with the gateway's.
 """
 
@@ -35,7 +35,7 @@ from server.cli import stop_on_signals, write_port_file
 from server.config import load_settings
 from server.limits.guardrail_budgets import GuardrailBudget
 from server.observability.logs import configure_logging_from_environment
-from tests.support.processes import READY_LINE
+from testkit.processes import READY_LINE
 
 
 class NoLimits:

@@ -1,7 +1,7 @@
 """Benchmark video jobs: durable submissions per second, and provider completion -> webhook.
 
-Starts an HTTPS webhook receiver (tests/fakes/webhook_receiver.py, a trustme CA) and a fake
-OpenAI videos API provider (tests/fakes/video_providers.py), both in this process on
+Starts an HTTPS webhook receiver (testkit/fakes/webhook_receiver.py, a trustme CA) and a fake
+OpenAI videos API provider (testkit/fakes/video_providers.py), both in this process on
 127.0.0.1, writes a catalog with two video models, starts its own gateway (`gateway up`, gRPC
 server + Envoy) on a fresh temporary data dir, issues an API key with `gateway keys create`,
 funds its account with `gateway credits add` and reads the workspace's webhook signing secret
@@ -114,11 +114,11 @@ from bench.harness.stt import PRICE_PER_SECOND
 from server.db.engine import create_engine
 from server.db.models import VideoJob
 from server.videos import jobs
-from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
-from tests.fakes.video_providers import FakeVideoProviders
-from tests.fakes.webhook_receiver import ReceivedHook, WebhookReceiver
-from tests.support.catalog import FAKE_KEY_ENV
-from tests.support.processes import GatewayProcess, free_port
+from testkit.catalog import FAKE_KEY_ENV
+from testkit.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
+from testkit.fakes.video_providers import FakeVideoProviders
+from testkit.fakes.webhook_receiver import ReceivedHook, WebhookReceiver
+from testkit.processes import GatewayProcess, free_port
 
 SUBMIT_PATH = "REST POST /api/v1/videos (Envoy)"
 VIDEOS_ROUTE = "/videos"  # under the gateway's base URL (…/api/v1)

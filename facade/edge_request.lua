@@ -1,4 +1,4 @@
--- The request side of the edge protection (README, "Edge protection"). It runs only for the
+-- The request side of the edge protection (docs/operating.md). It runs only for the
 -- requests that need it: facade/envoy_config.py wraps this filter in a matcher that skips it
 -- when a request is a plain REST call (an /api/v1/ path, no upgrade, no CONNECT or OPTIONS, a
 -- Content-Length well under the limit, an allowed or absent Origin, printable forwarded

@@ -320,7 +320,8 @@ GC_YOUNG_THRESHOLD = 7_000
 def tune_garbage_collector() -> None:
     """Before serving: what start-up built (modules, the catalog, compiled statements) is
     moved out of the collector's sight (gc.freeze), and young collections run 10x less
-    often (cycles are still collected, later). The collector cost ~30 us per transcription."""
+    often (cycles are still collected, later): otherwise the collector walks what start-up
+    built again and again, on every request's allocations."""
     gc.freeze()
     _young, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)

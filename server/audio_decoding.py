@@ -3,7 +3,8 @@ of errors that mean "does not decode", for both sides that decode it — the pro
 admission (server/transcription/media.py) and the local recognizer (server/providers/
 pocketsphinx_stt.py) — so the provider may decode what the gateway decoded.
 
-PyAV (and the FFmpeg libraries it loads, ~23 MiB) is imported only where audio is decoded:
+PyAV (and the FFmpeg libraries it loads, large in memory) is imported only where audio is
+decoded:
 in the worker processes, never in the server process by importing this module."""
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
 import os
 import re
@@ -737,6 +738,12 @@ def build_parser() -> argparse.ArgumentParser:
         "default: SQLite in the data dir)",
     )
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    parser.add_argument(
+        "--version",
+        action="version",
+        # the installed distribution's (pyproject.toml's); CHANGELOG.md says what it changed
+        version=f"%(prog)s {importlib.metadata.version('inference-gateway')}",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = commands.add_parser("up", parents=[common], help="run the gRPC server and Envoy")

@@ -39,6 +39,32 @@ ANY_ORIGIN = "*"
 ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 
 
+# Variables read where they are used rather than through Settings (each reader names its
+# variable); listed here so that the configuration reference, generated from this module,
+# names every variable the gateway reads. tests/unit/test_docs.py keeps the list complete.
+READ_ELSEWHERE: dict[str, tuple[str, str]] = {
+    "GATEWAY_VAULT_MASTER_KEY": (
+        "a key file in the data dir",
+        "The vault's master key (base64 of 32 bytes); every process on one database must "
+        "hold the same one (checked at start); `gateway vault rotate-master-key` re-wraps the "
+        "data keys under a new one.",
+    ),
+    "GATEWAY_CONTENT_DIR": (
+        "DATA_DIR/content",
+        "The local folder of finished videos, when GATEWAY_CONTENT_URL is empty.",
+    ),
+    "GATEWAY_LOG_FORMAT": ("json", "`json` (one object per line on stderr) or `text`."),
+    "GATEWAY_ENVOY_LOG_LEVEL": (
+        "warning",
+        "Envoy's log level; its log is DATA_DIR/envoy/envoy.log, crashes in envoy.stderr.",
+    ),
+    "GATEWAY_MIGRATE_DATABASE_URL": (
+        "",
+        "Internal: how a migration's child process is told the database; never set it.",
+    ),
+}
+
+
 class SettingsError(ValueError):
     """An operator setting is wrong; the message names it."""
 
@@ -79,8 +105,8 @@ def _content_url(url: str) -> str:
     raise ValueError("must be s3://bucket/prefix or file:///absolute/path (or empty)")
 
 
-def _seconds(default: float, variable: str) -> Any:
-    return Field(default, gt=0, allow_inf_nan=False, alias=variable)
+def _seconds(default: float, variable: str, description: str) -> Any:
+    return Field(default, gt=0, allow_inf_nan=False, alias=variable, description=description)
 
 
 class EdgePolicy(BaseModel):
@@ -90,33 +116,82 @@ class EdgePolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
 
-    cors_origins: Origins = Field((ANY_ORIGIN,), alias="GATEWAY_CORS_ORIGINS")  # or "*": any
-    # per client address, sustained... and in a burst
-    client_requests_per_second: int = Field(300, gt=0, alias="GATEWAY_EDGE_CLIENT_RPS")
-    client_burst: int = Field(600, gt=0, alias="GATEWAY_EDGE_CLIENT_BURST")
-    # all clients of one Envoy together
-    global_requests_per_second: int = Field(5000, gt=0, alias="GATEWAY_EDGE_GLOBAL_RPS")
-    global_burst: int = Field(10000, gt=0, alias="GATEWAY_EDGE_GLOBAL_BURST")
-    # request headers must arrive within this (408)
-    headers_timeout_seconds: float = _seconds(10, "GATEWAY_EDGE_HEADERS_TIMEOUT_SECONDS")
-    # the whole request, body included (408)
-    request_timeout_seconds: float = _seconds(300, "GATEWAY_EDGE_REQUEST_TIMEOUT_SECONDS")
-    # no bytes either way for this long (408)
-    idle_timeout_seconds: float = _seconds(60, "GATEWAY_EDGE_IDLE_TIMEOUT_SECONDS")
-    # the server's answer (524 after it)
-    upstream_timeout_seconds: float = _seconds(300, "GATEWAY_EDGE_UPSTREAM_TIMEOUT_SECONDS")
-    # larger headers are refused (413)
-    max_request_headers_kb: int = Field(60, gt=0, alias="GATEWAY_EDGE_MAX_HEADERS_KB")
-    # open client connections per Envoy; more are refused
-    max_connections: int = Field(10000, gt=0, alias="GATEWAY_EDGE_MAX_CONNECTIONS")
-    # the body of a request to a route that carries no media (keys, vault, guardrails,
-    # workspaces, BYOK: JSON of a few KiB); 413 past it. Media routes (transcriptions, video
-    # submissions) take up to GATEWAY_MAX_REQUEST_BYTES
-    max_control_body_bytes: int = Field(
-        1024 * 1024, gt=0, alias="GATEWAY_EDGE_MAX_CONTROL_BODY_BYTES"
+    cors_origins: Origins = Field(
+        (ANY_ORIGIN,),
+        alias="GATEWAY_CORS_ORIGINS",
+        description="Comma-separated origins allowed to call from a browser; `*`: any.",
     )
-    # Envoy's heap: past 95% of it new requests get 503 + Retry-After until it falls
-    max_heap_bytes: int = Field(1024**3, ge=64 * 1024**2, alias="GATEWAY_EDGE_MAX_HEAP_BYTES")
+    client_requests_per_second: int = Field(
+        300,
+        gt=0,
+        alias="GATEWAY_EDGE_CLIENT_RPS",
+        description="Requests per second one client address may sustain (flood protection).",
+    )
+    client_burst: int = Field(
+        600,
+        gt=0,
+        alias="GATEWAY_EDGE_CLIENT_BURST",
+        description="Requests one client address may send in a burst above its rate.",
+    )
+    global_requests_per_second: int = Field(
+        5000,
+        gt=0,
+        alias="GATEWAY_EDGE_GLOBAL_RPS",
+        description="Requests per second all clients of one Envoy may sustain together.",
+    )
+    global_burst: int = Field(
+        10000,
+        gt=0,
+        alias="GATEWAY_EDGE_GLOBAL_BURST",
+        description="Requests all clients of one Envoy may send together in a burst.",
+    )
+    headers_timeout_seconds: float = _seconds(
+        10,
+        "GATEWAY_EDGE_HEADERS_TIMEOUT_SECONDS",
+        "Request headers must arrive within this (else 408).",
+    )
+    request_timeout_seconds: float = _seconds(
+        300,
+        "GATEWAY_EDGE_REQUEST_TIMEOUT_SECONDS",
+        "The whole request, body included, must arrive within this (else 408).",
+    )
+    idle_timeout_seconds: float = _seconds(
+        60,
+        "GATEWAY_EDGE_IDLE_TIMEOUT_SECONDS",
+        "A connection with no bytes either way for this long is closed (408).",
+    )
+    upstream_timeout_seconds: float = _seconds(
+        300,
+        "GATEWAY_EDGE_UPSTREAM_TIMEOUT_SECONDS",
+        "How long Envoy waits for the server's answer (524 after it).",
+    )
+    max_request_headers_kb: int = Field(
+        60,
+        gt=0,
+        alias="GATEWAY_EDGE_MAX_HEADERS_KB",
+        description="Larger request headers are refused (413).",
+    )
+    max_connections: int = Field(
+        10000,
+        gt=0,
+        alias="GATEWAY_EDGE_MAX_CONNECTIONS",
+        description="Open client connections per Envoy; more are refused.",
+    )
+    max_control_body_bytes: int = Field(
+        1024 * 1024,
+        gt=0,
+        alias="GATEWAY_EDGE_MAX_CONTROL_BODY_BYTES",
+        description="The body of a request to a route that carries no media (keys, vault, "
+        "guardrails, workspaces, BYOK: JSON of a few KiB); 413 past it, refused before it is "
+        "read when announced. Media routes take up to GATEWAY_MAX_REQUEST_BYTES.",
+    )
+    max_heap_bytes: int = Field(
+        1024**3,
+        ge=64 * 1024**2,
+        alias="GATEWAY_EDGE_MAX_HEAP_BYTES",
+        description="Envoy's heap: past 95% of it new requests get 503 with Retry-After "
+        "until it falls (the heap is shrunk from 90%).",
+    )
 
     @property
     def any_origin(self) -> bool:
@@ -174,100 +249,275 @@ class Settings(BaseSettings):
         populate_by_name=True,
     )
 
-    data_dir: Path = Path(DEFAULT_DATA_DIR)
-    database_url: str = ""  # empty: SQLite in data_dir
-    grpc_host: str = "127.0.0.1"
-    grpc_port: int = Field(50051, ge=0, le=65535)
-    http_host: str = "127.0.0.1"
-    http_port: int = Field(8080, ge=0, le=65535)
-    envoy_admin_port: int = Field(0, ge=0, le=65535)  # 0: Envoy picks a free port
-    # A request body's bytes, per request (Envoy's 413 and the server's, streamed or not).
-    max_request_bytes: int = Field(50 * 1024 * 1024, gt=0)
-    # Request bodies one server process holds at once, counted as 4x their bytes (what
-    # parsing holds at the peak): a body that finds it spent waits body_budget_wait_seconds,
-    # then is refused with 503 and Retry-After (server/transcription/body.py).
-    body_budget_bytes: int = Field(512 * 1024 * 1024, gt=0)
-    body_budget_wait_seconds: float = Field(2.0, ge=0, allow_inf_nan=False)
-    # the operator's catalog, added to the built-in one
-    catalog_file: str | None = Field(None, validation_alias=_variable("GATEWAY_CATALOG"))
-    job_lease_seconds: float = Field(120.0, gt=0, allow_inf_nan=False)  # dead worker's job
-    # A provider's result file: streamed into the content store, at most this many bytes
-    # and within this many seconds (past either the job fails, uncharged, and is not
-    # fetched again).
-    video_max_bytes: int = Field(VIDEO_MAX_BYTES, gt=0)
-    video_download_seconds: float = Field(VIDEO_DOWNLOAD_SECONDS, gt=0, allow_inf_nan=False)
-    # A client's image URL the gateway fetches for a provider that takes images inline
-    # (Veo): at most this many bytes, within this many seconds (past either: the job fails).
-    video_image_max_bytes: int = Field(VIDEO_IMAGE_MAX_BYTES, gt=0)
-    video_image_fetch_seconds: float = Field(VIDEO_IMAGE_FETCH_SECONDS, gt=0, allow_inf_nan=False)
-    # Video jobs one server process works on at once (a slow fetch holds only its own job).
-    video_jobs_at_once: int = Field(VIDEO_JOBS_AT_ONCE, ge=1)
-    video_retention_seconds: float = Field(86400.0, gt=0, allow_inf_nan=False)
-    # Where finished videos are kept: empty (the default: DATA_DIR/content, or
-    # GATEWAY_CONTENT_DIR), file:///path (a local folder), or s3://bucket/prefix
-    # (S3-compatible object storage shared by several hosts; credentials, region and
-    # endpoint from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL).
-    content_url: Annotated[str, AfterValidator(_content_url)] = ""
-    # The store is checked before serving (the bucket exists and answers) within this.
-    content_check_seconds: float = Field(10.0, gt=0, le=300, allow_inf_nan=False)
-    # An upload to object storage holds one part of this many bytes in memory per video
-    # being stored (S3's parts: 5 MiB at least, 5 GiB at most).
-    content_part_bytes: int = Field(8 * 1024**2, ge=5 * 1024**2, le=5 * 1024**3)
-    # how often housekeeping runs (server/maintenance/)
-    maintenance_interval_seconds: float = Field(5.0, gt=0, allow_inf_nan=False)
-    webhook_ca_bundle: str | None = None  # an extra CA file trusted for webhook TLS
-    # The HTTP transport under the one provider client: the gateway's own (server/providers/
-    # transport.py), httpx's default (httpcore), or aiohttp's (needs the `bench` extra's
-    # httpx-aiohttp). For measurement side by side (bench.transcription --provider-transport).
-    provider_transport: Literal["gateway", "httpx", "aiohttp"] = "gateway"
-    webhook_allow_private: bool = False  # allow loopback/private webhook targets
-    # One webhook attempt, whole (DNS, connect, TLS, request, status, the answer's prefix):
-    # without a status by then it failed and is retried on the backoff schedule.
-    webhook_deadline_seconds: float = Field(10.0, gt=0, le=300, allow_inf_nan=False)
-    # Deliveries in flight at once per server process, and of one workspace at once across
-    # all processes (counted in the database): one workspace's slow receiver holds at most
-    # its own share, never every slot.
-    webhook_concurrency: int = Field(16, ge=2, le=1024)
-    webhook_workspace_concurrency: int = Field(4, ge=1, le=1024)
-    # The most of a receiver's answer read past its status (which alone counts); a longer
-    # answer's connection is closed, not drained.
-    webhook_max_answer_bytes: int = Field(16 * 1024, ge=0, le=1024 * 1024)
-    # allow provider result downloads and image fetches (not on the endpoint's own origin)
-    # from loopback/private addresses: a provider whose CDN lives inside the operator's network
-    provider_downloads_allow_private: bool = False
-    regional_hosts: Hosts = frozenset()  # hostnames refused on vault routes
-    metrics_host: str = "127.0.0.1"
-    # Prometheus /metrics of this process; 0 (the default): not served. Off unless asked
-    # for, so that gateways and workers on one host never contend for one fixed port.
-    metrics_port: int = Field(0, ge=0, le=65535)
-    shutdown_grace_seconds: float = Field(30.0, ge=0, allow_inf_nan=False)
-    # Key rotation (POST /api/v1/keys/{hash}/rotate): how long the old key keeps working when
-    # the request names no grace_seconds, and the longest grace a request may ask for.
-    key_rotation_grace_seconds: int = Field(86400, ge=0, le=31 * 86400)
-    key_rotation_max_grace_seconds: int = Field(30 * 86400, ge=0, le=366 * 86400)
-    # `gateway up` restarts a server process (--workers N) or Envoy that dies, after a
-    # backoff that starts here and doubles with each death in the window, up to the max;
-    # the limit-th death of one process within the window stops the gateway (exit 1).
-    restart_limit: int = Field(5, ge=1)
-    restart_window_seconds: float = Field(60.0, gt=0, allow_inf_nan=False)
-    restart_backoff_seconds: float = Field(0.5, ge=0, allow_inf_nan=False)
-    restart_backoff_max_seconds: float = Field(10.0, ge=0, allow_inf_nan=False)
-    health_interval_seconds: float = Field(2.0, gt=0, allow_inf_nan=False)
-    # How far this host's clock may be from the database server's (PostgreSQL) at start:
-    # processes on one database compare times each of them wrote (server/db/clockcheck.py).
-    max_clock_skew_seconds: float = Field(2.0, gt=0, le=3600, allow_inf_nan=False)
-    # Worker processes for CPU-bound work (server.compute), per server process: audio
-    # decoding before admission, and the local speech model with its queue (a request
-    # finding both full is answered 429 with Retry-After, never left to stall others).
-    decode_workers: int = Field(2, ge=1)
-    local_stt_workers: int = Field(2, ge=1)
-    local_stt_queue: int = Field(2, ge=0)
-    # The platform fee on requests served with a workspace's own provider key (BYOK): this
-    # percentage of the provider cost the catalog prices, after this many free BYOK
-    # requests per account and UTC month (OpenRouter's: 5% after 1,000,000).
-    byok_fee_percent: Decimal = Field(Decimal(5), ge=0, le=100, allow_inf_nan=False)
-    byok_free_requests_per_month: int = Field(1_000_000, ge=0)
-    edge: EdgePolicy = Field(default_factory=lambda: edge_policy_from_environment(os.environ))
+    data_dir: Path = Field(
+        Path(DEFAULT_DATA_DIR),
+        description="Folder of the embedded SQLite database, the keys and Envoy's runtime "
+        "files; kept private to its owner.",
+    )
+    database_url: str = Field(
+        "",
+        description="SQLAlchemy URL of the database; `postgresql://…` uses asyncpg. "
+        "Empty: a SQLite file in the data dir.",
+    )
+    grpc_host: str = Field("127.0.0.1", description="Address the gRPC server listens on.")
+    grpc_port: int = Field(
+        50051, ge=0, le=65535, description="Port of the gRPC server; 0: a free port."
+    )
+    http_host: str = Field("127.0.0.1", description="Address Envoy serves REST on.")
+    http_port: int = Field(8080, ge=0, le=65535, description="Envoy's REST port; 0: a free port.")
+    envoy_admin_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Envoy's admin endpoint on 127.0.0.1; 0: a free port Envoy picks.",
+    )
+    max_request_bytes: int = Field(
+        50 * 1024 * 1024,
+        gt=0,
+        description="A media route's request body (transcriptions, video submissions), per "
+        "request: Envoy's 413 and the server's, streamed or not.",
+    )
+    body_budget_bytes: int = Field(
+        512 * 1024 * 1024,
+        gt=0,
+        description="Request bodies one server process holds at once, each counted as 4x its "
+        "bytes (what parsing holds at the peak; server/transcription/body.py): a body that "
+        "finds it spent waits GATEWAY_BODY_BUDGET_WAIT_SECONDS, then is refused with 503 and "
+        "Retry-After (413 if it could never fit).",
+    )
+    body_budget_wait_seconds: float = Field(
+        2.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="How long a request body waits for the body budget before its 503.",
+    )
+    catalog_file: str | None = Field(
+        None,
+        validation_alias=_variable("GATEWAY_CATALOG"),
+        description="The operator's provider catalog (TOML), added to the built-in one.",
+    )
+    job_lease_seconds: float = Field(
+        120.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long a video worker holds a job before another process may take it "
+        "over (the holder is presumed dead).",
+    )
+    video_max_bytes: int = Field(
+        VIDEO_MAX_BYTES,
+        gt=0,
+        description="A provider's result file, streamed into the content store (never held "
+        "whole in memory): past this many bytes the job fails for good, uncharged, nothing "
+        "partial is left and it is not fetched again.",
+    )
+    video_download_seconds: float = Field(
+        VIDEO_DOWNLOAD_SECONDS,
+        gt=0,
+        allow_inf_nan=False,
+        description="One provider result download, start to end: past it the job fails as "
+        "for GATEWAY_VIDEO_MAX_BYTES.",
+    )
+    video_image_max_bytes: int = Field(
+        VIDEO_IMAGE_MAX_BYTES,
+        gt=0,
+        description="A client's image URL the gateway fetches for a provider that takes "
+        "images inline (Veo): past this many bytes the job fails as the client's fault, "
+        "uncharged.",
+    )
+    video_image_fetch_seconds: float = Field(
+        VIDEO_IMAGE_FETCH_SECONDS,
+        gt=0,
+        allow_inf_nan=False,
+        description="One client image fetch, start to end (past it: as for "
+        "GATEWAY_VIDEO_IMAGE_MAX_BYTES).",
+    )
+    video_jobs_at_once: int = Field(
+        VIDEO_JOBS_AT_ONCE,
+        ge=1,
+        description="Video jobs one server process works on concurrently, each lease renewed "
+        "while it runs: a slow provider, image host or download holds only its own job.",
+    )
+    video_retention_seconds: float = Field(
+        86400.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long a finished video's content is kept.",
+    )
+    content_url: Annotated[str, AfterValidator(_content_url)] = Field(
+        "",
+        description="Where finished videos are kept: empty, the local folder "
+        "GATEWAY_CONTENT_DIR; `file:///absolute/path`, that folder; `s3://bucket/prefix`, "
+        "S3-compatible object storage shared by several hosts (credentials, region and "
+        "endpoint from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, "
+        "AWS_ENDPOINT_URL; never in the URL).",
+    )
+    content_check_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        allow_inf_nan=False,
+        description="The content store is checked before serving (the bucket exists and "
+        "answers) within this, or the server stops with one line naming GATEWAY_CONTENT_URL.",
+    )
+    content_part_bytes: int = Field(
+        8 * 1024**2,
+        ge=5 * 1024**2,
+        le=5 * 1024**3,
+        description="An upload to object storage holds one part of this many bytes in memory "
+        "per video being stored (S3's parts: 5 MiB to 5 GiB).",
+    )
+    maintenance_interval_seconds: float = Field(
+        5.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How often each process runs housekeeping (server/maintenance/): lapsed "
+        "holds, expired videos, ended rate windows.",
+    )
+    webhook_ca_bundle: str | None = Field(
+        None, description="An extra CA file trusted for webhook TLS."
+    )
+    provider_transport: Literal["gateway", "httpx", "aiohttp"] = Field(
+        "gateway",
+        description="The HTTP transport under the one provider client: the gateway's own "
+        "(server/providers/transport.py), httpx's default, or aiohttp's (httpx-aiohttp, needs "
+        "the `bench` extra); for measuring them side by side "
+        "(bench.transcription --provider-transport).",
+    )
+    webhook_allow_private: bool = Field(
+        False, description="Allow webhook targets on loopback or private addresses."
+    )
+    webhook_deadline_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        allow_inf_nan=False,
+        description="One webhook attempt, whole (DNS, connect, TLS, request, status, the "
+        "answer's prefix): without a status by then it failed and is retried on the backoff "
+        "schedule.",
+    )
+    # one workspace's slow receiver holds at most its own share, never every slot
+    webhook_concurrency: int = Field(
+        16, ge=2, le=1024, description="Webhook deliveries in flight at once per server process."
+    )
+    webhook_workspace_concurrency: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        description="Webhook deliveries of one workspace in flight at once across all "
+        "processes (counted in the database); below GATEWAY_WEBHOOK_CONCURRENCY.",
+    )
+    webhook_max_answer_bytes: int = Field(
+        16 * 1024,
+        ge=0,
+        le=1024 * 1024,
+        description="The most of a receiver's answer read past its status (which alone "
+        "counts); a longer answer's connection is closed, not drained.",
+    )
+    provider_downloads_allow_private: bool = Field(
+        False,
+        description="Allow provider result downloads and image fetches off the endpoint's own "
+        "origin to reach loopback or private addresses (a provider CDN inside the operator's "
+        "network); otherwise they must be https to a public address, checked after DNS.",
+    )
+    regional_hosts: Hosts = Field(
+        frozenset(), description="Comma-separated hostnames refused (403) on vault routes."
+    )
+    metrics_host: str = Field("127.0.0.1", description="Address of the Prometheus /metrics.")
+    # off unless asked for, so that gateways and workers on one host never contend for a port
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Port of this process's Prometheus /metrics; 0: not served.",
+    )
+    shutdown_grace_seconds: float = Field(
+        30.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="How long in-flight requests may finish after SIGTERM.",
+    )
+    key_rotation_grace_seconds: int = Field(
+        86400,
+        ge=0,
+        le=31 * 86400,
+        description="Key rotation (POST /api/v1/keys/{hash}/rotate): how long the old key "
+        "keeps working when the request names no grace_seconds.",
+    )
+    key_rotation_max_grace_seconds: int = Field(
+        30 * 86400,
+        ge=0,
+        le=366 * 86400,
+        description="The longest grace a key rotation request may ask for.",
+    )
+    restart_limit: int = Field(
+        5,
+        ge=1,
+        description="`gateway up` stops (exit 1) at the limit-th death of one of its server "
+        "processes or Envoy within the restart window.",
+    )
+    restart_window_seconds: float = Field(
+        60.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="The window in which deaths of one process are counted.",
+    )
+    restart_backoff_seconds: float = Field(
+        0.5,
+        ge=0,
+        allow_inf_nan=False,
+        description="The first wait before a dead process is restarted; it doubles with each "
+        "death in the window.",
+    )
+    restart_backoff_max_seconds: float = Field(
+        10.0, ge=0, allow_inf_nan=False, description="The longest wait before a restart."
+    )
+    health_interval_seconds: float = Field(
+        2.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How often each process pings the database for its gRPC health.",
+    )
+    max_clock_skew_seconds: float = Field(
+        2.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="How far this host's clock may be from the database server's "
+        "(PostgreSQL) at start: processes on one database compare times each of them wrote "
+        "(server/db/clockcheck.py).",
+    )
+    # CPU-bound work runs in worker processes (server.compute), never on the event loop; a
+    # request finding the pool and its queue full is answered 429, never left to stall others
+    decode_workers: int = Field(
+        2, ge=1, description="Worker processes per server process decoding audio before admission."
+    )
+    local_stt_workers: int = Field(
+        2, ge=1, description="Worker processes per server process running the local speech model."
+    )
+    local_stt_queue: int = Field(
+        2,
+        ge=0,
+        description="Requests queued for the local speech model beyond its workers; more are "
+        "answered 429 with Retry-After.",
+    )
+    byok_fee_percent: Decimal = Field(
+        Decimal(5),
+        ge=0,
+        le=100,
+        allow_inf_nan=False,
+        description="The platform fee on requests served with a workspace's own provider key "
+        "(BYOK), as a percentage of the provider cost the catalog prices (OpenRouter's: 5%).",
+    )
+    byok_free_requests_per_month: int = Field(
+        1_000_000,
+        ge=0,
+        description="BYOK requests per account and UTC month free of the platform fee.",
+    )
+    edge: EdgePolicy = Field(
+        default_factory=lambda: edge_policy_from_environment(os.environ),
+        description="What Envoy enforces before a request reaches a server (the "
+        "GATEWAY_EDGE_* and GATEWAY_CORS_ORIGINS variables).",
+    )
 
     @model_validator(mode="after")
     def _database(self) -> Settings:

@@ -24,15 +24,15 @@ from sqlmodel import SQLModel
 from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
 from server.db.models import LedgerEntry
-from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
-from tests.fakes.openai_stt import FakeSttProvider
-from tests.fakes.video_providers import FakeVideoProviders
-from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support import processes
-from tests.support.admin import Admin, IssuedKey
-from tests.support.catalog import FAKE_KEY_ENV, write_test_catalog
+from testkit import processes
+from testkit.admin import Admin, IssuedKey
+from testkit.catalog import FAKE_KEY_ENV, write_test_catalog
+from testkit.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
+from testkit.fakes.openai_stt import FakeSttProvider
+from testkit.fakes.video_providers import FakeVideoProviders
+from testkit.fakes.webhook_receiver import WebhookReceiver
+from testkit.processes import GatewayProcess
 from tests.support.moto import moto_s3  # noqa: F401  # the S3 endpoint fixture, for every module
-from tests.support.processes import GatewayProcess
 
 PG_HOST = os.environ.get("GATEWAY_TEST_PG_HOST", "127.0.0.1")
 PG_USER = os.environ.get("GATEWAY_TEST_PG_USER", "postgres")

@@ -15,7 +15,7 @@ from server.clock import ManualClock
 from server.db.models import Account, ApiKey, LedgerEntry, UsageCounter
 from server.limits.free_models import daily_limit, is_free_tier
 from server.limits.key_status import key_status
-from tests.support.admin import Admin, IssuedKey
+from testkit.admin import Admin, IssuedKey
 
 # A Sunday, one second before midnight UTC: the day and the ISO week end together.
 SUNDAY_LAST_SECOND = datetime(2026, 5, 31, 23, 59, 59, tzinfo=UTC)

@@ -22,11 +22,11 @@ import pytest_asyncio
 from openrouter import OpenRouter, errors
 
 from server.db.engine import create_engine, session_factory
-from tests.fakes.openai_stt import FakeSttProvider
-from tests.support.admin import Admin, IssuedKey
-from tests.support.audio import b64, fixture
-from tests.support.catalog import fake_endpoint
-from tests.support.processes import GatewayProcess
+from testkit.admin import Admin, IssuedKey
+from testkit.audio import b64, fixture
+from testkit.catalog import fake_endpoint
+from testkit.fakes.openai_stt import FakeSttProvider
+from testkit.processes import GatewayProcess
 
 OWN_KEY = "sk-own-provider-account-0123456789wxyz"
 PRICE_PER_SECOND = Decimal("0.01")

@@ -26,11 +26,11 @@ import sqlalchemy as sa
 from server.db.engine import create_engine, session_factory
 from server.db.models import ByokKey
 from server.vault.crypto import MasterKey
-from tests.fakes.openai_stt import FakeSttProvider
-from tests.support.admin import Admin, IssuedKey
-from tests.support.audio import b64, fixture
-from tests.support.catalog import fake_endpoint
-from tests.support.processes import GatewayProcess
+from testkit.admin import Admin, IssuedKey
+from testkit.audio import b64, fixture
+from testkit.catalog import fake_endpoint
+from testkit.fakes.openai_stt import FakeSttProvider
+from testkit.processes import GatewayProcess
 
 OWN_KEY = "sk-own-provider-account-cache-0123456789"
 WITHIN = 1.0

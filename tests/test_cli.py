@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.processes import GatewayProcess
+from testkit.processes import GatewayProcess
 
 GATEWAY = shutil.which("gateway")
 

@@ -14,7 +14,7 @@ from server.providers.endpoint import Endpoint
 from server.providers.failures import CLIENT_ERROR, RATE_LIMITED, ProviderFailure
 from server.providers.pocketsphinx_stt import PocketsphinxAdapter
 from server.providers.stt import SttCall
-from tests.support.audio import fixture, speech
+from testkit.audio import fixture, speech
 
 LOCAL = Endpoint(provider="local", adapter="pocketsphinx")
 

@@ -24,12 +24,12 @@ from openrouter import OpenRouter
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
 from server.db.models import Workspace
+from testkit.admin import Admin, IssuedKey
+from testkit.audio import fixture
+from testkit.eventually import eventually
+from testkit.fakes.openai_stt import FakeSttProvider
+from testkit.fakes.webhook_receiver import WebhookReceiver
 from tests.conftest import Databases, own_gateway
-from tests.fakes.openai_stt import FakeSttProvider
-from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.admin import Admin, IssuedKey
-from tests.support.audio import fixture
-from tests.support.eventually import eventually
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(

@@ -12,7 +12,7 @@ from sqlalchemy.dialects.sqlite.aiosqlite import dialect as sqlite_dialect
 
 from server.db.driver import _compile, execute_many, fetch_rows
 from server.db.models import RateWindow, UtcDateTime
-from tests.support.admin import Admin
+from testkit.admin import Admin
 
 _WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
 _INSERT = sa.insert(_WINDOWS).returning(_WINDOWS.c.window_start, _WINDOWS.c.count)

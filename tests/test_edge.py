@@ -14,12 +14,12 @@ import pytest_asyncio
 import sqlalchemy as sa
 
 from server.db.models import CreditHold, Generation, LedgerEntry, VideoJob
+from testkit.admin import IssuedKey
+from testkit.eventually import eventually
+from testkit.fakes.openai_stt import FakeSttProvider
+from testkit.fakes.webhook_receiver import WebhookReceiver
+from testkit.processes import GatewayProcess
 from tests.conftest import Databases, OwnGateway, Stack, own_gateway
-from tests.fakes.openai_stt import FakeSttProvider
-from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.admin import IssuedKey
-from tests.support.eventually import eventually
-from tests.support.processes import GatewayProcess
 from tests.support.raw_http import exchange
 from tests.test_transcription import audio_body
 

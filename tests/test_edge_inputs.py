@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from testkit.admin import IssuedKey
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
 from tests.support.raw_http import RawResponse, exchange
 from tests.support.signals import logged_past
 
@@ -256,7 +256,7 @@ async def test_transcoder_errors_never_quote_the_request(
 
 # --- the header limit: one number, the same every time -------------------------------------------
 
-HEADER_LIMIT = 60 * 1024  # README: "headers | 60 KiB | 413" (EdgePolicy.max_request_headers_kb)
+HEADER_LIMIT = 60 * 1024  # docs/operating.md, "headers": 60 KiB (EdgePolicy.max_request_headers_kb)
 
 
 def headers_of_size(total: int, authorization: dict[str, str]) -> list[tuple[str, str]]:

@@ -38,7 +38,7 @@ from server.errors import (
 )
 from server.services.rpc import abort_with
 
-# The error model (DESIGN.md, README): the only statuses an error may have (416: a video
+# The error model (DESIGN.md, docs/rest-api.md): the only statuses an error may have.(416: a video
 # content's Range outside the video).
 DOCUMENTED = (400, 401, 402, 403, 404, 408, 409, 410, 413, 416, 429, 500, 502, 503, 504, 524, 529)
 FAILURE_CODES = tuple(code for code in grpc.StatusCode if code is not grpc.StatusCode.OK)

@@ -13,12 +13,12 @@ import pytest
 import sqlalchemy as sa
 
 from server.db.models import CreditHold, LedgerEntry, UsageCounter, WebhookDelivery
+from testkit.admin import IssuedKey
+from testkit.audio import b64, fixture
+from testkit.eventually import eventually
+from testkit.processes import GatewayProcess
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.audio import b64, fixture
-from tests.support.eventually import eventually
 from tests.support.minutes import in_one_minute
-from tests.support.processes import GatewayProcess
 
 # The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).
 pytestmark = pytest.mark.both_backends

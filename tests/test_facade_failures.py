@@ -18,8 +18,8 @@ from server.config import EdgePolicy
 from server.contract import DESCRIPTOR_SET, SERVICES, keys_pb2, keys_pb2_grpc
 from server.db.engine import create_engine, session_factory
 from server.errors import UNAVAILABLE_RETRY_SECONDS
-from tests.support.admin import Admin
-from tests.support.processes import GatewayProcess, refusing_port
+from testkit.admin import Admin
+from testkit.processes import GatewayProcess, refusing_port
 
 
 async def _envoy(tmp_path: Path, upstream_port: int, timeout_s: int = 300) -> EnvoyProcess:

@@ -15,9 +15,9 @@ import sqlalchemy as sa
 
 from server.db.models import Account, RateWindow
 from server.db.stamp import CHECK_INTERVAL as PRINCIPAL_CHECK_INTERVAL
+from testkit.admin import IssuedKey
+from testkit.audio import b64, fixture
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.audio import b64, fixture
 from tests.support.minutes import in_one_minute
 
 # The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).

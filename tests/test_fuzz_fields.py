@@ -18,9 +18,9 @@ import re
 import hypothesis
 from hypothesis import strategies as st
 
+from testkit.admin import IssuedKey
+from testkit.audio import b64, fixture
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.audio import b64, fixture
 from tests.support.fuzz import (
     Findings,
     answer_problems,

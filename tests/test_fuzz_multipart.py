@@ -1,7 +1,7 @@
 """Property-based fuzz of POST /audio/transcriptions bodies written byte for byte: multipart
 framing (random field names including non-Latin-1 ones, filenames, boundaries, truncated
 parts, missing closing boundaries, bare-LF line ends) and audio bytes (mutations of the WAV
-fixtures in tests/fixtures and of their re-encodings, in both request forms).
+fixtures in testkit/fixtures and of their re-encodings, in both request forms).
 
 Every answer is the documented success or the documented error shape; no client-caused
 500/502/503 (the fake provider behind `fake/ok` is healthy and does not decode audio, so the
@@ -23,9 +23,9 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
+from testkit.admin import IssuedKey
+from testkit.audio import b64, encode, fixture
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.audio import b64, encode, fixture
 from tests.support.fuzz import (
     Findings,
     answer_problems,

@@ -21,9 +21,9 @@ import schemathesis
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
+from testkit.admin import IssuedKey
+from testkit.audio import b64, fixture
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.audio import b64, fixture
 from tests.support.fuzz import (
     REQUEST_TIMEOUT,
     Answer,
@@ -42,7 +42,7 @@ from tests.support.fuzz import (
     wait_for_jobs,
 )
 
-# Models of the test catalog (tests/support/catalog.py) that a fuzzed body may name instead
+# Models of the test catalog (testkit/catalog.py) that a fuzzed body may name instead
 # of the random string the schema allows, so that fuzzed fields get past model lookup and
 # reach validation, holds, providers and billing. All are served by healthy fakes, so a
 # 500/502/503 on them is the gateway's fault.

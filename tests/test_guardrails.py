@@ -13,9 +13,9 @@ import pytest
 from openrouter import OpenRouter
 
 from server.db.models import CreditHold, LedgerEntry, VideoJob
+from testkit.admin import IssuedKey
+from testkit.eventually import eventually
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.eventually import eventually
 from tests.test_transcription import audio_body
 
 

@@ -26,10 +26,10 @@ from server.db.models import CreditHold, Generation, LedgerEntry, UsageCounter
 from server.db.writer import Writer
 from server.errors import GatewayError
 from server.observability.generations import GENERATIONS
+from testkit.admin import Admin, IssuedKey
+from testkit.audio import fixture
+from testkit.eventually import eventually
 from tests.conftest import Stack
-from tests.support.admin import Admin, IssuedKey
-from tests.support.audio import fixture
-from tests.support.eventually import eventually
 from tests.support.signals import admitted
 
 # The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).

@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from server.contract import keys_pb2, keys_pb2_grpc
+from testkit.fakes.openai_stt import FakeSttProvider
+from testkit.fakes.webhook_receiver import WebhookReceiver
 from tests.conftest import Databases, OwnGateway, own_gateway
-from tests.fakes.openai_stt import FakeSttProvider
-from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.raw_http import exchange
 from tests.support.signals import logged_past
 

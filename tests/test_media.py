@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from server.errors import GatewayError
 from server.providers.pocketsphinx_stt import pcm_16k_mono
 from server.transcription.media import normalize_format, probe
-from tests.support.audio import (
+from testkit.audio import (
     DAMAGED,
     ENCODINGS,
     damaged,

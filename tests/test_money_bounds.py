@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from server.db.models import ApiKey, Guardrail
+from testkit.admin import IssuedKey
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
 from tests.test_grpc import _error_info
 
 # The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).

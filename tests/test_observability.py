@@ -22,14 +22,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.contract import keys_pb2, keys_pb2_grpc
 from server.db.engine import create_engine, session_factory
 from server.db.models import CreditHold, VideoJob
+from testkit.admin import Admin, IssuedKey
+from testkit.catalog import write_test_catalog
+from testkit.eventually import eventually
+from testkit.fakes.openai_stt import FakeSttProvider
+from testkit.fakes.webhook_receiver import WebhookReceiver
+from testkit.processes import GatewayProcess, refusing_port
 from tests.conftest import Databases, Stack, gateway_env, own_gateway
-from tests.fakes.openai_stt import FakeSttProvider
 from tests.fakes.otlp_collector import OtlpCollector
-from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.admin import Admin, IssuedKey
-from tests.support.catalog import write_test_catalog
-from tests.support.eventually import eventually
-from tests.support.processes import GatewayProcess, refusing_port
 from tests.support.tcp_proxy import TcpProxy
 from tests.test_transcription import audio_body
 

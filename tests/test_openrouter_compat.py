@@ -13,9 +13,9 @@ import httpx
 import pytest
 from openrouter import OpenRouter
 
+from testkit.admin import IssuedKey
+from testkit.audio import b64, fixture
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.audio import b64, fixture
 
 T = TypeVar("T")
 SQLITE_ONLY = pytest.mark.parametrize("stack", ["sqlite"], indirect=True)

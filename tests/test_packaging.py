@@ -95,6 +95,11 @@ def _distributions_of(module: str) -> set[str]:
 
 def test_every_run_time_import_is_a_declared_dependency() -> None:
     declared = {_requirement_name(r) for r in PYPROJECT["project"]["dependencies"]}
+    # The provider transports measured beside the gateway's own (GATEWAY_PROVIDER_TRANSPORT)
+    # come with the `bench` extra, imported only when chosen.
+    declared |= {
+        _requirement_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["bench"]
+    }
     undeclared: set[str] = set()
     for folder in ("server", "facade"):
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -220,6 +225,29 @@ def test_the_installed_package_runs_read_only_and_compiles_nothing(
     finally:
         for path in site.rglob("*"):
             path.chmod(path.stat().st_mode | stat.S_IWUSR)
+
+
+def test_the_installed_gateway_reports_the_release_it_is(wheel: Path, tmp_path: Path) -> None:
+    """`gateway --version` of the installed wheel: pyproject.toml's version (CHANGELOG.md
+    has its entry, tests/unit/test_version.py)."""
+    site = tmp_path / "site"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), wheel],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    ran = subprocess.run(
+        [sys.executable, "-m", "server", "--version"],
+        cwd=tmp_path,  # not the checkout: the installed package and its metadata
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == f"gateway {PYPROJECT['project']['version']}"
 
 
 def test_a_checkout_whose_proto_changed_says_to_reinstall(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from facade.launcher import EnvoyProcess
 from facade.stack import envoy_options, start_envoy
 from server.config import Settings
 from server.ports import ListenError
-from tests.support.processes import GatewayProcess, free_port_range, refusing_port
+from testkit.processes import GatewayProcess, free_port_range, refusing_port
 
 ENVIRONMENT = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
 

@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from server.billing.money import usd_to_micros
+from testkit.admin import IssuedKey
+from testkit.audio import b64, fixture
+from testkit.processes import GatewayProcess
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.audio import b64, fixture
-from tests.support.processes import GatewayProcess
 
 pytestmark = pytest.mark.both_backends
 

@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from testkit.admin import IssuedKey
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
 from tests.support.raw_http import RawResponse, exchange
 
 

@@ -33,13 +33,13 @@ import sqlalchemy as sa
 from server.db.engine import create_engine, session_factory
 from server.db.models import CreditHold, LedgerEntry, VideoJob, WebhookDelivery
 from server.vault.crypto import MasterKey
+from testkit.admin import Admin, IssuedKey
+from testkit.eventually import eventually
+from testkit.fakes.webhook_receiver import WebhookReceiver
+from testkit.processes import GatewayProcess
 from tests.conftest import Databases
 from tests.fakes.hostile_peer import HostilePeer
-from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.admin import Admin, IssuedKey
-from tests.support.eventually import eventually
 from tests.support.moto import MotoS3
-from tests.support.processes import GatewayProcess
 from tests.support.rss import RssSampler, settle_rss
 
 MiB = 1024 * 1024

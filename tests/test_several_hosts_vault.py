@@ -21,8 +21,8 @@ import sqlalchemy as sa
 
 from server.db.engine import create_engine, session_factory
 from server.vault.crypto import MasterKey
-from tests.support.admin import Admin, IssuedKey
-from tests.support.processes import READY_LINE, GatewayProcess
+from testkit.admin import Admin, IssuedKey
+from testkit.processes import READY_LINE, GatewayProcess
 
 SECRET = "several-hosts-Distinctive-VALUE-4d2a"
 HOSTS = ["api.example.com"]

@@ -15,9 +15,9 @@ from google.protobuf import struct_pb2
 
 from server.contract import audio_pb2, audio_pb2_grpc, videos_pb2, videos_pb2_grpc
 from server.db.models import CreditHold, Generation, LedgerEntry, VideoJob
+from testkit.admin import IssuedKey
+from testkit.audio import b64, fixture
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.audio import b64, fixture
 from tests.test_grpc import _error_info
 
 # The database is the point: on SQLite and PostgreSQL (see tests/conftest.py).

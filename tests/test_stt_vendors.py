@@ -16,14 +16,14 @@ import pytest
 import pytest_asyncio
 
 from server.db.engine import create_engine, session_factory
+from testkit.admin import Admin, IssuedKey
+from testkit.audio import fixture
+from testkit.processes import GatewayProcess
 from tests.conftest import Databases
 from tests.fakes import assemblyai, azure_openai, deepgram, elevenlabs
 from tests.fakes.loopback import LoopbackServer
-from tests.support.admin import Admin, IssuedKey
-from tests.support.audio import fixture
-from tests.support.processes import GatewayProcess
 
-HELLO_SECONDS = 1.075125  # tests/fixtures/hello.wav as the gateway measures it
+HELLO_SECONDS = 1.075125  # testkit/fixtures/hello.wav as the gateway measures it
 
 
 @dataclass

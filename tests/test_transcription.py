@@ -19,9 +19,9 @@ from openrouter import OpenRouter
 
 from server.contract import audio_pb2, audio_pb2_grpc
 from server.db.models import CreditHold, Generation
+from testkit.admin import IssuedKey
+from testkit.audio import ENCODINGS, b64, encode, fixture, vbr_mp3_without_xing
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.audio import ENCODINGS, b64, encode, fixture, vbr_mp3_without_xing
 
 HELLO_SECONDS = 1.075125
 

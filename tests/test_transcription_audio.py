@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 
 from server.db.engine import create_engine, session_factory
 from server.db.models import CreditHold, Generation
+from testkit.admin import Admin, IssuedKey
+from testkit.audio import DAMAGED, b64, damaged, retimed, sample, speech
+from testkit.catalog import write_test_catalog
+from testkit.eventually import eventually
+from testkit.fakes.openai_stt import FakeSttProvider
+from testkit.fakes.webhook_receiver import WebhookReceiver
+from testkit.processes import GatewayProcess
 from tests.conftest import Databases, Stack, gateway_env
-from tests.fakes.openai_stt import FakeSttProvider
-from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.admin import Admin, IssuedKey
-from tests.support.audio import DAMAGED, b64, damaged, retimed, sample, speech
-from tests.support.catalog import write_test_catalog
-from tests.support.eventually import eventually
-from tests.support.processes import GatewayProcess
 
 
 async def _json(

@@ -11,9 +11,9 @@ from openai import AsyncOpenAI
 
 from server.errors import GatewayError
 from server.transcription.request import from_multipart
+from testkit.admin import IssuedKey
+from testkit.audio import fixture
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.audio import fixture
 
 
 async def _usage(stack: Stack, issued: IssuedKey) -> Any:

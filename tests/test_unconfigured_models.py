@@ -7,7 +7,7 @@ import httpx
 
 from tests.conftest import Stack
 
-# tests/support/catalog.py: one endpoint, credential in GATEWAY_TEST_UNSET_KEY (never set).
+# testkit/catalog.py: one endpoint, credential in GATEWAY_TEST_UNSET_KEY (never set).
 UNCONFIGURED = "fakevideo/unavailable"
 
 

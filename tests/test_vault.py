@@ -17,8 +17,8 @@ from server.accounts.workspaces import update_workspace, workspace_by_id
 from server.db.models import Intern, VaultKey, VaultSecret, Workspace
 from server.db.stamp import CHECK_INTERVAL as PRINCIPAL_CHECK_INTERVAL
 from server.vault import crypto, store
+from testkit.admin import Admin, IssuedKey
 from tests.conftest import Stack
-from tests.support.admin import Admin, IssuedKey
 
 SECRET = "s3cr3t-Distinctive-VALUE-7f1c2e"
 

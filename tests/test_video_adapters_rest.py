@@ -14,6 +14,9 @@ import pytest
 import pytest_asyncio
 
 from server.db.engine import create_engine, session_factory
+from testkit.admin import Admin, IssuedKey
+from testkit.eventually import eventually
+from testkit.processes import GatewayProcess
 from tests.conftest import Databases
 from tests.fakes import gemini_video, kling_video, minimax_video
 from tests.fakes.gemini_video import FakeGemini
@@ -21,9 +24,6 @@ from tests.fakes.kling_video import FakeKling
 from tests.fakes.minimax_video import FakeMiniMax
 from tests.fakes.vertex_video import FakeVertex
 from tests.fakes.video_loopback import VIDEO
-from tests.support.admin import Admin, IssuedKey
-from tests.support.eventually import eventually
-from tests.support.processes import GatewayProcess
 
 CAPABILITIES = """kind = "video"
 price_per_second = "0.01"

@@ -19,9 +19,9 @@ from server.contract import videos_pb2, videos_pb2_grpc
 from server.db.models import CreditHold, VideoJob
 from server.vault.crypto import load_master_key
 from server.vault.webhook_secrets import workspace_secret
+from testkit.admin import IssuedKey
+from testkit.eventually import eventually
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
-from tests.support.eventually import eventually
 from tests.support.openrouter_webhooks import verify_openrouter
 from tests.test_videos import wait_for
 from tests.test_webhooks import hooks_for

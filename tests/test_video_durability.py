@@ -14,9 +14,9 @@ import sqlalchemy as sa
 
 from server.db.models import CreditHold, VideoJob
 from server.videos.jobs import RUNNING_STATES
+from testkit.fakes.openai_stt import FakeSttProvider
+from testkit.fakes.webhook_receiver import WebhookReceiver
 from tests.conftest import Databases, own_gateway
-from tests.fakes.openai_stt import FakeSttProvider
-from tests.fakes.webhook_receiver import WebhookReceiver
 
 SUBMISSIONS = 48
 CONCURRENCY = 16  # enough for batches of several callers

@@ -9,8 +9,8 @@ import httpx
 import pytest
 from openrouter import OpenRouter
 
+from testkit.admin import IssuedKey
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
 from tests.test_videos import mp4_facts, submit, wait_for
 
 

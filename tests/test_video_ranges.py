@@ -9,8 +9,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from testkit.admin import IssuedKey
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
 from tests.test_videos import submit, wait_for
 
 

@@ -18,13 +18,13 @@ import pytest
 import pytest_asyncio
 
 from server.db.engine import create_engine, session_factory
+from testkit.admin import Admin, IssuedKey
+from testkit.eventually import eventually
+from testkit.fakes.video_providers import VIDEO
+from testkit.processes import GatewayProcess
 from tests.conftest import Databases
 from tests.fakes import dashscope, fal, replicate, seedance
 from tests.fakes.loopback import LoopbackServer
-from tests.fakes.video_providers import VIDEO
-from tests.support.admin import Admin, IssuedKey
-from tests.support.eventually import eventually
-from tests.support.processes import GatewayProcess
 
 
 @dataclass

@@ -20,10 +20,10 @@ from server.accounts.workspaces import update_workspace, workspace_by_id
 from server.db.engine import create_engine, session_factory
 from server.db.models import LedgerEntry, VideoJob
 from server.errors import GatewayError
+from testkit.admin import Admin, IssuedKey
+from testkit.eventually import eventually
+from testkit.processes import GatewayProcess
 from tests.conftest import Stack
-from tests.support.admin import Admin, IssuedKey
-from tests.support.eventually import eventually
-from tests.support.processes import GatewayProcess
 
 
 @pytest.fixture

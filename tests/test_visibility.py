@@ -21,8 +21,8 @@ from server.contract import (
     videos_pb2,
     videos_pb2_grpc,
 )
+from testkit.admin import IssuedKey
 from tests.conftest import Stack
-from tests.support.admin import IssuedKey
 from tests.test_videos import submit, wait_for
 
 UNKNOWN_JOB = "vid_" + "0" * 24

@@ -18,10 +18,10 @@ from server.vault.crypto import MasterKey, load_master_key
 from server.vault.webhook_secrets import workspace_secret
 from server.webhooks.targets import RefusedTarget, resolve_target
 from server.workers.webhook_dispatcher import WebhookDispatcher
+from testkit.admin import Admin, IssuedKey
+from testkit.eventually import eventually
+from testkit.fakes.webhook_receiver import ReceivedHook
 from tests.conftest import Stack
-from tests.fakes.webhook_receiver import ReceivedHook
-from tests.support.admin import Admin, IssuedKey
-from tests.support.eventually import eventually
 from tests.support.openrouter_webhooks import verify_openrouter
 
 

@@ -14,9 +14,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from server.db.engine import create_engine, session_factory
+from testkit.admin import Admin
+from testkit.processes import GatewayProcess, free_port_range
 from tests.conftest import Databases
-from tests.support.admin import Admin
-from tests.support.processes import GatewayProcess, free_port_range
 
 
 def _worker_pids(pid: int) -> list[int]:

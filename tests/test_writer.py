@@ -24,8 +24,8 @@ from server.db.engine import create_engine, session_factory
 from server.db.models import CreditHold, RateWindow
 from server.db.writer import GUARDED_AFTER_FAILURE, StrayStatement, Writer, on_outcome
 from server.errors import GatewayError
+from testkit.admin import Admin
 from tests.conftest import Databases
-from tests.support.admin import Admin
 
 _WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]
 _INSERT = sa.insert(_WINDOWS)

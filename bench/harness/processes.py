@@ -23,7 +23,7 @@ import asyncpg
 
 from bench.harness.load import LOOPBACK
 from server.config import sqlite_url
-from tests.support.processes import GatewayProcess
+from testkit.processes import GatewayProcess
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"

@@ -3,7 +3,7 @@ an OpenAI-compatible POST /v1/audio/transcriptions answering `{"text": "fake tra
 at once, served from a process of its own (`python -m bench.harness.stt`), with the catalog
 that routes the gateway's benchmark models to it and the multipart upload sent to both.
 
-Why not the tests' fake: the ThreadingHTTPServer of tests/fakes/openai_stt.py takes about
+Why not the tests' fake: the ThreadingHTTPServer of testkit/fakes/openai_stt.py takes about
 44 ms per answer on loopback (headers and body leave in two writes without TCP_NODELAY, so
 Nagle waits for the client's delayed ACK), which would swamp a 2 ms budget. So this fake
 parses just enough HTTP/1.1 (Content-Length or chunked bodies, keep-alive, 100-continue) and
@@ -32,13 +32,13 @@ import httpx
 
 from bench.harness.load import LOOPBACK
 from bench.harness.processes import REPO_ROOT, service, terminate
-from tests.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
-from tests.support.catalog import FAKE_KEY_ENV, fake_endpoint
+from testkit.catalog import FAKE_KEY_ENV, fake_endpoint
+from testkit.fakes.openai_stt import API_KEY as FAKE_PROVIDER_KEY
 
 BENCH_MODEL = "bench/fast"
 UPSTREAM_MODEL = "ok"  # the fake provider's model that answers at once
 PRICE_PER_SECOND = "0.0001"
-AUDIO_NAME = "hello"  # tests/fixtures/hello.wav, 1.07 s
+AUDIO_NAME = "hello"  # testkit/fixtures/hello.wav, 1.07 s
 TRANSCRIPT = "fake transcript"
 ROUTE = "/audio/transcriptions"  # under each base URL (…/v1 direct, …/api/v1 gateway)
 

@@ -82,7 +82,8 @@ def charge_params(
     spend, byok = (0, amount_micros) if is_byok else (amount_micros, 0)
     params = usage_params([(KEY, key_hash), (ACCOUNT, account_id)], now, spend, byok)
     # The row's values as a plain mapping, on the driver connection rather than an ORM
-    # object and flush: this runs on every billable request (an ORM object costs ~0.1 ms).
+    # object and flush: this runs on every billable request, and the ORM object would cost
+    # more than the statement.
     params["entry_account_id"] = account_id
     params["entry_key_hash"] = key_hash
     params["entry_kind"] = CHARGE

@@ -88,8 +88,8 @@ class _Compiled:
 
 # Values the faster conversions below are checked on against the dialect's own, once per
 # type: `date.isoformat` and `datetime.isoformat(" ", "microseconds")` write SQLite's text
-# formats ~10x faster than the dialect's %-formatting (~4 us a value; a settlement binds
-# about ten). A dialect that writes them otherwise keeps its own.
+# formats much faster than the dialect's %-formatting (a settlement binds about ten such
+# values). A dialect that writes them otherwise keeps its own.
 _SAMPLE_DATES = (date_type(2001, 2, 3), date_type(1999, 12, 31))
 _SAMPLE_DATETIMES = (
     datetime_type(2001, 2, 3, 4, 5, 6, 7, tzinfo=UTC),
@@ -224,8 +224,8 @@ class HotReads:
     """Single read-only statements of hot paths (GET /key), at the least cost each database
     allows: on PostgreSQL `read_rows` (one round trip); on SQLite a read-only connection of
     its own, used on the event loop's thread. A single-statement read of a few primary-key
-    rows takes SQLite ~15 us, while handing it to aiosqlite's thread and back costs several
-    times that in CPU and, on a busy machine, hundreds of microseconds of waiting — and
+    rows takes SQLite a few microseconds, while handing it to aiosqlite's thread and back
+    costs several times that in CPU and, on a busy machine, far more in waiting — and
     queues behind every write on the one pooled connection. WAL readers neither wait for
     writers nor block them, and each statement reads the newest committed state (other
     processes' too). The connection never waits for a lock (timeout 0): if SQLite is busy
@@ -310,7 +310,7 @@ async def _run(
             raise
     # No transaction begun yet on asyncpg: SQLAlchemy's connection begins it, then runs the
     # statement as compiled here. Not `session.exec(statement)`: that compiles it again, on
-    # every call for a statement SQLAlchemy cannot cache (a multi-row INSERT: ~4 ms).
+    # every call for a statement SQLAlchemy cannot cache (a multi-row INSERT).
     compiled = _compile(statement, dialect)
     if many:
         await connection.exec_driver_sql(compiled.sql, [tuple(compiled.arguments(r)) for r in rows])
@@ -365,7 +365,7 @@ class InlineStats:
 class InlineSqlite:
     """The group-commit writer's own connection to a SQLite file, used on the event loop's
     thread: a batch's statements cost SQLite's own few microseconds each instead of a
-    hand-off to aiosqlite's thread and back (~90 us of CPU each, measured). The loop never
+    hand-off to aiosqlite's thread and back (figures: docs/performance.md). The loop never
     sleeps in SQLite:
 
     - The batch takes the write lock with BEGIN IMMEDIATE at busy timeout 0. When this
@@ -374,13 +374,11 @@ class InlineSqlite:
       waits for it with the pool's busy timeout. The loop goes on meanwhile. Once the lock
       is held no statement of the batch can wait: WAL readers never block a writer.
     - COMMIT runs inline. In WAL mode with synchronous=NORMAL a commit appends the batch's
-      pages to the WAL with no fsync: measured here 40-70 us median, 0.2-0.3 ms p99,
-      cheaper than the hand-off a thread would cost (in-process, a hold and its settlement
-      as two lone batches: 410 us of CPU with COMMIT inline, 569 us with COMMIT in a
-      thread, 1,400 us through aiosqlite as before). What can take milliseconds is the
+      pages to the WAL with no fsync, cheaper than the hand-off a thread would cost
+      (figures: docs/performance.md). What can take milliseconds is the
       automatic checkpoint SQLite runs inside a commit once the WAL passes 1000 pages (it
-      copies pages into the database and fsyncs both files; commit p99 5-9 ms, p99.9 up to
-      85 ms measured with it on). So this connection has wal_autocheckpoint=0, and
+      copies pages into the database and fsyncs both files: its tail latency, measured, is
+      in docs/performance.md). So this connection has wal_autocheckpoint=0, and
       `checkpoint_if_due` runs a PASSIVE checkpoint in a thread between two batches once
       the batches changed CHECKPOINT_AFTER_CHANGES rows. Between batches, not alongside
       them: a checkpoint racing a steady writer never catches up with the WAL's end, and

@@ -4,8 +4,9 @@ A database already at HEAD_REVISION (every start but the first after an upgrade 
 gateway) is recognised with one query, and nothing more is done. Otherwise the migrations
 run in a child process (`python -m server.db.migrate REVISION`, the database URL passed in
 the environment, never on a command line): alembic, and what a migration run allocates,
-never enter a server process's memory — about 9 MiB of its peak RSS, which issue 17 bounds
-at 150 MiB. `upgrade_sync` runs them in the calling process (tests, the child itself).
+never enter a server process's memory, whose peak RSS issue 17 bounds (the bound and the
+measured peak are on the documentation's performance page). `upgrade_sync` runs them in
+the calling process (tests, the child itself).
 """
 
 from __future__ import annotations

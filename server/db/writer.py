@@ -434,7 +434,7 @@ class Writer:
         if self._inline_session is None:
             # One for every batch: it only carries the connection to the driver functions
             # (its pool refuses to connect, so it never holds a connection, a transaction or
-            # an object), and building a session costs ~40 us of CPU.
+            # an object), and building a session per batch would cost CPU for nothing.
             self._inline_session = AsyncSession(bind=self._no_pool, expire_on_commit=False)
             self._inline_session.info[INLINE_SQLITE] = inline
         session = self._inline_session

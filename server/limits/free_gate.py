@@ -3,17 +3,14 @@
 committed when it answers — on a connection of the gate's own, beside the group-commit
 writer.
 
-Why (measured 2026-11-27 on PostgreSQL, one server process, a 2-core VM: bench.limits and
-the writer's counters): at concurrency 16 the writer is busy all the time, committing batches
-of about 8 units in 5.5-6.6 ms. A `:free` request was the only one with two units (its count
-before the provider call, its settlement after), and each unit's statement is a round trip
-that waits for the busy event loop: the counts lengthened every batch and each request
-waited behind settlements twice — p50 +3-6 ms, 9-24% of the throughput (17-19% in the
-README's runs), while the server's CPU per request grew by only 0.1-0.2 ms. Here the count
-runs concurrently with the writer and with other counts, at about a writer unit's CPU (a
-held asyncpg connection: no pool checkout, no ping, no BEGIN or COMMIT round trip);
-PostgreSQL commits it on its own (about 0.1 ms more of its CPU per request). After: 4-9%,
-p50 +2.7-3.7 ms, in runs interleaved with the code before it.
+Why: under load the group-commit writer is busy all the time. A `:free` request was the
+only one with two writer units (its count before the provider call, its settlement after),
+and each unit's statement is a round trip that waits for the busy event loop: the counts
+lengthened every batch and each request waited behind settlements twice, while the CPU it
+used barely grew — the cost was waiting, not work. Here the count runs concurrently with
+the writer and with other counts, at about a writer unit's CPU (a held asyncpg connection:
+no pool checkout, no ping, no BEGIN or COMMIT round trip), and PostgreSQL commits it on its
+own. The figures, before and after, are on the documentation's performance page.
 
 What keeps the guarantees (as when the count was a writer unit):
 - Exact: the statement's row locks (minute, then day: the order _GATES takes them) order it

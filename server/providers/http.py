@@ -139,8 +139,8 @@ def no_cookies() -> http.cookiejar.CookieJar:
 
 class _NoCookies(httpx.Cookies):
     """The client's cookies over `no_cookies()`: a response is not even looked at (httpx
-    would build a urllib request per response for the jar to ignore: ~70 us of CPU per
-    provider call, bench.provider_call)."""
+    would build a urllib request per response for the jar to ignore, on every provider call:
+    `python -m bench.provider_call` measures it)."""
 
     def extract_cookies(self, response: httpx.Response) -> None:
         return None

@@ -32,7 +32,8 @@ def _palette(prompt: str, seed: int | None) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def render_mp4(params: dict[str, Any]) -> bytes:
-    # PyAV, numpy and Pillow (~38 MiB) load on the first render, not in every server process.
+    # PyAV, numpy and Pillow (large in memory) load on the first render, not in every server
+    # process.
     import av
     import numpy as np
     from PIL import Image, ImageDraw, ImageFont
@@ -81,9 +82,8 @@ def render_mp4(params: dict[str, Any]) -> bytes:
 
 class LocalVideoAdapter:
     """Renders in worker threads, a bounded number at once (it is CPU-bound). Threads, not
-    processes: libx264 and Pillow release the GIL while they work (measured: rendering
-    1280x720 for 4 s in a thread left the event loop's thread without the GIL for at most
-    24 ms at a time, 1.7 ms on average), and the MP4 need not be copied between processes.
+    processes: libx264 and Pillow release the GIL while they work, so a render in a thread
+    leaves the event loop's thread running, and the MP4 need not be copied between processes.
     `max_parallel` render at once per server process, however many jobs the video worker
     runs at once (GATEWAY_VIDEO_JOBS_AT_ONCE): the others wait for a slot."""
 

@@ -4,9 +4,9 @@ pool per origin under httpx's limits and timeouts. An `httpx.AsyncBaseTransport`
 documented extension point), so callers keep the one httpx client and its exception types.
 
 Why not httpx's own transport (httpcore's pool, the h11 state machine, anyio): a provider call
-of a transcription (a 32 KB upload, a small JSON answer) spent about 310-350 us of CPU in
-httpcore and h11 even over an asyncio network backend of ours, against about 60 us for the
-same bytes written and read on a bare asyncio connection; the provider call was the largest
+of a transcription (a 32 KB upload, a small JSON answer) spent several times the CPU in
+httpcore and h11, even over an asyncio network backend of ours, that the same bytes cost
+written and read on a bare asyncio connection; the provider call was the largest
 piece of the gateway's CPU per transcription left above its floor (issue 17; `python -m
 bench.provider_call`). Here a request's head and body up to
 64 KiB leave in one send, a read of bytes already received returns at once, a wait is one

@@ -76,8 +76,8 @@ STORAGE_BASE = "https://storage.googleapis.com"
 
 def _refresh(credentials: service_account.Credentials) -> None:
     """Mint a token (blocking: runs in a worker thread). google-auth's transport brings in
-    `requests` and urllib3 (~7 MiB per server process): imported here, on a gateway's first
-    Vertex call, rather than at start-up by every gateway."""
+    `requests` and urllib3, whose memory every server process would carry: imported here, on
+    a gateway's first Vertex call, rather than at start-up by every gateway."""
     import google.auth.transport.requests
 
     credentials.refresh(google.auth.transport.requests.Request())  # type: ignore[no-untyped-call]

@@ -2,8 +2,8 @@
 
 A transcription by a cached caller (server/auth.py, guardrails and BYOK caches) reads
 nothing in its own session: admission goes through its lease or the group-commit writer,
-settlement through the writer. Making and closing an AsyncSession nobody uses costs about
-40 us of SQLAlchemy per request; LazySession makes it on first use (a stamp read, a cache
+settlement through the writer. Making and closing an AsyncSession nobody uses costs
+SQLAlchemy's work on every request; LazySession makes it on first use (a stamp read, a cache
 miss, the failure path) and closes only what it made."""
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def _budget(deadline: float | None) -> float | None:
 
 async def _end_reads(session: AsyncSession) -> None:
     """End the session's reads, if it made any: cached callers (the common case) made none,
-    and a commit of no transaction still runs SQLAlchemy's whole commit (20 us) for nothing
+    and a commit of no transaction still runs SQLAlchemy's whole commit for nothing
     (the sessions do not expire on commit)."""
     if session.in_transaction():
         await session.commit()

@@ -266,7 +266,7 @@ class S3ContentStore:
                 Bucket=self.bucket, Key=key, UploadId=upload_id
             )
         except (ClientError, BotoCoreError):
-            # Left to the bucket's lifecycle rule (README: AbortIncompleteMultipartUpload).
+            # Left to the bucket's AbortIncompleteMultipartUpload rule (docs/operating.md).
             pass
 
     async def exists(self, job_id: str, index: int) -> bool:

@@ -30,7 +30,7 @@ from typing import Any
 
 import trustme
 
-from tests.fakes.listener import BurstHTTPServer
+from testkit.fakes.listener import BurstHTTPServer
 
 CHUNK = 64 * 1024
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from tests.fakes.listener import BurstHTTPServer
+from testkit.fakes.listener import BurstHTTPServer
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

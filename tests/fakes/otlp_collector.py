@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.support.eventually import eventually
+from testkit.eventually import eventually
 
 
 def _value(value: AnyValue) -> Any:

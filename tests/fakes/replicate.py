@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from tests.fakes.video_providers import VIDEO
+from testkit.fakes.video_providers import VIDEO
 
 API_KEY = "r8_fake-replicate-token"
 THROTTLE_SECONDS = 7

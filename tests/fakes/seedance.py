@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from tests.fakes.video_providers import VIDEO
+from testkit.fakes.video_providers import VIDEO
 
 API_KEY = "fake-ark-key"
 PREFIX = "/api/v3/contents/generations/tasks"

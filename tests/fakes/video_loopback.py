@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.fakes.listener import BurstHTTPServer
-from tests.fakes.video_providers import VIDEO
+from testkit.fakes.listener import BurstHTTPServer
+from testkit.fakes.video_providers import VIDEO
 
 # Prompt words that script a video fake (otherwise a job completes on its second look):
 # "refuse" - the provider refuses the prompt (its content-safety error) at submission;

@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 
 from server.db.engine import create_engine, session_factory
+from testkit.admin import Admin, IssuedKey
+from testkit.eventually import eventually
+from testkit.processes import GatewayProcess
 from tests.conftest import Databases
-from tests.support.admin import Admin, IssuedKey
-from tests.support.eventually import eventually
-from tests.support.processes import GatewayProcess
 from tests.support.rss import children
 
 # Short bounds: restart quickly, and give up at the second death within a minute.

@@ -21,9 +21,9 @@ import pytest
 import pytest_asyncio
 
 from server.db.models import CreditHold
+from testkit.fakes.openai_stt import FakeSttProvider
+from testkit.fakes.webhook_receiver import WebhookReceiver
 from tests.conftest import Databases, OwnGateway, own_gateway
-from tests.fakes.openai_stt import FakeSttProvider
-from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.early_reply import Answer, post
 from tests.support.rss import RssSampler, descendants, rss_bytes, settle_rss
 from tests.test_transcription import audio_body

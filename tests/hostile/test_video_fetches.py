@@ -30,11 +30,11 @@ import pytest_asyncio
 
 from server.db.engine import create_engine, session_factory
 from server.db.models import CreditHold
+from testkit.admin import Admin, IssuedKey
+from testkit.eventually import eventually
+from testkit.processes import GatewayProcess, refusing_port
 from tests.conftest import Databases
 from tests.fakes.hostile_peer import HostilePeer
-from tests.support.admin import Admin, IssuedKey
-from tests.support.eventually import eventually
-from tests.support.processes import GatewayProcess, refusing_port
 from tests.support.rss import RssSampler, settle_rss
 
 MiB = 1024 * 1024

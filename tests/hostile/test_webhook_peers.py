@@ -23,11 +23,11 @@ import pytest_asyncio
 
 from server.db.engine import create_engine, session_factory
 from server.db.models import WebhookDelivery, Workspace
+from testkit.admin import Admin
+from testkit.eventually import eventually
+from testkit.processes import GatewayProcess
 from tests.conftest import Databases
 from tests.fakes.hostile_peer import HostilePeer
-from tests.support.admin import Admin
-from tests.support.eventually import eventually
-from tests.support.processes import GatewayProcess
 from tests.support.rss import RssSampler, rss_bytes, settle_rss
 
 MiB = 1024 * 1024

@@ -21,8 +21,8 @@ import yaml
 from jsonschema_rs import Draft202012Validator  # schemathesis's own validator
 
 from server.db.models import CreditHold, LedgerEntry
-from tests.support.admin import Admin, IssuedKey
-from tests.support.eventually import eventually
+from testkit.admin import Admin, IssuedKey
+from testkit.eventually import eventually
 
 if TYPE_CHECKING:
     from tests.conftest import Stack

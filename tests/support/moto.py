@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.processes import free_port
+from testkit.processes import free_port
 
 REGION = "us-east-1"
 ACCESS_KEY = "moto-test-access"

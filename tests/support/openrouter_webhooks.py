@@ -1,6 +1,6 @@
 """A receiver's check of OpenRouter's webhook signature, written from OpenRouter's docs
 (https://openrouter.ai/docs/cookbook/video-generation/video-generation-webhooks), not from
-the gateway's signer: the same code the README shows receivers."""
+the gateway's signer: the same code docs/rest-api.md shows receivers."""
 
 from __future__ import annotations
 

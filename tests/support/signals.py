@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.eventually import eventually
-from tests.support.processes import GatewayProcess
+from testkit.eventually import eventually
+from testkit.processes import GatewayProcess
 
 
 async def metric_total(gateway: GatewayProcess, name: str, **labels: str) -> int:

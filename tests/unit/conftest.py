@@ -23,9 +23,8 @@ from server.db.models import Account  # noqa: F401 (registers every table on the
 from server.db.writer import Writer
 from server.limits.leases import BudgetLeases
 from server.observability.metrics import Metrics
-from tests.conftest import Databases
-from tests.support.admin import Admin
-from tests.support.domain import (
+from testkit.admin import Admin
+from testkit.domain import (
     PROVIDER_KEY,
     PROVIDER_KEY_ENV,
     Domain,
@@ -33,6 +32,7 @@ from tests.support.domain import (
     start_clock,
     unit_catalog,
 )
+from tests.conftest import Databases
 
 
 @pytest_asyncio.fixture(scope="session")

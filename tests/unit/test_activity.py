@@ -17,8 +17,8 @@ from server.errors import GatewayError
 from server.observability.activity import activity, list_generations, page_of
 from server.observability.generations import store_generation
 from server.videos.listing import delivery_document, job_deliveries, job_summary, list_jobs
-from tests.support.admin import IssuedKey
-from tests.support.domain import Domain
+from testkit.admin import IssuedKey
+from testkit.domain import Domain
 
 
 async def _generation(

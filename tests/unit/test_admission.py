@@ -12,8 +12,8 @@ from server.billing.holds import Hold, release_hold
 from server.db.models import CreditHold
 from server.errors import GatewayError
 from server.limits.free_models import DAILY_LIMIT_LOW, REQUESTS_PER_MINUTE
-from tests.support.admin import IssuedKey
-from tests.support.domain import Domain
+from testkit.admin import IssuedKey
+from testkit.domain import Domain
 
 FREE = "unit/chat:free"
 START = datetime(2026, 7, 1, 10, 0, 30, tzinfo=UTC)

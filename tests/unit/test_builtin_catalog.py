@@ -30,8 +30,8 @@ from server.routing.catalog import (
 from server.routing.fallback import route
 from server.services.videos import model_message
 from server.transcription.request import TranscriptionInput
-from tests.support.audio import fixture
-from tests.support.domain import PROVIDER_KEY_ENV, Domain, video_input
+from testkit.audio import fixture
+from testkit.domain import PROVIDER_KEY_ENV, Domain, video_input
 from tests.support.provider_catalog import PROVIDER_CATALOG, provider_catalog
 
 # Every credential variable the built-in catalog and the provider entries name: unset here.

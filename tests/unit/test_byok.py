@@ -32,9 +32,9 @@ from server.vault.crypto import MasterKey
 from server.videos import jobs
 from server.videos.content import LocalContentStore
 from server.workers.video_worker import VideoWorker
-from tests.support.admin import IssuedKey
-from tests.support.audio import fixture
-from tests.support.domain import PROVIDER_KEY, Domain, InlinePool, video_input
+from testkit.admin import IssuedKey
+from testkit.audio import fixture
+from testkit.domain import PROVIDER_KEY, Domain, InlinePool, video_input
 
 BYOK_KEY = "sk-workspace-own-key-0123456789abcd"
 OTHER_BYOK_KEY = "sk-workspace-second-key-9876543210wxyz"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from server.routing.catalog import CatalogError, load_catalog
-from tests.support.domain import PROVIDER_KEY_ENV, unit_catalog
+from testkit.domain import PROVIDER_KEY_ENV, unit_catalog
 
 
 def test_the_unit_catalog_parses_with_endpoints_in_fallback_order(tmp_path: Path) -> None:

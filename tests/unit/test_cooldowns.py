@@ -25,7 +25,7 @@ from server.routing.fallback import route
 from server.videos import jobs
 from server.videos.content import LocalContentStore
 from server.workers.video_worker import VideoWorker
-from tests.support.domain import Domain, video_input
+from testkit.domain import Domain, video_input
 
 FIRST = Endpoint(provider="first", adapter="openai", base_url="https://first.example/v1")
 SECOND = Endpoint(provider="second", adapter="openai", base_url="https://second.example/v1")

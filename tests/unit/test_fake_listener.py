@@ -1,4 +1,4 @@
-"""The loopback fakes take a burst of new connections at once (tests/fakes/listener.py)."""
+"""The loopback fakes take a burst of new connections at once (testkit/fakes/listener.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import Counter
 
 import httpx
 
-from tests.fakes.openai_stt import FakeSttProvider
+from testkit.fakes.openai_stt import FakeSttProvider
 
 
 async def test_the_fake_provider_answers_a_burst_of_new_connections() -> None:

@@ -19,9 +19,9 @@ from server.limits.admission import AloneAdmission, is_free_count_alone
 from server.limits.free_gate import FreeGate
 from server.limits.free_models import DAILY_LIMIT_LOW, REQUESTS_PER_MINUTE
 from server.limits.guardrail_budgets import GuardrailBudget
-from tests.support.admin import IssuedKey
-from tests.support.domain import Domain
-from tests.support.eventually import eventually
+from testkit.admin import IssuedKey
+from testkit.domain import Domain
+from testkit.eventually import eventually
 
 NOW = datetime(2026, 7, 1, 10, 0, 30, tzinfo=UTC)
 MINUTE = NOW.replace(second=0)

@@ -15,8 +15,8 @@ from server.observability.generations import (
     generation_not_found,
 )
 from server.transcription.request import TranscriptionInput
-from tests.support.audio import fixture
-from tests.support.domain import Domain
+from testkit.audio import fixture
+from testkit.domain import Domain
 
 
 async def test_a_transcription_is_found_by_its_generation_id_in_its_workspace_only(

@@ -23,8 +23,8 @@ from server.limits.guardrail_budgets import (
     budget_layers,
     effective_budget,
 )
-from tests.support.admin import IssuedKey
-from tests.support.domain import Domain
+from testkit.admin import IssuedKey
+from testkit.domain import Domain
 
 START = datetime(2026, 7, 1, 10, 0, tzinfo=UTC)  # a Wednesday
 PRICE = usd_to_micros(Decimal("0.3"))

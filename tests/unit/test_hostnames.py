@@ -17,7 +17,7 @@ from server.auth import Principal
 from server.errors import GatewayError
 from server.hostnames import VALID_AUTHORITY, InvalidHost, host_of
 from server.vault.access import vault_scope
-from tests.support.domain import Domain
+from testkit.domain import Domain
 from tests.unit.test_facade_skips import PLAIN, _filters, _holds, _skip_predicate
 
 INVALID = [

@@ -1,6 +1,6 @@
 """The layout is the architecture: every import (module-level and function-local, read with
 ast) runs down the layers below, and no two of server's packages import each other, however
-indirectly. The README's Architecture section draws the same table; change both together.
+indirectly. docs/architecture.md draws the same table; change both together.
 
 A new arrow the wrong way (a domain package importing a handler, the contract or the wiring;
 a facade module reaching past the server's foundation) fails here, naming the module, the
@@ -198,3 +198,18 @@ def test_the_reader_sees_function_local_imports() -> None:
     """`gateway up` imports the embedded stack inside its command function."""
     found = {i.target for i in _imports("server") if i.module == "server.cli"}
     assert "facade.stack.run_stack" in found
+
+
+def test_bench_and_testkit_never_import_tests() -> None:
+    """The benchmarks run from a checkout without the test suite's internals: what both
+    need (starting a gateway, fakes, audio, the test catalog) lives in testkit/, which
+    stands on server/ alone."""
+    wrong = [
+        str(imp)
+        for top in ("bench", "testkit")
+        for imp in _imports(top)
+        if _is_package_of(imp.target, "tests")
+    ]
+    assert wrong == []
+    wrong = [str(imp) for imp in _imports("testkit") if _is_package_of(imp.target, "bench")]
+    assert wrong == [], "testkit is below bench and tests: bench imports it, not the reverse"

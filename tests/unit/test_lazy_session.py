@@ -7,7 +7,7 @@ import sqlalchemy as sa
 
 from server.db.models import Account
 from server.transcription.session import LazySession
-from tests.support.domain import Domain
+from testkit.domain import Domain
 
 
 async def test_an_unused_session_is_never_made(domain: Domain) -> None:

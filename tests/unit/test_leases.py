@@ -13,8 +13,8 @@ from server.billing.holds import DEFAULT_HOLD_TTL, sweep_expired_holds
 from server.db.models import CreditHold
 from server.errors import GatewayError
 from server.limits.leases import LEASE_WINDOW, SLICE_REQUESTS, BudgetLeases
-from tests.support.admin import IssuedKey
-from tests.support.domain import Domain
+from testkit.admin import IssuedKey
+from testkit.domain import Domain
 
 
 async def _holds(domain: Domain, issued: IssuedKey) -> list[CreditHold]:

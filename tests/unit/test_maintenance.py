@@ -27,7 +27,7 @@ from server.maintenance.maintenance import BATCH
 from server.observability.metrics import Metrics
 from server.videos import jobs
 from server.videos.content import LocalContentStore
-from tests.support.admin import Admin, IssuedKey
+from testkit.admin import Admin, IssuedKey
 
 NOW = datetime(2026, 7, 2, 10, 30, 20, tzinfo=UTC)
 _WINDOWS = RateWindow.__table__  # type: ignore[attr-defined]

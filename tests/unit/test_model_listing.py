@@ -12,8 +12,8 @@ import pytest
 from server.errors import GatewayError
 from server.routing.catalog import Catalog
 from server.routing.listing import ModelQuery, describe, list_models, usd_string
-from tests.support import domain
-from tests.support.domain import PROVIDER_KEY_ENV
+from testkit import domain
+from testkit.domain import PROVIDER_KEY_ENV
 
 TODAY = date(2026, 11, 27)
 

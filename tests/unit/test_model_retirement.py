@@ -19,7 +19,7 @@ from server.routing.listing import describe
 from server.routing.readiness import report
 from server.services.videos import model_message
 from server.videos.request import parse_video_request
-from tests.support.domain import Domain, write_unit_catalog
+from testkit.domain import Domain, write_unit_catalog
 
 RETIRES = date(2026, 9, 24)
 DAY_BEFORE = date(2026, 9, 23)

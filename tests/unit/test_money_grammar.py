@@ -16,7 +16,7 @@ from server.accounts.provisioning import add_workspace_credits, workspace_for_op
 from server.billing.money import MAX_MICROS, AmountError, exact_micros, parse_usd
 from server.errors import GatewayError
 from server.services.rpc import usd_or_null
-from tests.support.domain import Domain
+from testkit.domain import Domain
 from tests.unit.test_cli_commands import Run, _as_an_operator, _one_clear_line, data, gateway
 
 __all__ = ["_as_an_operator", "data", "gateway"]  # fixtures shared with the CLI's tests

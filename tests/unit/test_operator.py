@@ -25,7 +25,7 @@ from server.accounts.provisioning import (
 )
 from server.db.models import OperatorKey
 from server.errors import GatewayError
-from tests.support.domain import Domain
+from testkit.domain import Domain
 
 
 async def _accepted(domain: Domain, key: str) -> bool:

@@ -32,8 +32,8 @@ from server.guardrails.cache import GuardrailsCache
 from server.guardrails.store import create_guardrail
 from server.limits.free_models import admit_free_request
 from server.limits.key_status import key_status_and_stamp, read_key_status_and_stamp
-from tests.support.admin import IssuedKey
-from tests.support.domain import Domain
+from testkit.admin import IssuedKey
+from testkit.domain import Domain
 
 
 @dataclass

@@ -23,7 +23,7 @@ from server.errors import GatewayError
 from server.observability.metrics import Metrics
 from server.services.rpc import ObservedServer, RequestObserver
 from server.transcription.body import BODY_COPIES, BodyBudget, declared_length, read_body
-from tests.support.eventually import eventually
+from testkit.eventually import eventually
 
 MIB = 1024 * 1024
 

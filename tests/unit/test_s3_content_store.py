@@ -26,8 +26,8 @@ from server.videos.content import (
     content_store,
 )
 from server.videos.s3_content import MIN_PART, S3ContentStore, part_size
+from testkit.processes import refusing_port
 from tests.support.moto import SECRET_KEY, MotoS3
-from tests.support.processes import refusing_port
 
 JOB = "vid_0123abcd"
 MiB = 1024 * 1024

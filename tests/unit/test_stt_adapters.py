@@ -37,11 +37,12 @@ from server.providers.stt import SttCall, Word, segments_from_words
 from server.routing.catalog import load_catalog
 from server.transcription.request import TranscriptionInput
 from server.transcription.transcriber import Transcriber
-from tests.fakes import assemblyai, azure_openai, deepgram, elevenlabs, openai_stt
-from tests.support.audio import fixture
-from tests.support.domain import Domain, InlinePool
+from testkit.audio import fixture
+from testkit.domain import Domain, InlinePool
+from testkit.fakes import openai_stt
+from tests.fakes import assemblyai, azure_openai, deepgram, elevenlabs
 
-HELLO_SECONDS = Decimal("1.075125")  # tests/fixtures/hello.wav, as the gateway decodes it
+HELLO_SECONDS = Decimal("1.075125")  # testkit/fixtures/hello.wav, as the gateway decodes it
 KEY_ENV = "UNIT_STT_VENDOR_KEY"
 Handler = Callable[[httpx.Request], httpx.Response]
 

@@ -8,7 +8,7 @@ import signal
 from datetime import timedelta
 
 from facade.supervision import RestartBudget, how_it_ended
-from tests.support.domain import start_clock
+from testkit.domain import start_clock
 
 
 def test_the_backoff_doubles_up_to_its_max_and_the_limit_gives_up() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from server.db.models import CreditHold, Generation
 from server.errors import GatewayError
-from tests.support.domain import Domain, stt_input
+from testkit.domain import Domain, stt_input
 
 
 async def test_success_charges_once_and_the_counters_match_the_ledger(domain: Domain) -> None:

@@ -8,7 +8,7 @@ import pytest
 from server.errors import GatewayError
 from server.vault import store
 from server.vault.crypto import MasterKey
-from tests.support.domain import Domain
+from testkit.domain import Domain
 
 
 async def test_one_secret_of_its_own_scope_only(domain: Domain) -> None:

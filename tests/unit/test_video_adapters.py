@@ -33,8 +33,8 @@ from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.video import VideoAdapter, VideoCall, VideoProgress
 from server.videos.options import size_of
 from server.webhooks.targets import dns_lookup
+from testkit.fakes.video_providers import VIDEO
 from tests.fakes import dashscope, fal, replicate, seedance
-from tests.fakes.video_providers import VIDEO
 from tests.support.catalog_offers import catalog_offers
 from tests.support.video_content import download, video_bytes
 

@@ -22,8 +22,8 @@ from server.videos.cancel import cancel_job
 from server.videos.content import LocalContentStore
 from server.videos.request import VideoInput
 from server.workers.video_worker import VideoWorker
-from tests.support.admin import IssuedKey
-from tests.support.domain import Domain
+from testkit.admin import IssuedKey
+from testkit.domain import Domain
 
 HOOK = "https://hooks.test/cancel"
 

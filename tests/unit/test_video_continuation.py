@@ -17,8 +17,8 @@ from server.videos import jobs
 from server.videos.content import LocalContentStore
 from server.videos.request import VideoInput
 from server.workers.video_worker import VideoWorker
-from tests.support.admin import IssuedKey
-from tests.support.domain import Domain
+from testkit.admin import IssuedKey
+from testkit.domain import Domain
 
 
 def _video(model: Model, previous_job_id: str | None = None) -> VideoInput:

@@ -12,7 +12,7 @@ from server.providers.video import VideoCall, VideoProgress
 from server.videos import jobs
 from server.videos.content import LocalContentStore
 from server.workers.video_worker import VideoWorker
-from tests.support.domain import Domain, video_input
+from testkit.domain import Domain, video_input
 
 
 class NeverEnding:

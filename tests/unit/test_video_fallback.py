@@ -22,10 +22,10 @@ from server.routing.catalog import Catalog, load_catalog
 from server.videos import jobs
 from server.videos.content import LocalContentStore
 from server.workers.video_worker import VideoWorker
+from testkit.admin import IssuedKey
+from testkit.domain import Domain, video_input
+from testkit.fakes.video_providers import VIDEO
 from tests.fakes import fal, replicate, seedance
-from tests.fakes.video_providers import VIDEO
-from tests.support.admin import IssuedKey
-from tests.support.domain import Domain, video_input
 
 PRICE_MICROS = 100_000  # 0.05 USD/s for 2 s
 CAPS = """kind = "video"

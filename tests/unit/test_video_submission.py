@@ -15,8 +15,8 @@ from server.errors import GatewayError
 from server.limits.guardrail_budgets import GuardrailBudget
 from server.videos import jobs
 from server.videos.request import VideoInput
-from tests.support.admin import IssuedKey
-from tests.support.domain import Domain, video_input
+from testkit.admin import IssuedKey
+from testkit.domain import Domain, video_input
 
 JOB_MICROS = 100_000  # unitvideo/ok: 0.05 USD/s for 2 s
 

@@ -12,8 +12,8 @@ from server.db.models import CreditHold, Generation, VideoJob
 from server.videos import jobs
 from server.videos.content import LocalContentStore
 from server.workers.video_worker import VideoWorker
-from tests.support.admin import IssuedKey
-from tests.support.domain import VIDEO_BYTES, Domain, video_input
+from testkit.admin import IssuedKey
+from testkit.domain import VIDEO_BYTES, Domain, video_input
 
 PRICE_MICROS = 100_000  # 0.05 USD/s for 2 s
 

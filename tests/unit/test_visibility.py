@@ -14,8 +14,8 @@ from server.auth import Principal, own_records, sees, visible
 from server.errors import GatewayError, not_found
 from server.videos import jobs
 from server.videos.cancel import cancel_job
-from tests.support.admin import IssuedKey
-from tests.support.domain import Domain, video_input
+from testkit.admin import IssuedKey
+from testkit.domain import Domain, video_input
 
 
 @dataclass

@@ -29,7 +29,7 @@ from server.transcription.wav import (
     SUBFORMAT_TAIL,
     read_wav,
 )
-from tests.support.audio import fixture, speech
+from testkit.audio import fixture, speech
 
 U32 = st.integers(0, 0xFFFFFFFF)
 SETTINGS = settings(

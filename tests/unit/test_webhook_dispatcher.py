@@ -27,9 +27,9 @@ from server.vault.crypto import MasterKey
 from server.vault.webhook_secrets import workspace_secret
 from server.webhooks.signing import openrouter_signature
 from server.workers.webhook_dispatcher import RETRY_SCHEDULE, WebhookDispatcher
+from testkit.domain import Domain
+from testkit.eventually import eventually
 from tests.fakes.hostile_peer import HostilePeer
-from tests.support.domain import Domain
-from tests.support.eventually import eventually
 
 PAYLOAD = json.dumps(
     {"type": "video.generation.completed", "data": {"id": "vid_x", "status": "completed"}}

@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from server.providers.local_video import render_mp4
-from tests.fakes.openai_stt import API_KEY
+from testkit.fakes.openai_stt import API_KEY
 
 VIDEO = render_mp4({"width": 320, "height": 240, "duration": 1, "prompt": "fake provider"})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.processes import refusing_port
+from testkit.processes import refusing_port
 
 FAKE_KEY_ENV = "FAKE_STT_KEY"
 

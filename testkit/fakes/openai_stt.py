@@ -28,7 +28,7 @@ from typing import Any
 from python_multipart.multipart import parse_options_header
 
 from server.transcription.request import multipart_parts
-from tests.fakes.listener import BurstHTTPServer
+from testkit.fakes.listener import BurstHTTPServer
 
 API_KEY = "fake-provider-secret"
 

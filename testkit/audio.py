@@ -10,7 +10,7 @@ from pathlib import Path
 
 import av
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 # container format, codec, muxer options, codec options
 ENCODINGS: dict[str, tuple[str, str, dict[str, str], dict[str, str]]] = {
@@ -72,7 +72,7 @@ def speech(seconds: float, fmt: str = "wav") -> bytes:
     clips = []
     for name in ("door", "hello"):
         resampler = av.AudioResampler(format="s16", layout="mono", rate=16000)
-        with av.open(io.BytesIO(fixture(name))) as source:
+        with av.open(io.BytesIO(fixture(name)), mode="r") as source:
             frames = [out for f in source.decode(audio=0) for out in resampler.resample(f)]
         frames += resampler.resample(None)
         clips.append(np.concatenate([f.to_ndarray().reshape(-1) for f in frames]))
@@ -103,10 +103,11 @@ def encode_bytes(fmt: str, wav: bytes) -> bytes:
     """A WAV re-encoded into `fmt` (one of ENCODINGS)."""
     container_format, codec, mux_options, codec_options = ENCODINGS[fmt]
     out = io.BytesIO()
-    with av.open(io.BytesIO(wav)) as source:
+    with av.open(io.BytesIO(wav), mode="r") as source:
         with av.open(out, mode="w", format=container_format, options=mux_options) as target:
             rate = 48000 if codec == "libopus" else 16000 if codec != "aac" else 44100
             stream = target.add_stream(codec, rate=rate, options=codec_options)
+            assert isinstance(stream, av.AudioStream), codec
             stream.layout = "mono"
             resampler = av.AudioResampler(format=stream.format.name, layout="mono", rate=rate)
             for frame in source.decode(audio=0):
@@ -125,7 +126,7 @@ def retimed(data: bytes, divide_by: float, container_format: str = "webm") -> by
     """`data` remuxed (no re-encoding) with every packet's pts, dts and duration divided by
     `divide_by`: the samples are all there, the timestamps claim a fraction of them."""
     out = io.BytesIO()
-    with av.open(io.BytesIO(data)) as source:
+    with av.open(io.BytesIO(data), mode="r") as source:
         with av.open(out, mode="w", format=container_format) as target:
             original = source.streams.audio[0]
             stream = target.add_stream_from_template(original)
@@ -143,7 +144,7 @@ def retimed(data: bytes, divide_by: float, container_format: str = "webm") -> by
 def adts(name: str = "hello") -> bytes:
     """The fixture as raw AAC in ADTS frames (the `aac` format): the M4A's packets remuxed."""
     out = io.BytesIO()
-    with av.open(io.BytesIO(encode("m4a", name))) as source:
+    with av.open(io.BytesIO(encode("m4a", name)), mode="r") as source:
         with av.open(out, mode="w", format="adts") as target:
             original = source.streams.audio[0]
             stream = target.add_stream_from_template(original)

@@ -7,8 +7,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-import sqlalchemy as sa
-from sqlmodel import SQLModel
+from sqlmodel import SQLModel, func, select
 
 from server.accounts import keys as key_store
 from server.accounts import workspaces
@@ -17,7 +16,7 @@ from server.billing.money import usd_to_micros
 from server.clock import Clock, SystemClock
 from server.db.engine import SessionFactory
 from server.db.models import ApiKey, CreditHold, Intern, Workspace
-from tests.support.eventually import eventually
+from testkit.eventually import eventually
 
 
 @dataclass
@@ -112,8 +111,8 @@ class Admin:
     async def count(self, table: type[SQLModel], *where: Any) -> int:
         """Rows of `table` matching `where`."""
         async with self.sessions() as session:
-            statement = sa.select(sa.func.count()).select_from(table).where(*where)
-            return int((await session.exec(statement)).scalar_one())
+            statement = select(func.count()).select_from(table).where(*where)
+            return int((await session.exec(statement)).one())
 
     async def no_hold_left(self, *where: Any, within: float = 5.0) -> None:
         """No credit hold matching `where` is left, nor a budget lease. A lease of a key's

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-import sqlalchemy as sa
 from opentelemetry.trace import NoOpTracer
-from sqlmodel import SQLModel
+from sqlmodel import SQLModel, select
 
 from server.auth import Authenticator, Principal
 from server.clock import ManualClock
@@ -31,8 +30,8 @@ from server.routing.catalog import Catalog, Model, load_catalog
 from server.transcription.request import TranscriptionInput
 from server.transcription.transcriber import Transcriber, TranscriptionResult
 from server.videos.request import VideoInput
-from tests.support.admin import Admin, IssuedKey
-from tests.support.audio import fixture
+from testkit.admin import Admin, IssuedKey
+from testkit.audio import fixture
 
 T = TypeVar("T")
 PROVIDER_KEY_ENV = "UNIT_PROVIDER_KEY"
@@ -251,7 +250,7 @@ class Domain:
 
     async def rows(self, table: type[SQLModel], *where: Any) -> list[Any]:
         async with self.sessions() as session:
-            return list((await session.exec(sa.select(table).where(*where))).scalars().all())
+            return list((await session.exec(select(table).where(*where))).all())
 
     async def count(self, table: type[SQLModel], *where: Any) -> int:
         return await self.admin.count(table, *where)
