@@ -19,10 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from bench.harness.load import LOOPBACK
-from bench.harness.processes import REPO_ROOT, peak_rss, terminate
+from bench.harness.processes import REPO_ROOT, LoopbackPeer
 from bench.harness.stt import FakeProviderProcess
 from testkit.processes import free_port
 
@@ -61,7 +59,7 @@ def ensure_venv() -> Path:
 
 
 @dataclass
-class LiteLLMProxy:
+class LiteLLMProxy(LoopbackPeer):
     provider: FakeProviderProcess
     work_dir: Path
     process: subprocess.Popen[bytes] | None = None
@@ -84,7 +82,8 @@ class LiteLLMProxy:
             "NO_PROXY": "*",
         }
         env.pop("DATABASE_URL", None)
-        log = open(self.work_dir / "litellm.log", "wb")  # lives with the process
+        log_path = self.work_dir / "litellm.log"
+        log = open(log_path, "wb")  # lives with the process
         self.process = subprocess.Popen(
             [
                 str(executable),
@@ -103,29 +102,8 @@ class LiteLLMProxy:
             stderr=subprocess.STDOUT,
         )
         print("Starting LiteLLM...", file=sys.stderr, flush=True)
-        deadline = time.monotonic() + ready_within
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                response = httpx.get(
-                    f"http://{LOOPBACK}:{self.port}/health/liveliness", timeout=1, trust_env=False
-                )
-                if response.status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"LiteLLM did not start; see {self.work_dir / 'litellm.log'}")
-
-    def stop(self) -> None:
-        if self.process is not None and not terminate(self.process, 10.0):
-            self.process.kill()
-            self.process.wait()
-
-    def peak_rss_mib(self) -> float | None:
-        if self.process is None or self.process.poll() is not None:
-            return None
-        return peak_rss(self.process.pid).server_mib
+        self.await_ready("LiteLLM", "/health/liveliness", ready_within, log_path)
+        return self
 
 
 if __name__ == "__main__":

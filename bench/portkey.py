@@ -31,10 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-import httpx
-
 from bench.harness.load import LOOPBACK
-from bench.harness.processes import REPO_ROOT, peak_rss, terminate
+from bench.harness.processes import REPO_ROOT, LoopbackPeer
 from bench.harness.stt import FakeProviderProcess
 from testkit.processes import free_port
 
@@ -128,7 +126,7 @@ def provider_headers(provider_base_url: str) -> dict[str, str]:
 
 
 @dataclass
-class PortkeyGateway:
+class PortkeyGateway(LoopbackPeer):
     provider: FakeProviderProcess
     work_dir: Path
     process: subprocess.Popen[bytes] | None = None
@@ -159,28 +157,9 @@ class PortkeyGateway:
             stderr=subprocess.STDOUT,
         )
         print("Starting Portkey...", file=sys.stderr, flush=True)
-        deadline = time.monotonic() + ready_within
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                # GET / answers "AI Gateway says hey!" once the server listens.
-                response = httpx.get(f"http://{LOOPBACK}:{self.port}/", timeout=1, trust_env=False)
-                if response.status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"Portkey did not start; see {log_path}")
-
-    def stop(self) -> None:
-        if self.process is not None and not terminate(self.process, 10.0):
-            self.process.kill()
-            self.process.wait()
-
-    def peak_rss_mib(self) -> float | None:
-        if self.process is None or self.process.poll() is not None:
-            return None
-        return peak_rss(self.process.pid).server_mib
+        # GET / answers "AI Gateway says hey!" once the server listens.
+        self.await_ready("Portkey", "/", ready_within, log_path)
+        return self
 
 
 if __name__ == "__main__":

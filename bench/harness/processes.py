@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import NoReturn, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import httpx
 
 from bench.harness.load import LOOPBACK
 from server.config import sqlite_url
@@ -215,6 +217,46 @@ def kill_tree(process: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     process.wait()
+
+
+# --- the peers measured beside the gateway -------------------------------------------------
+
+
+class LoopbackPeer:
+    """What the peers a bench measures beside the gateway (LiteLLM's proxy, Portkey's
+    gateway) share: one process serving on a loopback port, waited for until a path of it
+    answers 200, stopped by PID, its peak memory read while it runs. The subclass holds
+    `process` and `port`."""
+
+    process: subprocess.Popen[bytes] | None
+    port: int
+
+    def await_ready(self, name: str, path: str, ready_within: float, log_path: Path) -> None:
+        """Return once GET `path` answers 200; else stop the process and say where its log is."""
+        assert self.process is not None
+        deadline = time.monotonic() + ready_within
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                response = httpx.get(
+                    f"http://{LOOPBACK}:{self.port}{path}", timeout=1, trust_env=False
+                )
+                if response.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"{name} did not start; see {log_path}")
+
+    def stop(self) -> None:
+        if self.process is not None and not terminate(self.process, 10.0):
+            self.process.kill()
+            self.process.wait()
+
+    def peak_rss_mib(self) -> float | None:
+        if self.process is None or self.process.poll() is not None:
+            return None
+        return peak_rss(self.process.pid).server_mib
 
 
 # --- the gateway ----------------------------------------------------------------------------
