@@ -5,8 +5,10 @@ aside): `pytest tests/unit` runs alone in seconds."""
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -139,3 +141,20 @@ async def pg_domain(unit_pg_url: str, clock: ManualClock, tmp_path: Path) -> Asy
     built = await _domain(await _emptied(unit_pg_url), "postgres", clock, tmp_path)
     yield built
     await _close(built)
+
+
+@pytest.fixture
+def as_an_operator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For a test running the `gateway` command in-process (tests/support/cli.py): no
+    database URL or master key from the environment; the root logger (main routes every
+    logger to stderr, as the command does) and the umask as they were afterwards."""
+    monkeypatch.delenv("GATEWAY_DATABASE_URL", raising=False)
+    monkeypatch.delenv("GATEWAY_VAULT_MASTER_KEY", raising=False)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    umask = os.umask(0o022)
+    os.umask(umask)
+    yield
+    os.umask(umask)
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -6,35 +6,16 @@ tests/test_cli.py."""
 
 from __future__ import annotations
 
-import logging
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from server.cli import main
+from tests.support.cli import Ran, exit_status
 
-
-@dataclass
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@pytest.fixture(autouse=True)
-def _as_an_operator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No database URL from the environment; the root logger as it was afterwards (main
-    routes every logger to stderr, as the command does)."""
-    monkeypatch.delenv("GATEWAY_DATABASE_URL", raising=False)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("as_an_operator")
 
 
 @pytest.fixture
@@ -52,10 +33,7 @@ Run = Callable[..., Ran]  # the `gateway` command's arguments -> what it did
 @pytest.fixture
 def gateway(capsys: pytest.CaptureFixture[str], data: Path) -> Run:
     def run(*args: str) -> Ran:
-        try:
-            code = main([*args, "--data-dir", str(data)])
-        except SystemExit as exit:  # argparse refuses with exit status 2
-            code = int(exit.code or 0)
+        code = exit_status([*args, "--data-dir", str(data)])
         out, err = capsys.readouterr()
         return Ran(code, out, err)
 

@@ -4,44 +4,21 @@ database is refused instead of creating a second database and keys the gateway r
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from server.cli import main
 from server.db.engine import create_engine
 from server.vault.crypto import load_master_key
+from tests.support.cli import Ran, gateway
 
-
-@dataclass
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@pytest.fixture(autouse=True)
-def _as_an_operator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No database URL or master key from the environment; the root logger and the umask
-    as they were afterwards."""
-    monkeypatch.delenv("GATEWAY_DATABASE_URL", raising=False)
-    monkeypatch.delenv("GATEWAY_VAULT_MASTER_KEY", raising=False)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    umask = os.umask(0o022)
-    os.umask(umask)
-    yield
-    os.umask(umask)
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("as_an_operator")
 
 
 @pytest.fixture
@@ -54,16 +31,6 @@ def no_umask() -> Iterator[None]:
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
-
-
-async def gateway(capsys: pytest.CaptureFixture[str], *args: str) -> Ran:
-    """`gateway ARGS` in-process (main runs its own event loop: in a thread)."""
-    try:
-        code = await asyncio.to_thread(main, list(args))
-    except SystemExit as exit:
-        code = int(exit.code or 0)
-    out, err = capsys.readouterr()
-    return Ran(code, out, err)
 
 
 # --- item 7: modes ----------------------------------------------------------------------

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import logging
 import shutil
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,12 +17,14 @@ import pytest
 import pytest_asyncio
 import sqlalchemy as sa
 
-from server.cli import main
 from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.models import VaultKey
 from server.errors import GatewayError
 from server.vault import keycheck, store
 from server.vault.crypto import MasterKey
+from tests.support.cli import Ran, gateway
+
+pytestmark = pytest.mark.usefixtures("as_an_operator")
 
 KEY_A = b"\x0a" * 32
 KEY_B = b"\x0b" * 32
@@ -173,33 +173,6 @@ async def test_a_rotation_rolled_back_leaves_the_check_value(sessions: SessionFa
 
 
 # --- through the CLI (in-process, SQLite) ------------------------------------------------------
-
-
-@dataclass
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@pytest.fixture(autouse=True)
-def _as_an_operator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("GATEWAY_DATABASE_URL", raising=False)
-    monkeypatch.delenv("GATEWAY_VAULT_MASTER_KEY", raising=False)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-async def gateway(capsys: pytest.CaptureFixture[str], *args: str) -> Ran:
-    try:
-        code = await asyncio.to_thread(main, list(args))
-    except SystemExit as exit:
-        code = int(exit.code or 0)
-    out, err = capsys.readouterr()
-    return Ran(code, out, err)
 
 
 @pytest.fixture

@@ -6,11 +6,8 @@ next start with their value kept (receivers' signatures keep verifying)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import shutil
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,39 +15,14 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from server.cli import main
 from server.db.engine import create_engine
 from server.db.migrate import alembic_config
 from server.webhooks.secrets import new_secret
+from tests.support.cli import gateway
+
+pytestmark = pytest.mark.usefixtures("as_an_operator")
 
 BEFORE = "0013_generations_index"  # the last revision that kept the secret in clear
-
-
-@dataclass
-class Ran:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-@pytest.fixture(autouse=True)
-def _as_an_operator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("GATEWAY_DATABASE_URL", raising=False)
-    monkeypatch.delenv("GATEWAY_VAULT_MASTER_KEY", raising=False)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-async def gateway(capsys: pytest.CaptureFixture[str], *args: str) -> Ran:
-    try:
-        code = await asyncio.to_thread(main, list(args))
-    except SystemExit as exit:
-        code = int(exit.code or 0)
-    out, err = capsys.readouterr()
-    return Ran(code, out, err)
 
 
 def sqlite_bytes(data: Path) -> bytes:
