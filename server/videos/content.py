@@ -12,7 +12,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -49,6 +49,38 @@ def _size(count: int) -> str:
         if count >= scale and count % scale == 0:
             return f"{count // scale} {unit}"
     return f"{count} bytes"
+
+
+async def within_size(chunks: AsyncIterable[bytes], max_bytes: int) -> AsyncGenerator[bytes, None]:
+    """`chunks` as they come, refused past `max_bytes` (ContentTooLarge); the producer (an
+    HTTP download) is closed whatever happened: its connection given back or dropped now, not
+    when the generator is collected. Every backend's write reads through it (in
+    `contextlib.aclosing`, so a write that fails on its side closes the producer too)."""
+    size = 0
+    try:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > max_bytes:
+                raise ContentTooLarge(max_bytes)
+            yield chunk
+    finally:
+        closer = getattr(chunks, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+@contextlib.asynccontextmanager
+async def within_time(seconds: float) -> AsyncIterator[None]:
+    """A write's whole time bound, the producer's waits included: ContentTooSlow past it (a
+    TimeoutError of anything else inside goes on as it is)."""
+    deadline = asyncio.timeout(seconds)
+    try:
+        async with deadline:
+            yield
+    except TimeoutError:
+        if deadline.expired():
+            raise ContentTooSlow(seconds) from None
+        raise
 
 
 def content_key(job_id: str, index: int) -> str:
@@ -124,11 +156,8 @@ class LocalContentStore:
         handle, scratch = await asyncio.to_thread(self._scratch, path)
         stored = False
         try:
-            try:
-                async with asyncio.timeout(seconds):
-                    size = await self._copy(chunks, handle, max_bytes)
-            except TimeoutError:
-                raise ContentTooSlow(seconds) from None
+            async with within_time(seconds):
+                size = await self._copy(chunks, handle, max_bytes)
             await asyncio.to_thread(self._commit, handle, scratch, path)
             stored = True
             return size
@@ -141,22 +170,14 @@ class LocalContentStore:
         size = 0
         batch: list[bytes] = []
         batched = 0
-        try:
-            async for chunk in chunks:
+        async with contextlib.aclosing(within_size(chunks, max_bytes)) as bounded:
+            async for chunk in bounded:
                 size += len(chunk)
-                if size > max_bytes:
-                    raise ContentTooLarge(max_bytes)
                 batch.append(chunk)
                 batched += len(chunk)
                 if batched >= _WRITE_BATCH:
                     await asyncio.to_thread(handle.write, b"".join(batch))
                     batch, batched = [], 0
-        finally:
-            # The producer (an HTTP download) is closed whatever happened: its connection
-            # is given back or dropped now, not when the generator is collected.
-            closer = getattr(chunks, "aclose", None)
-            if closer is not None:
-                await closer()
         if batch:
             await asyncio.to_thread(handle.write, b"".join(batch))
         return size

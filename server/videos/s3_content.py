@@ -29,9 +29,9 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from server.videos.content import (
     CHUNK,
     ContentStoreUnavailable,
-    ContentTooLarge,
-    ContentTooSlow,
     content_key,
+    within_size,
+    within_time,
 )
 
 if TYPE_CHECKING:
@@ -187,16 +187,11 @@ class S3ContentStore:
         key = self.key(job_id, index)
         upload: dict[str, Any] = {}  # the multipart upload, once one was begun
         stored = False
-        deadline = asyncio.timeout(seconds)
         try:
-            async with deadline:
+            async with within_time(seconds):
                 size = await self._upload(key, chunks, max_bytes, upload)
             stored = True
             return size
-        except TimeoutError:
-            if deadline.expired():
-                raise ContentTooSlow(seconds) from None
-            raise
         finally:
             if not stored and "UploadId" in upload:
                 # Shielded: a cancelled write still aborts its upload (its parts go).
@@ -213,19 +208,12 @@ class S3ContentStore:
         parts: list[dict[str, Any]] = []
         buffer = bytearray()
         size = 0
-        try:
-            async for chunk in chunks:
+        async with contextlib.aclosing(within_size(chunks, max_bytes)) as bounded:
+            async for chunk in bounded:
                 size += len(chunk)
-                if size > max_bytes:
-                    raise ContentTooLarge(max_bytes)
                 buffer += chunk
                 if len(buffer) >= part_bytes:
                     await self._part(key, upload, parts, buffer)
-        finally:
-            # The producer (an HTTP download) is closed whatever happened.
-            closer = getattr(chunks, "aclose", None)
-            if closer is not None:
-                await closer()
         if "UploadId" not in upload:  # a small video: one PUT, visible whole or not at all
             await self.client.put_object(
                 Bucket=self.bucket, Key=key, Body=bytes(buffer), ContentType="video/mp4"
