@@ -4,33 +4,18 @@ types, its exit status and the one line on stderr (never a traceback). The insta
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from server.cli import main
+from tests.support.cli import exit_status
+
+pytestmark = pytest.mark.usefixtures("as_an_operator")
 
 
 def _run(capsys: pytest.CaptureFixture[str], data_dir: Path, *args: str) -> tuple[int, str]:
-    try:
-        code = main([*args, "--data-dir", str(data_dir)])
-    except SystemExit as exit:  # argparse refuses with exit status 2
-        code = int(exit.code or 0)
+    code = exit_status([*args, "--data-dir", str(data_dir)])
     return code, capsys.readouterr().err
-
-
-@pytest.fixture(autouse=True)
-def _as_an_operator(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No database URL from the environment; the root logger as it was afterwards (main
-    routes every logger to stderr, as the command does)."""
-    monkeypatch.delenv("GATEWAY_DATABASE_URL", raising=False)
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,10 @@ from server.billing.money import MAX_MICROS, AmountError, exact_micros, parse_us
 from server.errors import GatewayError
 from server.services.rpc import usd_or_null
 from testkit.domain import Domain
-from tests.unit.test_cli_commands import Run, _as_an_operator, _one_clear_line, data, gateway
+from tests.unit.test_cli_commands import Run, _one_clear_line, data, gateway
 
-__all__ = ["_as_an_operator", "data", "gateway"]  # fixtures shared with the CLI's tests
+__all__ = ["data", "gateway"]  # fixtures shared with the CLI's tests
+pytestmark = pytest.mark.usefixtures("as_an_operator")
 
 # The language, written independently of the implementation: ASCII digits, optionally one
 # '.' followed by one to six ASCII digits. Nothing else.
