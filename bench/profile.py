@@ -274,9 +274,10 @@ def profile_path(
             "raw",
             "--rate",
             str(SAMPLE_RATE),
+            # py-spy reads C frames only while the process is paused
+            *(["--native"] if args.native else ["--nonblocking"]),
             "--output",
             str(out),
-            "--nonblocking",
         ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -354,6 +355,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--raw-dir", type=Path, help="keep py-spy's raw stacks here")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="sample C frames too (gRPC's core, SQLite): slower sampling, fewer samples",
+    )
     args = parser.parse_args(argv)
     audio = speech(1.0)
     profiles: list[PathProfile] = []

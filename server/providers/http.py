@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from functools import lru_cache, partial
 from typing import Any
 from urllib.parse import unquote_to_bytes, urljoin, urlsplit
+from urllib.request import getproxies
 
 import httpx
 
@@ -159,11 +160,28 @@ def parsed_url(url: str) -> httpx.URL:
 
 class _CookielessClient(httpx.AsyncClient):
     """httpx's client whose cookies are always `_NoCookies`, whatever is set (its public
-    `cookies` property, overridden). Everything else is httpx's own."""
+    `cookies` property, overridden). Everything else is httpx's own.
 
-    def __init__(self, **kwargs: Any) -> None:
+    `direct` is the transport every request of this client goes to when nothing else can
+    take part in a send: no auth, no event hooks, no redirects followed, no cookies, and no
+    proxy in the environment (httpx mounts one per proxy variable, read through
+    urllib's `getproxies` as httpx reads them). `send` below then hands a built request to
+    it through the public transport interface instead of the client's send, whose layers
+    (auth flow, redirect loop, hooks, cookie extraction, response wrapping) would do
+    nothing here but cost their CPU on every provider call."""
+
+    def __init__(self, *, direct: httpx.AsyncBaseTransport | None = None, **kwargs: Any) -> None:
         self._no_cookies = _NoCookies(no_cookies())
         super().__init__(**kwargs)
+        nothing_else = (
+            not kwargs.get("follow_redirects")
+            and kwargs.get("auth") is None
+            and not kwargs.get("event_hooks")
+            and not kwargs.get("mounts")
+            and kwargs.get("proxy") is None
+            and not (kwargs.get("trust_env", True) and _proxies_in_environment())
+        )
+        self.direct = direct if nothing_else else None
 
     @property
     def cookies(self) -> httpx.Cookies:
@@ -172,6 +190,12 @@ class _CookielessClient(httpx.AsyncClient):
     @cookies.setter
     def cookies(self, cookies: Any) -> None:  # nothing is kept, whatever is set
         self._no_cookies = _NoCookies(no_cookies())
+
+
+def _proxies_in_environment() -> bool:
+    """Whether httpx would mount a proxy from the environment (it reads urllib's
+    `getproxies`, keeping the http, https and all entries)."""
+    return any(scheme in getproxies() for scheme in ("http", "https", "all"))
 
 
 # The one pooled client's timeouts and pool (a provider's own timeout is set per request).
@@ -192,11 +216,11 @@ def provider_client(
     README's design notes, from `python -m bench.provider_call`). `transport` "httpx" or
     "aiohttp" puts httpx's default transport or aiohttp's (httpx-aiohttp) under the same
     client instead, to measure them (Settings.provider_transport)."""
-    chosen: httpx.AsyncBaseTransport | None
+    chosen: httpx.AsyncBaseTransport | None = None
     if transport == "gateway":
         chosen = Http11Transport(tls, limits)
     elif transport == "httpx":
-        chosen = None  # httpx's own, made by the client from the same settings
+        pass  # httpx's own, made by the client from the same settings
     elif transport == "aiohttp":
         try:
             from httpx_aiohttp import AiohttpTransport  # optional: the `bench` extra
@@ -214,6 +238,7 @@ def provider_client(
         follow_redirects=False,
         cookies=no_cookies(),  # one client for every workspace: no cookie carries over
         transport=chosen,
+        direct=chosen,
     )
 
 
@@ -351,13 +376,32 @@ async def send(
     """Send one provider request; transport failures and HTTP errors (read by the
     provider's own `failure_of`) become ProviderFailures."""
     try:
-        response = await http.send(request)
+        direct = http.direct if isinstance(http, _CookielessClient) else None
+        if direct is None:
+            response = await http.send(request)
+        else:
+            response = await _send_direct(direct, request)
     except httpx.TimeoutException as exc:
         raise ProviderFailure(TIMEOUT, "Provider timed out") from exc
     except httpx.TransportError as exc:
         raise ProviderFailure(UNREACHABLE, "Provider is unreachable") from exc
     if response.status_code >= 400:
         raise failure_of(response)
+    return response
+
+
+async def _send_direct(
+    transport: httpx.AsyncBaseTransport, request: httpx.Request
+) -> httpx.Response:
+    """What the client's send does for a request no auth, hook, redirect, cookie or proxy
+    takes part in: the transport's answer, read whole, closed if reading fails."""
+    response = await transport.handle_async_request(request)
+    response.request = request
+    try:
+        await response.aread()
+    except BaseException:
+        await response.aclose()
+        raise
     return response
 
 

@@ -683,3 +683,101 @@ async def test_a_complete_answer_reads_and_streams_as_before(kind: str) -> None:
             text = b"".join([chunk async for chunk in streamed.aiter_bytes()])
         assert text == gzip.decompress(packed)
         assert server.connections == 1
+
+
+# --- `send` hands a request straight to the transport when nothing else takes part ---------
+
+
+def recording(answers: list[bytes], seen: list[bytes]) -> Handler:
+    """Records each request's bytes (head and body) and answers with the next of `answers`."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (request := await read_request(reader)) is not None:
+            seen.append(request[0] + request[1])
+            writer.write(answers[len(seen) - 1])
+            await writer.drain()
+
+    return handler
+
+
+async def test_send_without_the_clients_layers_is_the_clients_send() -> None:
+    """The same built request through the client's own send and through `send`'s direct
+    path: the same bytes reach the provider, the same answer comes back (status, headers,
+    body, its request), and a provider's error is the same failure."""
+    from server.providers.http import send
+
+    body = b'{"text": "hello"}'
+    error = b'{"error": {"code": "rate_limit_exceeded", "message": "slow down"}}'
+    too_many = (
+        b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nContent-Length: "
+        + str(len(error)).encode()
+        + b"\r\n\r\n"
+        + error
+    )
+    answers = [answer(body), answer(body), too_many, too_many]
+    seen: list[bytes] = []
+    async with Server(recording(answers, seen)) as server, client_of("http11") as client:
+        assert getattr(client, "direct", None) is not None
+
+        def built() -> httpx.Request:
+            return client.build_request(
+                "POST",
+                server.url(),
+                content=b"audio" * 1000,
+                headers={"Authorization": "Bearer k", "Content-Type": "audio/wav"},
+                timeout=3.0,
+            )
+
+        through_client = await client.send(built())
+        through_send = await send(client, built())
+        assert seen[0] == seen[1]
+        for response in (through_client, through_send):
+            assert response.status_code == 200
+            assert response.content == body
+            assert response.json() == {"text": "hello"}
+            assert response.request.url == server.url()
+            assert response.is_closed
+        assert through_client.headers.multi_items() == through_send.headers.multi_items()
+        failures = []
+        for _ in range(2):
+            with pytest.raises(ProviderFailure) as failure:
+                await send(client, built())
+            failures.append(failure.value)
+        assert failures[0].kind == failures[1].kind
+        assert str(failures[0]) == str(failures[1])
+        assert server.connections == 1
+
+
+async def test_send_goes_through_the_client_when_a_proxy_is_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """httpx mounts a proxy transport for the proxy variables of the environment: with one
+    set, `send` must not go around the client (the proxy would be skipped)."""
+    for variable in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+        monkeypatch.delenv(variable.lower(), raising=False)
+    assert provider_client(ssl.create_default_context()).direct is not None  # type: ignore[attr-defined]
+    monkeypatch.setenv("HTTPS_PROXY", f"http://{LOOPBACK}:9")
+    assert provider_client(ssl.create_default_context()).direct is None  # type: ignore[attr-defined]
+    assert provider_client(ssl.create_default_context(), transport="httpx").direct is None  # type: ignore[attr-defined]
+
+
+async def test_a_body_cut_short_through_send_closes_the_answer() -> None:
+    """An answer whose body ends before its Content-Length, read through `send`'s direct
+    path: the provider is unreachable (as through the client's send), and the broken
+    connection does not serve the next request."""
+    from server.providers.http import send
+
+    cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 70_000
+
+    async def cut_then_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(cut)
+        await writer.drain()
+
+    async with Server(cut_then_echo) as server, client_of("http11") as client:
+        with pytest.raises(ProviderFailure) as failure:
+            await send(client, client.build_request("POST", server.url(), content=b"a"))
+        assert failure.value.kind == UNREACHABLE
+        transport = client.direct  # type: ignore[attr-defined]
+        assert transport.idle_connections == 0
