@@ -88,7 +88,7 @@ from server.services.keys import KeysService
 from server.services.management import KeyRotation, ManagementService
 from server.services.models import ModelsService
 from server.services.operator import OperatorService
-from server.services.rpc import ObservedServer, RequestObserver
+from server.services.rpc import MethodTable, ObservedServer, RequestObserver, TableServer
 from server.services.vault import VaultService
 from server.services.videos import VideosService
 from server.transcription.body import BodyBudget, retry_after_for
@@ -365,7 +365,11 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         core.tracer,
         database_retry_seconds=recovery_retry_seconds(core.settings.health_interval_seconds),
     )
-    observed: Any = ObservedServer(server, observer)  # the generated functions' `server`
+    # Every method, the gateway's and grpc's health and reflection, is found in one table,
+    # the server's only handler (MethodTable says why).
+    table = MethodTable()
+    server.add_generic_rpc_handlers((table,))
+    observed: Any = ObservedServer(table, observer)  # the generated functions' `server`
     keys_pb2_grpc.add_KeysServicer_to_server(
         KeysService(core.auth, core.sessions, core.clock, core.hot_reads, core.guardrails),
         observed,
@@ -443,14 +447,15 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     )
 
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    plain: Any = TableServer(table)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, plain)
     reflection.enable_server_reflection(
         (
             *SERVICES,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ),
-        server,
+        plain,
     )
     return server, health_servicer
 

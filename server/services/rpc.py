@@ -389,15 +389,67 @@ async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
 _NO_SPAN = contextlib.nullcontext()
 
 
+class MethodTable(grpc.GenericRpcHandler):
+    """The server's one generic handler: each method's handler by its full name
+    (/package.Service/Method), then the generic handlers registered without their methods,
+    asked in order.
+
+    Nothing is registered with grpc as a registered method: for each one, grpc.aio's server
+    keeps a request for the method's next call pending and, for every call that arrives,
+    waits on all of them at once (asyncio.wait adds and removes a callback on each) — work
+    per call that grows with the number of methods. One generic handler keeps one request
+    pending, and a call's handler is one dict lookup here."""
+
+    def __init__(self) -> None:
+        self._methods: dict[str, MethodHandler] = {}
+        self._generic: list[grpc.GenericRpcHandler] = []
+
+    def add(self, method: str, handler: MethodHandler) -> None:
+        if method in self._methods:
+            raise ValueError(f"{method} is registered twice")
+        self._methods[method] = handler
+
+    def add_generic(self, handler: grpc.GenericRpcHandler) -> None:
+        self._generic.append(handler)
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> MethodHandler | None:
+        handler = self._methods.get(handler_call_details.method)
+        if handler is not None:
+            return handler
+        for generic in self._generic:
+            handler = generic.service(handler_call_details)
+            if handler is not None:
+                return handler
+        return None
+
+
+class TableServer:
+    """Stands for the grpc.aio server in generated add_<Service>Servicer_to_server functions
+    (grpc's own health and reflection services among them): puts each method's handler in
+    the table, as it is (no access log, no metrics)."""
+
+    def __init__(self, table: MethodTable) -> None:
+        self._table = table
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        for handler in handlers:
+            self._table.add_generic(handler)
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, MethodHandler]
+    ) -> None:
+        for name, handler in handlers.items():
+            self._table.add(f"/{service}/{name}", handler)
+
+
 class ObservedServer:
     """Stands for the grpc.aio server in the generated add_<Service>Servicer_to_server
-    functions: registers each of the service's method handlers, wrapped by the observer,
-    on the server — both ways the generated code registers them, each method wrapped once.
-    (Health and reflection are registered on the server itself: no access log, no
-    metrics.)"""
+    functions of the gateway's services: puts each of the service's method handlers,
+    wrapped by the observer, in the table — both ways the generated code registers them,
+    each method wrapped once."""
 
-    def __init__(self, server: grpc.aio.Server, observer: RequestObserver) -> None:
-        self._server = server
+    def __init__(self, table: MethodTable, observer: RequestObserver) -> None:
+        self._table = table
         self._observer = observer
         self._wrapped: dict[str, MethodHandler] = {}  # by method (/package.Service/Method)
 
@@ -408,25 +460,20 @@ class ObservedServer:
         return known
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        self._server.add_generic_rpc_handlers(
-            tuple(_ObservedGenericHandler(handler, self) for handler in handlers)
-        )
+        for handler in handlers:
+            self._table.add_generic(_ObservedGenericHandler(handler, self))
 
     def add_registered_method_handlers(
         self, service: str, handlers: dict[str, MethodHandler]
     ) -> None:
-        self._server.add_registered_method_handlers(
-            service,
-            {
-                name: self.observed(f"/{service}/{name}", handler)
-                for name, handler in handlers.items()
-            },
-        )
+        for name, handler in handlers.items():
+            method = f"/{service}/{name}"
+            self._table.add(method, self.observed(method, handler))
 
 
 class _ObservedGenericHandler(grpc.GenericRpcHandler):
-    """A generic handler whose method handlers are the observed ones (grpc looks here for a
-    method it has no registered handler for)."""
+    """A generic handler whose method handlers are the observed ones (the table asks it for
+    a method it has no handler for)."""
 
     def __init__(self, inner: grpc.GenericRpcHandler, server: ObservedServer) -> None:
         self._inner = inner

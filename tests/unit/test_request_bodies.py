@@ -21,7 +21,7 @@ from server.config import EdgePolicy
 from server.contract import audio_pb2_grpc
 from server.errors import GatewayError
 from server.observability.metrics import Metrics
-from server.services.rpc import ObservedServer, RequestObserver
+from server.services.rpc import MethodTable, ObservedServer, RequestObserver
 from server.transcription.body import BODY_COPIES, BodyBudget, declared_length, read_body
 from testkit.eventually import eventually
 
@@ -185,15 +185,9 @@ def _parse(body: _Body) -> None:
     raise GatewayError(413, "The audio is larger than 25 MB")
 
 
-class _Registrations:
-    def __init__(self) -> None:
-        self.registered: dict[str, dict[str, Any]] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        pass
-
-    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
-        self.registered[service] = handlers
+class _TranscribeCall:
+    method = "/gateway.v1.Audio/Transcribe"
+    invocation_metadata = ()
 
 
 @pytest.fixture
@@ -209,10 +203,10 @@ def no_collector() -> Iterator[None]:
 
 async def test_a_failed_call_keeps_none_of_its_body_alive(no_collector: None) -> None:
     servicer = _Refusing()
-    registrations = _Registrations()
-    server: Any = ObservedServer(registrations, RequestObserver(Metrics(), NoOpTracer()))  # type: ignore[arg-type]
+    table = MethodTable()
+    server: Any = ObservedServer(table, RequestObserver(Metrics(), NoOpTracer()))
     audio_pb2_grpc.add_AudioServicer_to_server(servicer, server)
-    handler = registrations.registered["gateway.v1.Audio"]["Transcribe"]
+    handler: Any = table.service(_TranscribeCall())  # type: ignore[arg-type]
     context = _Context()
     with pytest.raises(grpc.aio.AbortError):
         await handler.stream_unary(_Messages(b"x" * MIB).__aiter__(), context)

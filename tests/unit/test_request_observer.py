@@ -1,7 +1,7 @@
 """Every gateway method is observed through ObservedServer (server/services/rpc.py) — by the
-registered handler and by the generic one alike, wrapped once — and the observed handler
-counts the call, keeps the call's metadata for the servicer, and answers a GatewayError as
-the facade expects."""
+registered handler and by the generic one alike, wrapped once, found in the server's one
+method table — and the observed handler counts the call, keeps the call's metadata for the
+servicer, and answers a GatewayError as the facade expects."""
 
 from __future__ import annotations
 
@@ -15,24 +15,16 @@ from opentelemetry.trace import NoOpTracer
 from server.contract import keys_pb2, keys_pb2_grpc
 from server.errors import unauthorized
 from server.observability.metrics import Metrics
-from server.services.rpc import ObservedServer, RequestObserver, metadata_of
+from server.services.rpc import (
+    MethodTable,
+    ObservedServer,
+    RequestObserver,
+    TableServer,
+    metadata_of,
+)
 
 METHOD = "/gateway.v1.Keys/GetCurrentKey"
 METADATA = (("authorization", "Bearer x"), ("x-request-id", "rid-7"))
-
-
-class _Registrations:
-    """What the generated registration function hands the server."""
-
-    def __init__(self) -> None:
-        self.generic: list[grpc.GenericRpcHandler] = []
-        self.registered: dict[str, dict[str, Any]] = {}
-
-    def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self.generic.extend(handlers)
-
-    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
-        self.registered[service] = handlers
 
 
 class _Details:
@@ -68,12 +60,18 @@ class _Keys(keys_pb2_grpc.KeysServicer):
         return keys_pb2.CurrentKeyResponse()
 
 
-def _observed(servicer: _Keys) -> tuple[Metrics, _Registrations]:
+def _observed(servicer: _Keys) -> tuple[Metrics, MethodTable]:
     metrics = Metrics()
-    registrations = _Registrations()
-    server: Any = ObservedServer(registrations, RequestObserver(metrics, NoOpTracer()))  # type: ignore[arg-type]
+    table = MethodTable()
+    server: Any = ObservedServer(table, RequestObserver(metrics, NoOpTracer()))
     keys_pb2_grpc.add_KeysServicer_to_server(servicer, server)
-    return metrics, registrations
+    return metrics, table
+
+
+def _handler(table: MethodTable) -> Any:
+    handler = table.service(_Details())  # type: ignore[arg-type]
+    assert handler is not None
+    return handler
 
 
 def _count(metrics: Metrics, status: str) -> float:
@@ -84,17 +82,58 @@ def _count(metrics: Metrics, status: str) -> float:
 
 
 def test_both_registrations_give_the_same_observed_handler() -> None:
-    _, registrations = _observed(_Keys())
-    registered = registrations.registered["gateway.v1.Keys"]["GetCurrentKey"]
-    [generic] = registrations.generic
-    assert generic.service(_Details()) is registered  # type: ignore[arg-type]
+    """The generated code registers a service both ways: the table's handler and the one
+    its generic handler gives are the same observed handler."""
+    _, table = _observed(_Keys())
+    registered = _handler(table)
     assert registered.unary_unary is not _Keys.GetCurrentKey
+    generic_only = MethodTable()
+    server: Any = ObservedServer(generic_only, RequestObserver(Metrics(), NoOpTracer()))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("gateway.v1.Keys", {"GetCurrentKey": registered}),)
+    )
+    found = generic_only.service(_Details())  # type: ignore[arg-type]
+    assert found is not None and found.unary_unary is not registered.unary_unary  # wrapped
+    assert generic_only.service(_Details()) is found  # once
+
+
+async def test_one_table_serves_every_service() -> None:
+    """The server has one generic handler, the table, and no registered method: grpc.aio
+    keeps one request pending per registered method and waits on all of them for each call
+    (MethodTable). Every service is still served, health and reflection unobserved."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    server = grpc.aio.server()
+    table = MethodTable()
+    server.add_generic_rpc_handlers((table,))
+    observed: Any = ObservedServer(table, RequestObserver(Metrics(), NoOpTracer()))
+    keys_pb2_grpc.add_KeysServicer_to_server(_Keys(), observed)
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), TableServer(table))  # type: ignore[arg-type]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            answer = await keys_pb2_grpc.KeysStub(channel).GetCurrentKey(
+                keys_pb2.GetCurrentKeyRequest(), metadata=METADATA
+            )
+            assert isinstance(answer, keys_pb2.CurrentKeyResponse)
+            status = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest()
+            )
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as missing:
+                await channel.unary_unary("/gateway.v1.Keys/NoSuchMethod")(b"")
+            assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await server.stop(None)
+    with pytest.raises(ValueError, match="registered twice"):
+        keys_pb2_grpc.add_KeysServicer_to_server(_Keys(), observed)
 
 
 async def test_an_observed_call_is_counted_and_reads_the_metadata_once() -> None:
     servicer = _Keys()
     metrics, registrations = _observed(servicer)
-    handler = registrations.registered["gateway.v1.Keys"]["GetCurrentKey"]
+    handler = _handler(registrations)
     context = _Context()
     response = await handler.unary_unary(keys_pb2.GetCurrentKeyRequest(), context)
     assert isinstance(response, keys_pb2.CurrentKeyResponse)
@@ -107,7 +146,7 @@ async def test_an_observed_call_is_counted_and_reads_the_metadata_once() -> None
 
 async def test_a_gateway_error_is_answered_with_its_status() -> None:
     metrics, registrations = _observed(_Keys(fail=True))
-    handler = registrations.registered["gateway.v1.Keys"]["GetCurrentKey"]
+    handler = _handler(registrations)
     context = _Context()
     with pytest.raises(grpc.aio.AbortError):
         await handler.unary_unary(keys_pb2.GetCurrentKeyRequest(), context)
