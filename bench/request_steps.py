@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import secrets
+import shutil
 import sys
 import tempfile
 import time
@@ -138,6 +139,7 @@ class Rig:
         await self.leases.close()
         await self.writer.close()
         await self.engine.dispose()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 async def transcription_rig(*, inline_sqlite: bool = True) -> Rig:
