@@ -16,15 +16,18 @@ import functools
 import json
 import logging
 import secrets
+import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from opentelemetry.trace import NoOpTracer
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.harness.stt import multipart_upload
 from server.auth import Authenticator, _presented_hash
@@ -33,7 +36,7 @@ from server.byok.cache import ByokKeysCache
 from server.byok.fees import ByokFees
 from server.byok.routing import ByokRouting, billing_plan
 from server.clock import SystemClock
-from server.db.engine import create_engine, session_factory
+from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
 from server.db.models import Account  # noqa: F401 (registers every table)
 from server.db.stamp import PrincipalStampView
@@ -50,7 +53,7 @@ from server.transcription import transcriber as transcriber_module
 from server.transcription.request import from_http
 from server.transcription.transcriber import Transcriber, TranscriptionResult, price
 from server.vault.crypto import MasterKey
-from testkit.admin import Admin
+from testkit.admin import Admin, IssuedKey
 from testkit.domain import InlinePool, write_unit_catalog
 
 
@@ -81,14 +84,73 @@ def _time_sync(fn: Callable[[], Any], n: int) -> float:
     return (time.process_time() - start) / n * 1e6
 
 
-async def main(iterations: int) -> dict[str, float]:
+@dataclass
+class Rig:
+    """What app.build_core wires for a transcription, on a migrated SQLite file with one funded
+    key (`issued`); `bench.micro` runs its settlements too."""
+
+    folder: Path
+    engine: AsyncEngine
+    sessions: SessionFactory
+    clock: SystemClock
+    writer: Writer
+    metrics: Metrics
+    auth: Authenticator
+    byok: ByokRouting
+    leases: BudgetLeases
+    transcriber: Transcriber
+    issued: IssuedKey
+
+    async def settlement(self) -> Callable[[], Awaitable[None]]:
+        """A charge as a request makes it with nothing else queued (concurrency 1): its own
+        batch through the writer, committed; as many at once as are awaited together."""
+        upload = multipart_upload("unit/ok", _audio_32k())
+        parsed = from_http(upload.content, upload.content_type, None)
+        audio = Transcriber._measure_wav(parsed)
+        assert audio is not None
+        model = self.transcriber._model(parsed)
+        cost = price(model, audio.seconds)
+        async with self.sessions() as session:
+            principal = await self.auth.authenticate(session, self.issued.metadata)
+        transcriber, leases, clock = self.transcriber, self.leases, self.clock
+
+        async def settle() -> None:
+            held = await leases.admit(principal, cost)
+            assert held is not None
+            unit = functools.partial(
+                transcriber._settle,
+                holds=(held, None),
+                principal=principal,
+                request=parsed,
+                model=model,
+                generation_id=f"gen_{secrets.token_hex(12)}",
+                provider="alpha",
+                is_byok=False,
+                cost=cost,
+                seconds=audio.seconds,
+                started=time.perf_counter(),
+                started_at=clock.now(),
+            )
+            await transcriber._settle_through(unit, held)
+
+        return settle
+
+    async def close(self) -> None:
+        await self.leases.close()
+        await self.writer.close()
+        await self.engine.dispose()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+async def transcription_rig(*, inline_sqlite: bool = True) -> Rig:
+    """A Rig in a new temporary folder; `inline_sqlite` as Writer takes it."""
     folder = Path(tempfile.mkdtemp(prefix="request-steps-"))
     url = f"sqlite+aiosqlite:///{folder / 'gateway.db'}"
     await upgrade(url)
     engine = create_engine(url)
     sessions = session_factory(engine)
     clock = SystemClock()
-    writer = Writer(sessions)
+    writer = Writer(sessions, inline_sqlite=inline_sqlite)
     admin = Admin(sessions, clock)
     workspace = await admin.workspace("steps")
     await admin.credits(workspace, "1000000")
@@ -117,6 +179,25 @@ async def main(iterations: int) -> dict[str, float]:
         guardrails=guardrails,
         leases=leases,
     )
+    return Rig(
+        folder,
+        engine,
+        sessions,
+        clock,
+        writer,
+        metrics,
+        auth,
+        byok,
+        leases,
+        transcriber,
+        issued,
+    )
+
+
+async def main(iterations: int) -> dict[str, float]:
+    rig = await transcription_rig()
+    sessions, clock, metrics, auth = rig.sessions, rig.clock, rig.metrics, rig.auth
+    byok, leases, transcriber, issued = rig.byok, rig.leases, rig.transcriber, rig.issued
     upload = multipart_upload("unit/ok", _audio_32k())
     metadata = (("authorization", f"Bearer {issued.key}"), ("x-request-id", "r-1"))
     n = iterations
@@ -179,28 +260,7 @@ async def main(iterations: int) -> dict[str, float]:
 
     results["leases.admit + released"] = await _time_async(admit_release, n)
 
-    async def settle_alone() -> None:
-        """A charge as a request makes it with nothing else queued (concurrency 1): its own
-        batch through the writer, committed."""
-        held = await leases.admit(principal, cost)
-        assert held is not None
-        generation_id = f"gen_{secrets.token_hex(12)}"
-        unit = functools.partial(
-            transcriber._settle,
-            holds=(held, None),
-            principal=principal,
-            request=parsed,
-            model=model,
-            generation_id=generation_id,
-            provider="alpha",
-            is_byok=False,
-            cost=cost,
-            seconds=audio.seconds,
-            started=time.perf_counter(),
-            started_at=clock.now(),
-        )
-        await transcriber._settle_through(unit, held)
-
+    settle_alone = await rig.settlement()
     results["settlement alone (writer batch + commit)"] = await _time_async(
         settle_alone, min(n, 2000)
     )
@@ -254,9 +314,7 @@ async def main(iterations: int) -> dict[str, float]:
     cooldowns = Cooldowns(clock)
     results["cooldowns.remaining"] = _time_sync(lambda: cooldowns.remaining(planned[0]), n)
     results["usd_to_micros"] = _time_sync(lambda: usd_to_micros(audio.seconds), n)
-    await leases.close()
-    await writer.close()
-    await engine.dispose()
+    await rig.close()
     return results
 
 

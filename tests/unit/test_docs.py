@@ -101,3 +101,31 @@ def test_the_rest_page_lists_every_route_of_the_contract(reference: ModuleType) 
         row = next(line for line in table.splitlines() if f"| `{verb}` | `{url}` |" in line)
         assert f"`{service.removeprefix('gateway.v1.')}.{method}`" in row, row
     assert reference.ROUTES_MARK in (ROOT / "docs" / reference.REST_PAGE).read_text()
+
+
+def test_every_figure_behind_a_choice_names_its_command_and_date() -> None:
+    """Each row of the performance page's "Figures behind the code's choices" names the
+    command that measures its figure, one a reader can run (a benchmark in bench/, and for
+    `bench.micro` one of its measurements), and the day it was measured (issue 32): a figure
+    whose command was never written down is measured again with one, or dropped."""
+    from bench.micro import MEASUREMENTS
+
+    page = (ROOT / "docs/performance.md").read_text()
+    section = page.split("\n## Figures behind the code's choices\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    columns = [cell.strip() for cell in lines[0].strip("|").split(" | ")]
+    rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[2:]]
+    assert len(rows) >= 20 and all(len(row) == len(columns) for row in rows)
+    commands = [row[columns.index("command")] for row in rows]
+    unrecorded = [command for command in commands if "not recorded" in command]
+    assert unrecorded == [], "measure these again with a command (bench/micro.py), or drop them"
+    assert columns == ["where", "figure", "command", "measured", "choice"]
+    for row in rows:
+        _where, figure, command, measured, _choice = row
+        assert figure and re.fullmatch(r"\d{4}-\d{2}-\d{2}", measured), row
+        modules = re.findall(r"`python -m bench\.(\w+)([^`]*)`", command)
+        assert modules, f"no `python -m bench.…` command: {row}"
+        for module, arguments in modules:
+            assert (ROOT / "bench" / f"{module}.py").is_file(), module
+            if module == "micro":
+                assert arguments.split()[0] in MEASUREMENTS, arguments

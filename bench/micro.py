@@ -1,0 +1,1191 @@
+"""Micro-benchmarks behind the figures of docs/performance.md, "Figures behind the code's
+choices": each measures, in this process (or in short-lived child interpreters), one thing a
+choice in server/ was made on, against the code as it is now; where the choice rejected an
+alternative, that alternative is written out here and measured beside it. Nothing talks to
+the network: SQLite files in a temporary folder, child interpreters, and no server.
+
+    python -m bench.micro NAME [--json FILE]    # one measurement (NAME: see --help)
+    python -m bench.micro all                   # every one, in turn (about two minutes)
+
+CPU figures are this process's CPU clock (time.process_time: every thread of it, aiosqlite's
+included) per call, the median of several rounds; wall figures are time.perf_counter. Each
+measurement takes a few seconds on a 2-core VM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import http.cookiejar
+import json
+import os
+import re
+import secrets
+import sqlite3
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+import server.db.writer as writer_module
+from bench.harness.cli import add_json_argument
+from bench.request_steps import transcription_rig
+from server.billing.holds import _settlement
+from server.billing.ledger import CHARGE, COUNTERS, INSERT_ENTRY
+from server.db.driver import (
+    HotReads,
+    _compile,
+    _for_dialect,
+    _inline,
+    _processor,
+    fetch_rows,
+    read_rows,
+)
+from server.db.engine import SQLITE_PRAGMAS, create_engine, session_factory
+from server.db.models import Generation, LedgerEntry, UtcDateTime, WebhookDelivery
+from server.limits.key_status import _STATUS, _params_of
+from server.observability.generations import GENERATIONS, store_generation_row
+from server.observability.logs import _ANY_SECRET, _SECRETS, JsonFormatter, may_hold_secret, redact
+from server.providers.http import _RefuseCookies, multipart_form, parsed_url, provider_client
+from server.providers.local_video import render_mp4
+from server.providers.openai_stt import MIME, form_fields
+from server.providers.stt import SttCall
+from server.transcription.request import from_json
+from server.transcription.session import LazySession
+from server.transcription.transcriber import _end_reads
+from server.vault.crypto import MasterKey
+from server.workers.webhook_dispatcher import WebhookDispatcher
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROVIDER_URL = "https://api.openai.com/v1/audio/transcriptions"
+AUDIO = bytes(range(256)) * 128  # 32 KiB, as the transcription benchmarks upload
+
+# One row of the output: what was measured, its figure and unit.
+Row = tuple[str, float, str]
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+
+def cpu_us(fn: Callable[[], object], calls: int, rounds: int = 5) -> float:
+    """CPU microseconds per call of `fn`: the median of `rounds` rounds of `calls` calls."""
+    for _ in range(min(calls, 200)):
+        fn()
+    per_round = []
+    for _ in range(rounds):
+        started = time.process_time()
+        for _ in range(calls):
+            fn()
+        per_round.append((time.process_time() - started) / calls * 1e6)
+    return statistics.median(per_round)
+
+
+async def interleaved(
+    variants: Mapping[str, Callable[[], Awaitable[object]]], calls: int, rounds: int = 7
+) -> dict[str, tuple[float, float]]:
+    """CPU and wall microseconds per awaited call of each variant: medians of `rounds`
+    rounds of `calls` calls, the variants taking turns in each round (so that the noise of a
+    shared machine falls on all of them)."""
+    for fn in variants.values():
+        for _ in range(min(calls, 100)):
+            await fn()
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    wall: dict[str, list[float]] = {name: [] for name in variants}
+    for round_ in range(rounds):
+        for name in list(variants) if round_ % 2 == 0 else reversed(list(variants)):
+            fn = variants[name]
+            started_cpu, started_wall = time.process_time(), time.perf_counter()
+            for _ in range(calls):
+                await fn()
+            cpu[name].append((time.process_time() - started_cpu) / calls * 1e6)
+            wall[name].append((time.perf_counter() - started_wall) / calls * 1e6)
+    return {
+        name: (statistics.median(cpu[name]), statistics.median(wall[name])) for name in variants
+    }
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@contextlib.contextmanager
+def folder(prefix: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix=f"micro-{prefix}-") as path:
+        yield Path(path)
+
+
+@contextlib.asynccontextmanager
+async def rig(*, inline_sqlite: bool = True) -> Any:
+    """bench.request_steps' Rig (a migrated SQLite file, one funded key, the transcriber),
+    closed after."""
+    built = await transcription_rig(inline_sqlite=inline_sqlite)
+    try:
+        yield built
+    finally:
+        await built.close()
+
+
+# --- the provider client (server/providers/http.py) -------------------------------------------
+
+
+def url_parse() -> list[Row]:
+    """Provider URLs kept parsed (`parsed_url`): httpx parses a str URL on every
+    build_request; an httpx.URL it takes as it is."""
+    client = provider_client(ssl.create_default_context())
+    headers = {"Authorization": "Bearer sk-provider", "Content-Type": "audio/wav"}
+    rows: list[Row] = [
+        (
+            "httpx.URL(str): parsing a provider URL",
+            cpu_us(lambda: httpx.URL(PROVIDER_URL), 20_000),
+            "us",
+        ),
+        ("parsed_url(str): the kept one", cpu_us(lambda: parsed_url(PROVIDER_URL), 20_000), "us"),
+        (
+            "build_request with the str URL",
+            cpu_us(
+                lambda: client.build_request("POST", PROVIDER_URL, content=AUDIO, headers=headers),
+                10_000,
+            ),
+            "us",
+        ),
+        (
+            "build_request with the kept httpx.URL (now)",
+            cpu_us(
+                lambda: client.build_request(
+                    "POST", parsed_url(PROVIDER_URL), content=AUDIO, headers=headers
+                ),
+                10_000,
+            ),
+            "us",
+        ),
+    ]
+    asyncio.run(client.aclose())
+    return rows
+
+
+def cookie_jar() -> list[Row]:
+    """What the client does with each response's cookies: httpx's Cookies over a jar that
+    refuses every cookie by policy (the client before issue 17) against the client's own
+    `_NoCookies`, which does not look at the response."""
+    request = httpx.Request("POST", PROVIDER_URL, content=AUDIO)
+    response = httpx.Response(
+        200,
+        headers={"content-type": "application/json", "content-length": "52"},
+        content=b'{"text":"hello world, a transcript of a few words."}',
+        request=request,
+    )
+    refusing = httpx.Cookies(http.cookiejar.CookieJar(policy=_RefuseCookies()))
+    client = provider_client(ssl.create_default_context())
+    rows: list[Row] = [
+        (
+            "httpx's Cookies, a refusing jar: extract_cookies (before)",
+            cpu_us(lambda: refusing.extract_cookies(response), 20_000),
+            "us",
+        ),
+        (
+            "the provider client's cookies: extract_cookies (now)",
+            cpu_us(lambda: client.cookies.extract_cookies(response), 20_000),
+            "us",
+        ),
+    ]
+    asyncio.run(client.aclose())
+    return rows
+
+
+def multipart() -> list[Row]:
+    """A transcription's upload built as one piece (`multipart_form`, then build_request with
+    the bytes: transcribe_form) against httpx's multipart encoder (data= and files=, read)."""
+    client = provider_client(ssl.create_default_context())
+    call = SttCall(audio=AUDIO, format="wav", filename="audio.wav", model="whisper-1")
+    headers = {"Authorization": "Bearer sk-provider"}
+
+    def ours() -> httpx.Request:
+        content_type, body = multipart_form(
+            form_fields(call), "file", call.filename, call.audio, MIME["wav"]
+        )
+        return client.build_request(
+            "POST",
+            parsed_url(PROVIDER_URL),
+            content=body,
+            headers={**headers, "Content-Type": content_type},
+        )
+
+    def httpx_encoder() -> httpx.Request:
+        form: dict[str, str | list[str]] = {}
+        for name, value in form_fields(call):
+            known = form.get(name)
+            form[name] = (
+                value if known is None else [*([known] if isinstance(known, str) else known), value]
+            )
+        request = client.build_request(
+            "POST",
+            parsed_url(PROVIDER_URL),
+            data=form,
+            files={"file": (call.filename, call.audio, MIME["wav"])},
+            headers=headers,
+        )
+        request.read()
+        return request
+
+    rows: list[Row] = [
+        (
+            "httpx's multipart encoder, request built and read (before)",
+            cpu_us(httpx_encoder, 5_000),
+            "us",
+        ),
+        ("multipart_form + build_request (now)", cpu_us(ours, 5_000), "us"),
+    ]
+    asyncio.run(client.aclose())
+    return rows
+
+
+# --- logs (server/observability/logs.py) ------------------------------------------------------
+
+
+def _joined_patterns() -> re.Pattern[str]:
+    """The secret patterns joined into one regex (the alternative to a scan of literals)."""
+    sources = []
+    for pattern, _ in _SECRETS:
+        source = pattern.pattern
+        if source.startswith("(?i)"):
+            source = f"(?i:{source[4:]})"
+        sources.append(f"(?:{source})")
+    return re.compile("|".join(sources))
+
+
+def redaction() -> list[Row]:
+    """The redaction shortcut on an access line (what nearly every line is): whether it may
+    hold a secret, by a search of literals (now), by one regex of where the patterns start,
+    and by the patterns joined into one regex."""
+    line = JsonFormatter().access_line(
+        "gateway.access",
+        time.time(),
+        "/api/v1/audio/transcriptions",
+        200,
+        3.2,
+        secrets.token_hex(16),
+    )
+    joined = _joined_patterns()
+    return [
+        (
+            "may_hold_secret: ASCII literal search (now)",
+            cpu_us(lambda: may_hold_secret(line), 50_000),
+            "us",
+        ),
+        (
+            "one regex of the patterns' starts (_ANY_SECRET)",
+            cpu_us(lambda: _ANY_SECRET.search(line), 50_000),
+            "us",
+        ),
+        ("the patterns joined into one regex", cpu_us(lambda: joined.search(line), 50_000), "us"),
+        ("redact(line), whole (now)", cpu_us(lambda: redact(line), 50_000), "us"),
+        (f"(the line: {len(line)} characters)", float(len(line)), "chars"),
+    ]
+
+
+# --- statements (server/db/driver.py) ---------------------------------------------------------
+
+
+def date_binds() -> list[Row]:
+    """One date or UTC datetime bound to a SQLite statement: the dialect's own conversion
+    (%-formatting) against the driver's isoformat one (`_processor`)."""
+    with folder("dates") as path:
+        engine = create_engine(f"sqlite+aiosqlite:///{path / 'g.db'}")
+        dialect = engine.sync_engine.dialect
+        when = datetime.now(UTC)
+        today = date.today()
+        rows: list[Row] = []
+        for label, type_, value in (
+            ("UTC datetime", UtcDateTime(), when),
+            ("date", sa.Date(), today),
+        ):
+            own = type_.dialect_impl(dialect).bind_processor(dialect)
+            fast = _processor(type_, dialect)
+            assert own is not None and fast is not None and own(value) == fast(value)
+            for variant, convert in (("the dialect's conversion", own), ("isoformat (now)", fast)):
+                rows.append(
+                    (f"{label}: {variant}", cpu_us(functools.partial(convert, value), 50_000), "us")
+                )
+        asyncio.run(engine.dispose())
+    return rows
+
+
+def compile_once() -> list[Row]:
+    """Statements SQLAlchemy's cache cannot hold (no cache key: a multi-row VALUES), on
+    PostgreSQL: the counters' upsert (billing/ledger.py COUNTERS) and a leased settlement's
+    one statement (billing/holds.py, the counters' upsert with the lease's change, the
+    ledger row and the generation record as CTEs). Compiled as a session's execution
+    compiles them, on every call, against the driver's compiled-once memo (`_compile`)."""
+    dialect = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
+    rows: list[Row] = []
+    statements: tuple[tuple[str, sa.Insert], ...] = (
+        ("the counters' upsert", COUNTERS["postgresql"]),
+        ("a leased settlement's statement", _settlement("lease", GENERATIONS)),
+    )
+    for label, statement in statements:
+        assert statement._generate_cache_key() is None  # SQLAlchemy does not cache it
+        _compile(statement, dialect)
+        compile_ = functools.partial(statement.compile, dialect=dialect)
+        rows.append((f"{label}: compiled on every call", cpu_us(compile_, 50) / 1000, "ms"))
+        memo = functools.partial(_compile, statement, dialect)
+        rows.append(
+            (f"{label}: compiled once (now), the memo's lookup", cpu_us(memo, 50_000), "us")
+        )
+    return rows
+
+
+async def _sqlite_reads() -> list[Row]:
+    async with rig() as built:
+        engine = built.engine
+        account_id = built.issued.workspace.account_id
+        params = _params_of(built.issued.hash, account_id, datetime.now(UTC))
+        compiled = _compile(_for_dialect(_STATUS, "sqlite"), engine.sync_engine.dialect)
+        arguments = compiled.arguments(params)
+        reads = HotReads(engine)
+        path = str(built.folder / "gateway.db")
+        inline = sqlite3.connect(path, isolation_level=None)
+        import aiosqlite
+
+        async with aiosqlite.connect(path) as handed_off:
+
+            async def on_the_loop() -> object:
+                return inline.execute(compiled.sql, arguments).fetchall()
+
+            async def through_aiosqlite() -> object:
+                return await handed_off.execute_fetchall(compiled.sql, arguments)
+
+            measured = await interleaved(
+                {
+                    "GET /key's statement on a sqlite3 connection on the loop": on_the_loop,
+                    "the same through aiosqlite's thread (execute_fetchall)": through_aiosqlite,
+                    "HotReads.rows (now: GET /key)": lambda: reads.rows(_STATUS, params),
+                    "read_rows: the engine's pooled aiosqlite connection": lambda: read_rows(
+                        engine, _STATUS, params
+                    ),
+                },
+                500,
+            )
+            rows: list[Row] = []
+            for label, (cpu, wall) in measured.items():
+                rows += [(f"{label}: CPU", cpu, "us"), (f"{label}: wall", wall, "us")]
+        inline.close()
+        reads.close()
+        return rows
+
+
+def sqlite_reads() -> list[Row]:
+    """One statement on SQLite run on the event loop's thread against the same handed to
+    aiosqlite's thread and back: GET /key's status read (HotReads), on the Rig's database."""
+    return asyncio.run(_sqlite_reads())
+
+
+# --- the group-commit writer (server/db/writer.py, InlineSqlite) ------------------------------
+
+
+async def _commit_in_a_thread(session: AsyncSession) -> None:
+    """commit_batch with the inline COMMIT handed to a thread (the alternative rejected)."""
+    inline = _inline(session)
+    assert inline is not None
+    await asyncio.to_thread(inline.commit)
+
+
+async def _nested_savepoint(session: AsyncSession, index: int) -> None:
+    """next_unit as savepoints nested under each other, never released before the COMMIT
+    (the alternative rejected)."""
+    inline = _inline(session)
+    assert inline is not None
+    inline.execute(f"SAVEPOINT u{index}")
+
+
+@contextlib.contextmanager
+def patched(name: str, replacement: object) -> Iterator[None]:
+    original = getattr(writer_module, name)
+    setattr(writer_module, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(writer_module, name, original)
+
+
+async def _settlements_cpu(
+    settle: Callable[[], Awaitable[None]], count: int, at_once: int
+) -> float:
+    """CPU microseconds per settlement, `at_once` awaited together (one batch each)."""
+    started = time.process_time()
+    for _ in range(count // at_once):
+        await asyncio.gather(*(settle() for _ in range(at_once)))
+    return (time.process_time() - started) / (count // at_once * at_once) * 1e6
+
+
+async def _settlements(rounds: int, count: int) -> list[Row]:
+    async with rig() as inline_rig, rig(inline_sqlite=False) as pool_rig:
+        inline_settle = await inline_rig.settlement()
+        pool_settle = await pool_rig.settlement()
+        assert inline_rig.writer.inline is not None
+        connection = inline_rig.writer.inline.connection
+        lone: dict[str, list[float]] = {"inline": [], "thread": [], "aiosqlite": []}
+        batched: dict[str, list[float]] = {"now": [], "nested": []}
+        sizes: dict[str, list[float]] = {"now": [], "nested": []}
+        for settle in (inline_settle, pool_settle):  # warm
+            await _settlements_cpu(settle, 200, 1)
+        for _ in range(rounds):
+            lone["inline"].append(await _settlements_cpu(inline_settle, count, 1))
+            with patched("commit_batch", _commit_in_a_thread):
+                lone["thread"].append(await _settlements_cpu(inline_settle, count, 1))
+            lone["aiosqlite"].append(await _settlements_cpu(pool_settle, count, 1))
+            for variant in ("now", "nested"):
+                stats = inline_rig.writer.stats
+                units, batches = stats.units, stats.batches
+                if variant == "nested":
+                    connection.execute("PRAGMA temp_store=DEFAULT")
+                    with patched("next_unit", _nested_savepoint):
+                        batched[variant].append(await _settlements_cpu(inline_settle, count, 8))
+                    connection.execute("PRAGMA temp_store=MEMORY")
+                else:
+                    batched[variant].append(await _settlements_cpu(inline_settle, count, 8))
+                sizes[variant].append(
+                    round((stats.units - units) / max(1, stats.batches - batches))
+                )
+        median = statistics.median
+        return [
+            ("a lone settlement, COMMIT inline (now)", median(lone["inline"]), "us"),
+            ("a lone settlement, COMMIT in a thread", median(lone["thread"]), "us"),
+            (
+                "a lone settlement, the writer on aiosqlite's thread",
+                median(lone["aiosqlite"]),
+                "us",
+            ),
+            (
+                "8 at once, one savepoint at a time, sub-journal in memory (now)",
+                median(batched["now"]),
+                "us",
+            ),
+            (
+                "8 at once, nested savepoints, sub-journal in a temporary file",
+                median(batched["nested"]),
+                "us",
+            ),
+            (
+                "(units per batch, 8 at once)",
+                float(median(sizes["now"] + sizes["nested"])),
+                "units",
+            ),
+        ]
+
+
+def settlements() -> list[Row]:
+    """CPU per settlement (bench.request_steps' "settlement alone": the writer's batch and
+    its commit) on SQLite: alone, with the COMMIT inline (now), in a thread, and with the
+    writer on aiosqlite's thread (Writer(inline_sqlite=False)); 8 at once (batches of 8),
+    with one savepoint at a time and the sub-journal in memory (now) or nested savepoints and
+    the sub-journal in a temporary file (SQLite's default). Interleaved rounds."""
+    return asyncio.run(_settlements(rounds=5, count=400))
+
+
+def _checkpoint_racing(path: str, stop: threading.Event) -> None:
+    connection = sqlite3.connect(path, isolation_level=None)
+    while not stop.is_set():
+        connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    connection.close()
+
+
+async def _wal_commits(variant: str, count: int) -> list[Row]:
+    async with rig() as built:
+        settle = await built.settlement()
+        inline = built.writer.inline
+        assert inline is not None
+        await settle()
+        durations: list[float] = []
+        commit = inline.commit
+
+        def timed_commit() -> None:
+            started = time.perf_counter()
+            commit()
+            durations.append(time.perf_counter() - started)
+
+        inline.commit = timed_commit
+        path = str(built.folder / "gateway.db")
+        stop = threading.Event()
+        racing = threading.Thread(target=_checkpoint_racing, args=(path, stop))
+        if variant != "now":  # checkpoints by SQLite inside a commit, or racing the batches
+            inline.checkpoint_after_changes = 1 << 62
+        if variant == "automatic":
+            inline.connection.execute("PRAGMA wal_autocheckpoint=1000")
+        elif variant == "racing":
+            racing.start()
+        try:
+            for _ in range(count):
+                await settle()
+        finally:
+            stop.set()
+            if racing.is_alive():
+                racing.join()
+        wal = (built.folder / "gateway.db-wal").stat().st_size / 2**20
+        ms = [d * 1000 for d in durations]
+        return [
+            (f"{variant}: COMMIT p50", quantile(ms, 0.5), "ms"),
+            (f"{variant}: COMMIT p99", quantile(ms, 0.99), "ms"),
+            (f"{variant}: COMMIT p99.9", quantile(ms, 0.999), "ms"),
+            (f"{variant}: COMMIT max", max(ms), "ms"),
+            (f"{variant}: WAL file after {count} settlements", wal, "MiB"),
+        ]
+
+
+def wal_commits() -> list[Row]:
+    """The writer's inline COMMIT of a lone settlement (WAL, synchronous=NORMAL), 4,000 in a
+    row on a new database: with the automatic checkpoint off and a PASSIVE one in a thread
+    between batches (now), with SQLite's automatic checkpoint inside the commit
+    (wal_autocheckpoint=1000, SQLite's default), and with PASSIVE checkpoints racing the
+    batches from another thread; the WAL file's size at the end."""
+    rows: list[Row] = []
+    for variant in ("now", "automatic", "racing"):
+        rows += asyncio.run(_wal_commits(variant, 4_000))
+    return rows
+
+
+# --- sessions (server/db/engine.py, server/transcription/session.py) --------------------------
+
+
+async def _idle_ends() -> list[Row]:
+    with folder("idle-ends") as path:
+        url = f"sqlite+aiosqlite:///{path / 'g.db'}"
+        setup = sqlite3.connect(path / "g.db")
+        setup.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+        setup.execute("INSERT INTO t VALUES (1, 'x')")
+        setup.commit()
+        setup.close()
+        (path / "g.db").chmod(0o600)  # as the gateway keeps its database files
+        ours = create_engine(url)
+        # SQLAlchemy's own aiosqlite dialect, with the same pool as create_engine's
+        theirs = create_async_engine(url, pool_size=1, max_overflow=0, pool_reset_on_return=None)
+        read = sa.text("SELECT v FROM t WHERE id = 1")
+
+        def read_only_session(engine: AsyncEngine) -> Callable[[], Awaitable[None]]:
+            sessions = session_factory(engine)
+
+            async def session() -> None:
+                async with sessions() as session:
+                    await session.scalar(read)
+
+            return session
+
+        measured = await interleaved(
+            {
+                "SQLAlchemy's aiosqlite dialect: ROLLBACK at close (before)": read_only_session(
+                    theirs
+                ),
+                "IdleEndsSkipped: none when SQLite holds no transaction (now)": read_only_session(
+                    ours
+                ),
+            },
+            500,
+        )
+        rows: list[Row] = []
+        for label, (cpu, wall) in measured.items():
+            rows += [(f"{label}: CPU", cpu, "us"), (f"{label}: wall", wall, "us")]
+        await ours.dispose()
+        await theirs.dispose()
+        return rows
+
+
+def idle_ends() -> list[Row]:
+    """A session that reads one row and closes, on SQLite's one pooled connection: with
+    SQLAlchemy's aiosqlite dialect (a ROLLBACK handed to aiosqlite's thread at close) and
+    with the gateway's (IdleEndsSkipped: no ROLLBACK when SQLite holds no transaction)."""
+    return asyncio.run(_idle_ends())
+
+
+async def _sessions() -> list[Row]:
+    with folder("sessions") as path:
+        engine = create_engine(f"sqlite+aiosqlite:///{path / 'g.db'}")
+        sessions = session_factory(engine)
+
+        async def unused_session() -> None:
+            async with sessions():
+                pass
+
+        async def lazy_session() -> None:
+            async with LazySession(sessions):
+                pass
+
+        async def built_and_closed() -> None:
+            await AsyncSession(bind=engine, expire_on_commit=False).close()
+
+        async with sessions() as idle:  # a session that began no transaction
+            measured = await interleaved(
+                {
+                    "an AsyncSession made and closed, unused (before)": unused_session,
+                    "LazySession, unused (now)": lazy_session,
+                    "AsyncSession(...) built and closed (a writer batch's, before)": (
+                        built_and_closed
+                    ),
+                    "commit of a session with no transaction (before)": idle.commit,
+                    "_end_reads of it (now)": lambda: _end_reads(idle),
+                },
+                2_000,
+            )
+        rows: list[Row] = [(label, cpu, "us") for label, (cpu, _wall) in measured.items()]
+        await engine.dispose()
+        return rows
+
+
+def sessions() -> list[Row]:
+    """SQLAlchemy sessions nobody uses: an AsyncSession made and closed per request (before)
+    against LazySession (made on first use); a session built per writer batch; the commit
+    of a session that began no transaction against `_end_reads`."""
+    return asyncio.run(_sessions())
+
+
+async def _orm_rows(count: int) -> list[Row]:
+    async with rig() as built:
+        account_id = built.issued.workspace.account_id
+        now = datetime.now(UTC)
+
+        def generation() -> dict[str, Any]:
+            return {
+                "id": f"gen_{secrets.token_hex(12)}",
+                "account_id": account_id,
+                "workspace_id": built.issued.workspace.id,
+                "key_hash": built.issued.hash,
+                "kind": "stt",
+                "model": "unit/ok",
+                "provider": "alpha",
+                "status": "completed",
+                "cost_micros": 10_000,
+                "is_byok": False,
+                "seconds": None,
+                "latency_ms": 3,
+                "session_id": None,
+                "user": None,
+                "trace": None,
+                "error": None,
+                "created_at": now,
+            }
+
+        def entry() -> dict[str, Any]:
+            return {
+                "account_id": account_id,
+                "key_hash": built.issued.hash,
+                "kind": CHARGE,
+                "amount_micros": 10_000,
+                "is_byok": False,
+                "reference": None,
+                "created_at": now,
+            }
+
+        async def per_row(insert: Callable[[AsyncSession], Awaitable[None]]) -> float:
+            async with built.sessions() as session:
+                for _ in range(50):
+                    await insert(session)
+                started = time.process_time()
+                for _ in range(count):
+                    await insert(session)
+                cpu = (time.process_time() - started) / count * 1e6
+                await session.commit()
+            return cpu
+
+        # Each ORM object leaves the session once flushed: a request's session held one.
+        async def orm_generation(session: AsyncSession) -> None:
+            record = Generation(**generation())
+            session.add(record)
+            await session.flush()
+            session.expunge(record)
+
+        async def mapped_generation(session: AsyncSession) -> None:
+            await store_generation_row(session, generation())
+
+        async def orm_entry(session: AsyncSession) -> None:
+            row = LedgerEntry(**entry())
+            session.add(row)
+            await session.flush()
+            session.expunge(row)
+
+        async def mapped_entry(session: AsyncSession) -> None:
+            await fetch_rows(session, INSERT_ENTRY, {f"entry_{k}": v for k, v in entry().items()})
+
+        results: dict[str, list[float]] = {}
+        variants = {
+            "generation record: ORM object, add + flush (before)": orm_generation,
+            "generation record: plain mapping, driver INSERT (now)": mapped_generation,
+            "ledger row: ORM object, add + flush (before)": orm_entry,
+            "ledger row: plain mapping, driver INSERT (now)": mapped_entry,
+        }
+        for _ in range(3):
+            for label, insert in variants.items():
+                results.setdefault(label, []).append(await per_row(insert))
+        return [(label, statistics.median(values), "us") for label, values in results.items()]
+
+
+def orm_rows() -> list[Row]:
+    """A settlement's rows inserted in a session's transaction (SQLite, the pooled aiosqlite
+    connection): an ORM object added and flushed against a plain mapping on the driver
+    (`store_generation_row`, INSERT_ENTRY); CPU per row."""
+    return asyncio.run(_orm_rows(1_000))
+
+
+def generation_index() -> list[Row]:
+    """One INSERT of a generation record (the gateway's compiled statement) at 50,000 rows,
+    WAL, each committed: with the table's one secondary index (now, migration 0013) and
+    with the three single-column ones it replaced (account, time, key)."""
+    rows: list[Row] = []
+    with folder("generation-index") as path:
+        engine = create_engine(f"sqlite+aiosqlite:///{path / 'unused.db'}")
+        dialect = engine.sync_engine.dialect
+        compiled = _compile(
+            sa.insert(Generation.__table__).values(
+                {c.name: sa.bindparam(c.name, type_=c.type) for c in Generation.__table__.c}
+            ),
+            dialect,
+        )
+        for variant in ("before", "now"):
+            database = path / f"{variant}.db"
+            sa_engine = sa.create_engine(f"sqlite:///{database}")
+            Generation.__table__.create(sa_engine)
+            sa_engine.dispose()
+            connection = sqlite3.connect(database, isolation_level=None)
+            for pragma in SQLITE_PRAGMAS:
+                connection.execute(pragma)
+            if variant == "before":
+                connection.execute("DROP INDEX ix_generations_workspace_created")
+                for column in ("account_id", "created_at", "key_hash"):
+                    connection.execute(
+                        f"CREATE INDEX ix_generations_{column} ON generations ({column})"
+                    )
+            made = 0
+
+            def row(n: int) -> list[Any]:
+                return compiled.arguments(
+                    {
+                        "id": f"gen_{n:024d}",
+                        "account_id": f"acct_{n % 50}",
+                        "workspace_id": f"ws_{n % 50}",
+                        "key_hash": f"{n % 500:064d}",
+                        "kind": "stt",
+                        "model": "unit/ok",
+                        "provider": "alpha",
+                        "status": "completed",
+                        "cost_micros": 10_000,
+                        "is_byok": False,
+                        "seconds": None,
+                        "latency_ms": 3,
+                        "session_id": None,
+                        "user": None,
+                        "trace": None,
+                        "error": None,
+                        "created_at": datetime.now(UTC),
+                    }
+                )
+
+            connection.execute("BEGIN")
+            connection.executemany(compiled.sql, (row(n) for n in range(50_000)))
+            connection.execute("COMMIT")
+            made = 50_000
+            timings = []
+            for _ in range(5_000):
+                values = row(made)
+                made += 1
+                connection.execute("BEGIN")
+                started = time.perf_counter()
+                connection.execute(compiled.sql, values)
+                timings.append(time.perf_counter() - started)
+                connection.execute("COMMIT")
+            connection.close()
+            label = (
+                "one secondary index (now)"
+                if variant == "now"
+                else "three single-column indexes (before)"
+            )
+            rows.append((f"INSERT at 50,000 rows, {label}", statistics.median(timings) * 1e6, "us"))
+        asyncio.run(engine.dispose())
+    return rows
+
+
+# --- the webhook claim (server/workers/webhook_dispatcher.py) ---------------------------------
+
+
+async def _webhook_claim(due: int) -> list[Row]:
+    async with rig() as built:
+        workspace_id = built.issued.workspace.id
+        now = datetime.now(UTC)
+        table = WebhookDelivery.__table__
+        rows = [
+            {
+                "id": f"whd_{n:020d}",
+                "workspace_id": workspace_id,
+                "job_id": f"vid_{n:020d}",
+                "url": "https://receiver.example/hook",
+                "payload": '{"type":"video.completed","data":{"status":"completed"}}',
+                "status": "pending",
+                "attempts": 0,
+                "lease_owner": "someone" if n < 4 else None,  # 4 in flight: the workspace's cap
+                "lease_expires_at": now.replace(year=now.year + 1) if n < 4 else None,
+                "next_attempt_at": now.replace(year=now.year - 1),
+                "created_at": now,
+            }
+            for n in range(due + 4)
+        ]
+        async with built.engine.begin() as connection:
+            await connection.execute(sa.insert(table), rows)
+        async with httpx.AsyncClient() as client:
+            dispatcher = WebhookDispatcher(
+                built.sessions,
+                built.clock,
+                client,
+                master=MasterKey.from_base64(MasterKey.generate_base64()),
+            )
+            timings = []
+            for _ in range(20):
+                started = time.perf_counter()
+                assert await dispatcher.claim() is None  # the workspace is at its cap
+                timings.append(time.perf_counter() - started)
+        return [
+            (
+                f"a claim finding nothing it may take, {due:,} due of one capped workspace: median",
+                statistics.median(timings) * 1000,
+                "ms",
+            ),
+            ("  the slowest of 20", max(timings) * 1000, "ms"),
+        ]
+
+
+def webhook_claim() -> list[Row]:
+    """The webhook dispatcher's claim (SQLite) with 20,000 pending deliveries due, all of
+    one workspace that has its cap (4) in flight: the claim scans them and takes none."""
+    return asyncio.run(_webhook_claim(20_000))
+
+
+# --- request bodies (server/transcription/request.py) -----------------------------------------
+
+
+async def _longest_stall(work: Callable[[], object]) -> tuple[float, float, float]:
+    """Run `work` in a thread while the loop ticks (`asyncio.sleep(0)` in a loop): (its wall
+    seconds, the loop's longest wait between two ticks, the 99th percentile of the waits)."""
+    gaps: list[float] = []
+    done = False
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    started = time.perf_counter()
+    await asyncio.to_thread(work)
+    took = time.perf_counter() - started
+    done = True
+    await ticker
+    return took, max(gaps), quantile(gaps, 0.99)
+
+
+def json_body() -> list[Row]:
+    """A JSON transcription body of about 30 MB (base64 audio in input_audio.data) through
+    `from_json`, on the loop's thread, and in a thread with the loop's longest wait."""
+    audio = os.urandom(22 * 2**20)
+    import base64
+
+    body = json.dumps(
+        {
+            "model": "unit/ok",
+            "input_audio": {"data": base64.b64encode(audio).decode(), "format": "wav"},
+        }
+    ).encode()
+    timings = []
+    for _ in range(3):
+        started = time.perf_counter()
+        from_json(body, None)
+        timings.append(time.perf_counter() - started)
+    took, longest, _p99 = asyncio.run(_longest_stall(lambda: from_json(body, None)))
+    return [
+        (f"from_json of a {len(body) / 1e6:.1f} MB body", statistics.median(timings) * 1000, "ms"),
+        ("the same in a thread: its wall time", took * 1000, "ms"),
+        ("  the event loop's longest wait meanwhile", longest * 1000, "ms"),
+    ]
+
+
+# --- local video (server/providers/local_video.py) --------------------------------------------
+
+
+def render_gil() -> list[Row]:
+    """render_mp4 at 1280x720 for 4 s in a thread (as LocalVideoAdapter runs it) while the
+    event loop ticks, three times: the longest wait of the loop between two ticks in each
+    render, and the 99th percentile of the waits."""
+    params = {
+        "width": 1280,
+        "height": 720,
+        "duration": 4,
+        "prompt": "a lighthouse at dusk",
+        "seed": 7,
+    }
+    render_mp4({**params, "duration": 1, "width": 320, "height": 240})  # imports, warm
+    runs = [asyncio.run(_longest_stall(lambda: render_mp4(params))) for _ in range(3)]
+    rows: list[Row] = []
+    for n, (took, longest, p99) in enumerate(runs, 1):
+        rows += [
+            (f"render {n}: 1280x720, 4 s, in a thread: wall", took * 1000, "ms"),
+            (f"render {n}: the event loop's longest wait between two ticks", longest * 1000, "ms"),
+            (f"render {n}: the 99th percentile of those waits", p99 * 1000, "ms"),
+        ]
+    return rows
+
+
+# --- processes: child interpreters ------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    cpu_seconds: float  # user + system, from its end (wait4)
+    peak_rss_mib: float  # VmHWM as its code ended (NaN if it exited before)
+    output: str
+
+
+# Appended to a child's code: its peak RSS (VmHWM) on the last line of its output. (wait4's
+# ru_maxrss would count the pages of this process the child had before its exec.)
+_PEAK = """
+for _line in open("/proc/self/status"):
+    if _line.startswith("VmHWM:"):
+        print("peak-kib", _line.split()[1])
+"""
+
+
+def child(code: str, *args: str) -> Child:
+    """Run `code` in a new interpreter of this checkout; its CPU, peak RSS and stdout."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-c", code + _PEAK, *args],
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=REPO_ROOT,
+    )
+    assert process.stdout is not None
+    output = process.stdout.read().decode()
+    _pid, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise RuntimeError(f"the child failed ({process.returncode}): {code[:80]}")
+    peak = float("nan")
+    lines = output.splitlines()
+    if lines and lines[-1].startswith("peak-kib "):
+        peak = int(lines.pop().split()[1]) / 1024
+    return Child(usage.ru_utime + usage.ru_stime, peak, "\n".join(lines))
+
+
+def main_module() -> list[Row]:
+    """What a worker process started with `spawn` pays before its first job: it re-imports
+    the parent's main module. server.__main__ (the `gateway` command's, now) against
+    server.cli (the main module before); CPU and peak RSS of a new interpreter that imports
+    it, median of 5."""
+    rows: list[Row] = []
+    for module, label in (
+        ("server.cli", "server.cli (before)"),
+        ("server.__main__", "server.__main__ (now)"),
+    ):
+        children = [child(f"import {module}") for _ in range(5)]
+        rows.append(
+            (f"importing {label}: CPU", statistics.median(c.cpu_seconds for c in children), "s")
+        )
+        rows.append(
+            (
+                f"importing {label}: peak RSS",
+                statistics.median(c.peak_rss_mib for c in children),
+                "MiB",
+            )
+        )
+    bare = [child("pass") for _ in range(5)]
+    rows.append(
+        (
+            "an interpreter importing nothing: CPU",
+            statistics.median(c.cpu_seconds for c in bare),
+            "s",
+        )
+    )
+    rows.append(
+        (
+            "an interpreter importing nothing: peak RSS",
+            statistics.median(c.peak_rss_mib for c in bare),
+            "MiB",
+        )
+    )
+    return rows
+
+
+_TEARDOWN = """
+import gc, sys, time
+import server.cli, server.app
+print(len(gc.get_objects()), time.process_time())
+sys.stdout.flush()
+if sys.argv[1] == "freeze":
+    gc.freeze()
+sys.exit(0)
+"""
+
+
+def exit_teardown() -> list[Row]:
+    """The interpreter's teardown after the server's modules are loaded (server.cli and
+    server.app imported: what a stopping `gateway` has at least): CPU from sys.exit to the
+    end of the process, with the heap frozen first (exit_with_frozen_heap, now) and
+    without; median of 3 each."""
+    results: dict[str, list[float]] = {"plain": [], "freeze": []}
+    objects = 0
+    for _ in range(3):
+        for variant in results:
+            ran = child(_TEARDOWN, variant)
+            count, before_exit = ran.output.split()
+            objects = int(count)
+            results[variant].append(ran.cpu_seconds - float(before_exit))
+    return [
+        ("objects tracked by the collector at exit", float(objects), "objects"),
+        ("teardown CPU, plain exit (before)", statistics.median(results["plain"]) * 1000, "ms"),
+        (
+            "teardown CPU, gc.freeze() then exit (now)",
+            statistics.median(results["freeze"]) * 1000,
+            "ms",
+        ),
+    ]
+
+
+_MIGRATE = """
+import asyncio, sys
+import server.app
+from server.db import migrate
+url = sys.argv[2]
+if sys.argv[1] == "in-process":
+    migrate.upgrade_sync(url)
+else:
+    asyncio.run(migrate.upgrade(url))
+"""
+
+
+def migrate_rss() -> list[Row]:
+    """Peak RSS of a process that imported the server (server.app) and brought a new SQLite
+    database to head: the migrations run in it (before) or in a child process (now,
+    `upgrade`); the mean of 2 each."""
+    rows: list[Row] = []
+    with folder("migrate") as path:
+        for variant, label in (
+            ("in-process", "in the process (before)"),
+            ("child", "in a child process (now)"),
+        ):
+            peaks = [
+                child(
+                    _MIGRATE, variant, f"sqlite+aiosqlite:///{path / f'{variant}{n}.db'}"
+                ).peak_rss_mib
+                for n in range(2)
+            ]
+            rows.append((f"peak RSS, migrations {label}", statistics.fmean(peaks), "MiB"))
+    return rows
+
+
+_IMPORT_RSS = """
+import sys
+import server.app
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+
+before = rss()
+for name in sys.argv[1:]:
+    __import__(name)
+print(rss() - before)
+"""
+
+
+def import_rss() -> list[Row]:
+    """RSS a server process (server.app imported) gains by importing what three providers
+    import on first use; the mean of 2 new interpreters each."""
+    groups = (
+        (
+            "Vertex's token refresh: google.auth.transport.requests (requests, urllib3)",
+            ["google.auth.transport.requests"],
+        ),
+        (
+            "the local video renderer: PyAV, numpy, Pillow",
+            ["av", "numpy", "PIL.Image", "PIL.ImageDraw", "PIL.ImageFont"],
+        ),
+        ("audio decoding: PyAV (and FFmpeg's libraries)", ["av"]),
+    )
+    return [
+        (
+            label,
+            statistics.fmean(float(child(_IMPORT_RSS, *modules).output) for _ in range(2)),
+            "MiB",
+        )
+        for label, modules in groups
+    ]
+
+
+# --- the command ------------------------------------------------------------------------------
+
+MEASUREMENTS: dict[str, Callable[[], list[Row]]] = {
+    "url-parse": url_parse,
+    "cookie-jar": cookie_jar,
+    "multipart": multipart,
+    "redaction": redaction,
+    "date-binds": date_binds,
+    "compile-once": compile_once,
+    "sqlite-reads": sqlite_reads,
+    "settlements": settlements,
+    "wal-commits": wal_commits,
+    "idle-ends": idle_ends,
+    "sessions": sessions,
+    "orm-rows": orm_rows,
+    "generation-index": generation_index,
+    "webhook-claim": webhook_claim,
+    "json-body": json_body,
+    "render-gil": render_gil,
+    "main-module": main_module,
+    "exit-teardown": exit_teardown,
+    "migrate-rss": migrate_rss,
+    "import-rss": import_rss,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.micro",
+        description=(__doc__ or "").split("\n\n")[0],
+        epilog="What each NAME measures: its function's docstring in bench/micro.py.",
+    )
+    parser.add_argument("name", choices=[*MEASUREMENTS, "all"], help="what to measure")
+    add_json_argument(parser)
+    args = parser.parse_args(argv)
+    names = list(MEASUREMENTS) if args.name == "all" else [args.name]
+    results: dict[str, list[dict[str, object]]] = {}
+    for name in names:
+        started = time.perf_counter()
+        rows = MEASUREMENTS[name]()
+        print(f"{name} ({time.perf_counter() - started:.1f} s):", flush=True)
+        for label, value, unit in rows:
+            print(f"  {value:10.2f} {unit:<7} {label}", flush=True)
+        results[name] = [
+            {"what": label, "value": value, "unit": unit} for label, value, unit in rows
+        ]
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
