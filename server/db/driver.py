@@ -334,8 +334,8 @@ CHECKPOINT_AFTER_CHANGES = 1_000
 
 # How long a transaction of the pool's connection may find the write lock taken by batch
 # after batch before the next batch waits for it: SQLite's busy handler retries only every
-# few milliseconds, so a steady writer could otherwise keep it waiting for a long time
-# (measured: 0.3-0.7 s at 1,400 batches/s).
+# few milliseconds, so a steady writer could otherwise keep it waiting through batch after
+# batch.
 POOL_FAIRNESS_SECONDS = 0.002
 
 
@@ -382,9 +382,9 @@ class InlineSqlite:
       `checkpoint_if_due` runs a PASSIVE checkpoint in a thread between two batches once
       the batches changed CHECKPOINT_AFTER_CHANGES rows. Between batches, not alongside
       them: a checkpoint racing a steady writer never catches up with the WAL's end, and
-      SQLite restarts the WAL from its beginning only when a checkpoint did (measured: the
-      WAL grew to 240 MB over 4,000 commits with concurrent checkpoints). Units queued
-      meanwhile wait for the next batch, as they wait for a commit.
+      SQLite restarts the WAL from its beginning only when a checkpoint did, so the WAL
+      grows for as long as the commits keep coming (figures: docs/performance.md). Units
+      queued meanwhile wait for the next batch, as they wait for a commit.
 
     The pool's aiosqlite connection still writes too (workers' claims, management writes,
     a failed request's release); it waits for this one in SQLite's busy handler on
@@ -419,8 +419,9 @@ class InlineSqlite:
             connection = connect_sqlite(self._path, cached_statements=512)
             connection.execute("PRAGMA wal_autocheckpoint=0")
             # A unit's savepoint journals the original of each page it changes (the
-            # sub-journal), by default in a temporary file: in memory instead (measured, a
-            # batch of 8 settlements: ~25% less CPU with `next_unit`'s one savepoint at a time).
+            # sub-journal), by default in a temporary file: in memory instead, which with
+            # `next_unit`'s one savepoint at a time costs a batch less CPU (figures:
+            # docs/performance.md).
             connection.execute("PRAGMA temp_store=MEMORY")
             self._connection = connection
         return self._connection
@@ -591,8 +592,8 @@ async def next_unit(session: AsyncSession, index: int) -> None:
     if inline is not None:
         # One savepoint at a time, not nested ones: under nested savepoints each unit
         # journals again the pages the units before it changed, and the sub-journal grows
-        # to the commit (measured: the 8th unit's statements ~2-3x slower than a lone
-        # unit's); releasing the open one empties it.
+        # to the commit, so a batch's later units run slower than its first (figures:
+        # docs/performance.md); releasing the open one empties it.
         if index:
             inline.execute("RELEASE u")
         inline.execute("SAVEPOINT u")
