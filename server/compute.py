@@ -1,6 +1,6 @@
 """CPU-bound work off the event loop: decoding audio, the local speech model, the local video
-renderer. pocketsphinx holds the GIL for the whole recognition (measured: a thread running a
-23 s recognition left the event loop's thread without the GIL for 57 s in one stretch), and
+renderer. pocketsphinx holds the GIL for the whole recognition (a thread running one leaves
+the event loop's thread without the GIL in one stretch, until the recognition ends), and
 PyAV's Python-level decode loop holds it between packets, so threads would still stall every
 other request: the work runs in worker processes.
 

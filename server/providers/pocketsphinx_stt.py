@@ -3,9 +3,9 @@ embedded default transcribes real speech with no account and no network. Any sup
 container is decoded with PyAV to 16 kHz mono 16-bit PCM first. There is no provider
 reference to check (checked 2026-11-27: this docstring against the code below).
 
-Recognition holds the GIL from start to end (a 23 s recording: one stretch of about a minute
-on a loaded machine), so it runs in worker processes (server.compute): a few at once, a few
-more queued, and a request arriving when both are full is answered at once as a rate-limited
+Recognition holds the GIL from start to end, in one stretch as long as the whole
+recognition, so it runs in worker processes (server.compute): a few at once, a few more
+queued, and a request arriving when both are full is answered at once as a rate-limited
 provider with Retry-After (the routing rules then try the next endpoint, or answer 429).
 
 A request naming a language other than English, or audio longer than MAX_SECONDS, is refused
