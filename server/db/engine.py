@@ -162,11 +162,12 @@ class IdleEndsSkipped(SQLiteDialect_aiosqlite):
 
     Python's sqlite3 begins a transaction before the first write and never for a read, so a
     session that only read holds no SQLite transaction; its ROLLBACK (or COMMIT) at close
-    changes nothing, yet costs a hand-off to aiosqlite's thread and back (about 0.1 ms on
-    the one pooled connection every request waits for). aiosqlite's `in_transaction` is
-    read on the loop's thread, when the session's statements are done (nothing runs on the
-    connection then). Both run on the loop's thread (in SQLAlchemy's greenlet), so they can
-    wake the writer's waiters (`pool_writes`) once the transaction has ended."""
+    changes nothing, yet costs a hand-off to aiosqlite's thread and back, on the one pooled
+    connection every request waits for (figures: docs/performance.md). aiosqlite's
+    `in_transaction` is read on the loop's thread, when the session's statements are done
+    (nothing runs on the connection then). Both run on the loop's thread (in SQLAlchemy's
+    greenlet), so they can wake the writer's waiters (`pool_writes`) once the transaction
+    has ended."""
 
     # The parent's statement caching holds: this only changes how transactions end.
     supports_statement_cache = True
