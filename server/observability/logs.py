@@ -264,8 +264,8 @@ def log_access(
     """One rpc's access line: `logger.info("%s %s %.1f ms", route, status, duration_ms,
     extra={"route", "status", "duration_ms"})` carrying `request_id`. With the JSON handler
     configure_logging installs, the line is built and queued directly (what the logging
-    machinery would produce; its record, filters and generic formatting cost three times
-    the line itself, on every request); otherwise it is logged as that call."""
+    machinery would produce; its record, filters and generic formatting cost more than the
+    line itself, on every request); otherwise it is logged as that call."""
     if not logger.isEnabledFor(logging.INFO):
         return
     handler = _direct_handler(logger)
