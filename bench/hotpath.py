@@ -5,7 +5,9 @@ One run starts, side by side on 127.0.0.1:
 - the fast fake provider (bench/harness/stt.py);
 - the floors (bench/floors.py): F1 = Envoy + JSON transcoder + a bare grpc.aio GET /key,
   F2 = F1's stack + one httpx call to the fake with the request's audio; F2-bare = F2 with
-  that call on a bare asyncio stream (not a target's floor: the least any provider call
+  that call on a bare asyncio stream; F3-http = F2-bare without the gRPC hop (Envoy as a
+  plain HTTP/1.1 proxy to a Python HTTP/1.1 server: the floor of the design that would
+  remove the hop); F2-bare and F3-http are not a target's floor (the least any provider call
   costs on this stack, shown beside the LiteLLM latency target);
 - the gateway (`gateway up`, one server process, SQLite) with a funded key;
 - LiteLLM's proxy (bench/litellm.py: its own venv under .bench-cache/, one worker, no
@@ -105,6 +107,7 @@ GW_KEY = "gateway GET /key"
 DIRECT_STT = "direct to fake"
 F2_STT = "F2 transcription"
 F2_BARE_STT = "F2-bare transcription"
+F3_HTTP_STT = "F3-http transcription"
 GW_STT = "gateway transcription"
 LITELLM_STT = "LiteLLM transcription"
 PORTKEY_STT = "Portkey transcription"
@@ -118,6 +121,7 @@ AUDIO_SECONDS = 1.0  # 16 kHz mono s16 WAV: 32,078 bytes
 class FloorProcess:
     provider: FakeProviderProcess
     bare: bool = False  # F2-bare: the provider call on a bare stream
+    plain_http: bool = False  # F3-http: no gRPC hop (Envoy as a plain HTTP/1.1 proxy)
     process: subprocess.Popen[str] | None = None
     port: int | None = None
 
@@ -136,6 +140,7 @@ class FloorProcess:
                 "--provider-key",
                 self.provider.api_key,
                 *(["--bare-provider-call"] if self.bare else []),
+                *(["--plain-http"] if self.plain_http else []),
             ],
             cwd=REPO_ROOT,
             stdout=subprocess.PIPE,
@@ -563,6 +568,20 @@ def evaluate(
             lambda ratio: ratio >= 1.5,
         )
     )
+    # Not targets: the floors' requests per CPU-second against Portkey's — what is left,
+    # within 1.5x of it, for the gateway's own work on each design (with and without the
+    # gRPC hop).
+    for floor_path in (F2_BARE_STT, F3_HTTP_STT):
+        if per_cpu(floor_path) is not None and per_cpu(PORTKEY_STT) is not None:
+            targets.append(
+                compared(
+                    f"(not a target) {floor_path} req per CPU-second at 16 vs Portkey's",
+                    per_cpu(floor_path),
+                    per_cpu(PORTKEY_STT),
+                    "req/CPU-s",
+                    None,
+                )
+            )
     pk_added = added(PORTKEY_STT)
     targets.append(
         Target(
@@ -577,8 +596,9 @@ def evaluate(
     if pk_added is not None:
         # Not targets: whether the stack itself (Envoy + gRPC), with one httpx call (F2) or
         # the least possible provider call (F2-bare), is within Portkey's latency; if even
-        # F2-bare is not, no gateway on this stack can meet that target here.
-        for floor_path in (F2_STT, F2_BARE_STT):
+        # F2-bare is not, no gateway on this stack can meet that target here. F3-http: the
+        # same without the gRPC hop (Envoy as a plain HTTP/1.1 proxy to Python).
+        for floor_path in (F2_STT, F2_BARE_STT, F3_HTTP_STT):
             floor_added = added(floor_path)
             if floor_added is not None:
                 targets.append(
@@ -782,6 +802,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         key = create_funded_key(tmp / "data", database.url)
         floor = FloorProcess(fake).start()
         bare_floor = FloorProcess(fake, bare=True).start()
+        http_floor = FloorProcess(fake, plain_http=True).start()
         proxy = None if args.no_litellm else litellm_proxy.LiteLLMProxy(fake, tmp).start()
         peer: portkey_gateway.PortkeyGateway | None = None
         try:
@@ -789,7 +810,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 peer = portkey_gateway.PortkeyGateway(fake, tmp).start()
             gateway_url = run.gateway.base_url
             assert floor.process is not None and run.gateway.process is not None
-            assert bare_floor.process is not None
+            assert bare_floor.process is not None and http_floor.process is not None
             floor_pid, gateway_pid = floor.process.pid, run.gateway.process.pid
             fake_pid = None if fake.process is None else fake.process.pid
             cases = [
@@ -811,6 +832,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     UPSTREAM_MODEL,
                     audio,
                     bare_floor.process.pid,
+                ),
+                post_case(
+                    F3_HTTP_STT,
+                    http_floor.base_url + ROUTE,
+                    key,
+                    UPSTREAM_MODEL,
+                    audio,
+                    http_floor.process.pid,
                 ),
                 post_case(GW_STT, gateway_url + ROUTE, key, BENCH_MODEL, audio, gateway_pid),
             ]
@@ -855,6 +884,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 proxy.stop()
             floor.stop()
             bare_floor.stop()
+            http_floor.stop()
     videos: dict[str, float | None] = {}
     if not args.no_videos:
         videos["SQLite"] = video_submissions(args, None)

@@ -1138,6 +1138,65 @@ def import_rss() -> list[Row]:
 
 # --- the command ------------------------------------------------------------------------------
 
+
+def _gateway_methods() -> int:
+    """How many methods the gateway serves: its services' (server/contract.py), plus grpc's
+    health (Check, Watch, List) and reflection (ServerReflectionInfo)."""
+    from google.protobuf import descriptor_pb2
+
+    from server.contract import DESCRIPTOR_SET, SERVICES
+
+    files = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_bytes())
+    methods = sum(
+        len(service.method)
+        for file in files.file
+        for service in file.service
+        if f"{file.package}.{service.name}" in SERVICES
+    )
+    return methods + 3 + 1
+
+
+async def _grpc_dispatch(methods: int) -> list[Row]:
+    loop = asyncio.get_running_loop()
+
+    def waiting_on(count: int) -> Callable[[], Awaitable[object]]:
+        pending = [loop.create_future() for _ in range(count)]
+
+        async def call_arrives() -> object:
+            # As grpc.aio's _server_main_loop for each call: the request of one method
+            # completes, the loop waits on every pending request, then asks again for it.
+            loop.call_soon(pending[0].set_result, None)
+            done = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            pending[0] = loop.create_future()
+            return done
+
+        return call_arrives
+
+    timings = await interleaved(
+        {"registered": waiting_on(methods), "one table": waiting_on(1)}, calls=3000
+    )
+    return [
+        (
+            f"a call's dispatch wait, every method registered ({methods} pending)",
+            timings["registered"][0],
+            "µs CPU",
+        ),
+        (
+            "a call's dispatch wait, one generic handler (MethodTable)",
+            timings["one table"][0],
+            "µs CPU",
+        ),
+    ]
+
+
+def grpc_dispatch() -> list[Row]:
+    """server/services/rpc.py MethodTable: grpc.aio's server keeps one request pending per
+    registered method and, for every call that arrives, waits on all of them at once
+    (asyncio.wait adds and removes a callback on each); with one generic handler, on one.
+    CPU per call of that wait alone, with the gateway's method count and with one."""
+    return asyncio.run(_grpc_dispatch(_gateway_methods()))
+
+
 MEASUREMENTS: dict[str, Callable[[], list[Row]]] = {
     "url-parse": url_parse,
     "cookie-jar": cookie_jar,
@@ -1159,6 +1218,7 @@ MEASUREMENTS: dict[str, Callable[[], list[Row]]] = {
     "exit-teardown": exit_teardown,
     "migrate-rss": migrate_rss,
     "import-rss": import_rss,
+    "grpc-dispatch": grpc_dispatch,
 }
 
 

@@ -78,13 +78,19 @@ def _read(path: Path) -> str:
     return path.read_text()
 
 
+# Envoy's worker threads beside the server processes of one host.
+ENVOY_WORKERS = 2
+
+
 def dying_with_this_process(*command: str) -> list[str]:
     """`command`, started so that it gets SIGTERM when this process dies (facade.parent_death)."""
     return [sys.executable, "-m", "facade.parent_death", str(os.getpid()), *command]
 
 
 class EnvoyProcess:
-    def __init__(self, options: EnvoyOptions, work_dir: Path, concurrency: int = 2) -> None:
+    def __init__(
+        self, options: EnvoyOptions, work_dir: Path, concurrency: int = ENVOY_WORKERS
+    ) -> None:
         self.options = options
         self.work_dir = work_dir
         self.concurrency = concurrency
