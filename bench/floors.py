@@ -147,6 +147,9 @@ class BareProviderCall:
         assert length is not None, "the fake answers with a Content-Length"
         body = await reader.readexactly(int(length.group(1)))
         self._idle.append((reader, writer))
+        # A floor serves only what the provider served: its failure is the request's.
+        if not answer_head.startswith(b"HTTP/1.1 200 "):
+            raise RuntimeError(f"the provider answered {answer_head[:12]!r}")
         return body
 
 
@@ -228,7 +231,10 @@ class PlainHttpTranscriptions(asyncio.Protocol):
         if b"authorization" not in headers:
             return _plain_answer(401, b'{"error":{"code":401,"message":"Missing API key"}}')
         content_type = headers.get(b"content-type", b"").decode("latin-1")
-        return _plain_answer(200, await self._call(content_type, body))
+        try:
+            return _plain_answer(200, await self._call(content_type, body))
+        except (RuntimeError, OSError, asyncio.IncompleteReadError):
+            return _plain_answer(502, b'{"error":{"code":502,"message":"Provider returned error"}}')
 
     async def _write_answers(self) -> None:
         while True:
@@ -238,7 +244,7 @@ class PlainHttpTranscriptions(asyncio.Protocol):
 
 
 def _plain_answer(status: int, body: bytes) -> bytes:
-    reason = {200: "OK", 401: "Unauthorized", 404: "Not Found"}[status]
+    reason = {200: "OK", 401: "Unauthorized", 404: "Not Found", 502: "Bad Gateway"}[status]
     return (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
