@@ -48,6 +48,7 @@ from bench.harness.cli import add_json_argument
 from bench.request_steps import transcription_rig
 from server.billing.holds import _settlement
 from server.billing.ledger import CHARGE, COUNTERS, INSERT_ENTRY
+from server.compute import ComputePool
 from server.db.driver import (
     HotReads,
     _compile,
@@ -66,7 +67,7 @@ from server.providers.http import _RefuseCookies, multipart_form, parsed_url, pr
 from server.providers.local_video import render_mp4
 from server.providers.openai_stt import MIME, form_fields
 from server.providers.stt import SttCall
-from server.transcription.request import from_json
+from server.transcription.request import from_http_in_worker, from_json
 from server.transcription.session import LazySession
 from server.transcription.transcriber import _end_reads
 from server.vault.crypto import MasterKey
@@ -877,6 +878,12 @@ def webhook_claim() -> list[Row]:
 async def _longest_stall(work: Callable[[], object]) -> tuple[float, float, float]:
     """Run `work` in a thread while the loop ticks (`asyncio.sleep(0)` in a loop): (its wall
     seconds, the loop's longest wait between two ticks, the 99th percentile of the waits)."""
+    return await _stalled_by(lambda: asyncio.to_thread(work))
+
+
+async def _stalled_by(work: Callable[[], Awaitable[object]]) -> tuple[float, float, float]:
+    """Await `work()` while the loop ticks: (its wall seconds, the loop's longest wait
+    between two ticks, the 99th percentile of the waits)."""
     gaps: list[float] = []
     done = False
 
@@ -891,16 +898,31 @@ async def _longest_stall(work: Callable[[], object]) -> tuple[float, float, floa
     ticker = asyncio.create_task(tick())
     await asyncio.sleep(0)
     started = time.perf_counter()
-    await asyncio.to_thread(work)
+    await work()
     took = time.perf_counter() - started
     done = True
     await ticker
     return took, max(gaps), quantile(gaps, 0.99)
 
 
+async def _in_a_decoder(body: bytes) -> tuple[float, float, float]:
+    """The body parsed as Transcriber.parse hands a large one over: in a decoder process
+    (a ComputePool of one worker, started before the measurement)."""
+    pool = ComputePool("audio decoding", workers=1, queue=1)
+    try:
+        await pool.run(abs, -1)  # the worker started
+        return await _stalled_by(
+            lambda: pool.run(from_http_in_worker, body, "application/json", None)
+        )
+    finally:
+        await pool.close()
+
+
 def json_body() -> list[Row]:
     """A JSON transcription body of about 30 MB (base64 audio in input_audio.data) through
-    `from_json`, on the loop's thread, and in a thread with the loop's longest wait."""
+    `from_json`: on the loop's thread; in a thread, with the loop's longest wait; and as
+    the server parses it (Transcriber.parse: in a decoder process), with the loop's longest
+    wait."""
     audio = os.urandom(22 * 2**20)
     import base64
 
@@ -916,10 +938,13 @@ def json_body() -> list[Row]:
         from_json(body, None)
         timings.append(time.perf_counter() - started)
     took, longest, _p99 = asyncio.run(_longest_stall(lambda: from_json(body, None)))
+    in_worker, worker_longest, _ = asyncio.run(_in_a_decoder(body))
     return [
         (f"from_json of a {len(body) / 1e6:.1f} MB body", statistics.median(timings) * 1000, "ms"),
         ("the same in a thread: its wall time", took * 1000, "ms"),
         ("  the event loop's longest wait meanwhile", longest * 1000, "ms"),
+        ("the same in a decoder process: its wall time", in_worker * 1000, "ms"),
+        ("  the event loop's longest wait meanwhile", worker_longest * 1000, "ms"),
     ]
 
 

@@ -72,3 +72,29 @@ async def test_the_local_model_refuses_audio_longer_than_its_bound() -> None:
         assert "at most 2 seconds" in failure.value.message
     finally:
         await pool.close()
+
+
+async def test_a_large_body_is_parsed_in_a_worker_process_and_its_refusal_comes_back() -> None:
+    """Transcriber.parse hands a large REST body to the decoders: the parsed request (its
+    audio bytes) and a refusal both cross the process boundary."""
+    import base64
+    import json
+
+    from server.transcription.media import Refusal
+    from server.transcription.request import from_http, from_http_in_worker
+
+    audio = speech(40.0)
+    body = json.dumps(
+        {
+            "model": "unit/ok",
+            "input_audio": {"data": base64.b64encode(audio).decode(), "format": "wav"},
+        }
+    ).encode()
+    pool = ComputePool("audio decoding", workers=1, queue=1)
+    try:
+        parsed = await pool.run(from_http_in_worker, body, "application/json", "s-9")
+        assert parsed == from_http(body, "application/json", "s-9")
+        refused = await pool.run(from_http_in_worker, body[:-2], "application/json", None)
+        assert refused == Refusal(400, "The request body is not valid JSON", None)
+    finally:
+        await pool.close()

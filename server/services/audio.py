@@ -14,7 +14,7 @@ from server.contract import audio_pb2, audio_pb2_grpc
 from server.db.engine import SessionFactory
 from server.services.rpc import header_value, metadata_of, time_remaining
 from server.transcription.body import BodyBudget, declared_length, read_body
-from server.transcription.request import from_http, from_message
+from server.transcription.request import from_message
 from server.transcription.session import LazySession
 from server.transcription.transcriber import Transcriber
 
@@ -53,7 +53,7 @@ class AudioService(audio_pb2_grpc.AudioServicer):
                     self._max_body_bytes,
                     declared_length(header_value(context, "x-gateway-content-length")),
                 )
-                parsed = from_http(
+                parsed = await self._transcriber.parse(
                     body.data, body.content_type, header_value(context, "x-session-id")
                 )
                 del body  # parsed holds the audio; the raw body can go

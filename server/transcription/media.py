@@ -165,9 +165,14 @@ def probe_wav(data: bytes, param: str) -> ProbedAudio | None:
     )
 
 
+def refusal_of(exc: GatewayError) -> Refusal:
+    """A GatewayError as a worker process hands it back."""
+    return Refusal(exc.status, exc.message, dict(exc.metadata or {}) or None)
+
+
 def probe_in_worker(data: bytes, claimed_format: str | None, param: str) -> ProbedAudio | Refusal:
     """`probe` as a worker process runs it: a refusal is returned, not raised."""
     try:
         return probe(data, claimed_format, param)
     except GatewayError as exc:
-        return Refusal(exc.status, exc.message, dict(exc.metadata or {}) or None)
+        return refusal_of(exc)

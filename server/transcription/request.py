@@ -17,7 +17,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from server.errors import GatewayError, bad_request
-from server.transcription.media import MAX_AUDIO_BYTES, normalize_format
+from server.transcription.media import MAX_AUDIO_BYTES, Refusal, normalize_format, refusal_of
 from server.validation import (
     BoundedId,
     Provider,
@@ -344,6 +344,16 @@ def from_http(raw: bytes, content_type: str, header_session_id: str | None) -> T
         "Content-Type must be application/json or multipart/form-data",
         {"param": "content-type"},
     )
+
+
+def from_http_in_worker(
+    raw: bytes, content_type: str, header_session_id: str | None
+) -> TranscriptionInput | Refusal:
+    """`from_http` as a worker process runs it: a refusal is returned, not raised."""
+    try:
+        return from_http(raw, content_type, header_session_id)
+    except GatewayError as exc:
+        return refusal_of(exc)
 
 
 def from_message(request: Any, header_session_id: str | None) -> TranscriptionInput:

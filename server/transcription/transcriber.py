@@ -56,12 +56,16 @@ from server.routing.catalog import Catalog, Model
 from server.routing.cooldowns import Cooldowns
 from server.routing.fallback import no_provider, route
 from server.transcription.media import ProbedAudio, Refusal, probe_in_worker, probe_wav
-from server.transcription.request import TranscriptionInput
+from server.transcription.request import TranscriptionInput, from_http, from_http_in_worker
 
 log = logging.getLogger("gateway.transcription")
 # The gateway answers 504 itself this long before the caller's deadline, so its answer (and
 # the released hold) arrives before the caller, or Envoy, gives up.
 DEADLINE_MARGIN_SECONDS = 0.25
+# A REST body up to this size is parsed on the event loop; a larger one in a decoder process
+# (Transcriber.parse): handing a body over costs more than parsing a small one, and less
+# than the stall of parsing a large one on the loop.
+INLINE_PARSE_BYTES = 1024 * 1024
 # What json.dumps(..., separators=(",", ":")) writes; built once (dumps builds an encoder
 # per call for any non-default argument).
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
@@ -522,14 +526,46 @@ class Transcriber:
             request.audio = wav.audio  # rebuilt to hold exactly what was measured
         return wav
 
+    async def parse(
+        self, raw: bytes, content_type: str, header_session_id: str | None
+    ) -> TranscriptionInput:
+        """A REST request's body (JSON or multipart) read into a TranscriptionInput: in this
+        process up to INLINE_PARSE_BYTES, in a decoder process above. Parsing is CPU-bound
+        and holds the GIL throughout (json.loads, base64, the multipart parser), so a large
+        body parsed here, even in a thread, would stall every other request."""
+        if len(raw) <= INLINE_PARSE_BYTES:
+            return from_http(raw, content_type, header_session_id)
+        parsed: TranscriptionInput = await self._in_decoder(
+            lambda: bad_request("The request body could not be read"),
+            from_http_in_worker,
+            raw,
+            content_type,
+            header_session_id,
+        )
+        return parsed
+
     async def _probe(self, request: TranscriptionInput) -> ProbedAudio:
         """The audio decoded to its end and measured, in a worker process (media.probe);
         a refusal names the audio field. Nothing is held yet."""
+        probed: ProbedAudio = await self._in_decoder(
+            lambda: bad_request("The audio could not be decoded", param=request.audio_param),
+            probe_in_worker,
+            request.audio,
+            request.claimed_format,
+            request.audio_param,
+        )
+        return probed
+
+    async def _in_decoder(
+        self, lost_twice: Callable[[], GatewayError], fn: Callable[..., Any], *args: Any
+    ) -> Any:
+        """`fn(*args)` in a decoder process; a Refusal it returns is raised as the
+        GatewayError it stands for. A full pool is a 503 with Retry-After; a decoder crash
+        takes down every job of the pool, so each is tried once more in a fresh one, and a
+        job that crashes it again is refused with `lost_twice()`."""
         for attempt in (1, 2):
             try:
-                outcome = await self._decoder.run(
-                    probe_in_worker, request.audio, request.claimed_format, request.audio_param
-                )
+                outcome = await self._decoder.run(fn, *args)
             except PoolBusy as busy:
                 raise GatewayError(
                     503,
@@ -537,12 +573,8 @@ class Transcriber:
                     retry_after_seconds=busy.retry_after,
                 ) from busy
             except WorkerLost:
-                # A decoder crash takes down every job of the pool: each is tried once more
-                # in a fresh one, and audio that crashes it again is refused.
                 if attempt == 2:
-                    raise bad_request(
-                        "The audio could not be decoded", param=request.audio_param
-                    ) from None
+                    raise lost_twice() from None
                 continue
             if isinstance(outcome, Refusal):
                 raise GatewayError(outcome.status, outcome.message, outcome.metadata)
