@@ -489,7 +489,12 @@ class Settings(BaseSettings):
     # CPU-bound work runs in worker processes (server.compute), never on the event loop; a
     # request finding the pool and its queue full is answered 429, never left to stall others
     decode_workers: int = Field(
-        2, ge=1, description="Worker processes per server process decoding audio before admission."
+        2,
+        ge=1,
+        description=(
+            "Worker processes per server process decoding audio, and parsing transcription"
+            " bodies over 1 MiB, before admission."
+        ),
     )
     local_stt_workers: int = Field(
         2, ge=1, description="Worker processes per server process running the local speech model."
