@@ -654,31 +654,44 @@ def sessions() -> list[Row]:
     return asyncio.run(_sessions())
 
 
+def generation_row(
+    row_id: str, account_id: str, workspace_id: str, key_hash: str, created_at: datetime
+) -> dict[str, Any]:
+    """A completed transcription's generation row, as the transcriber records one."""
+    return {
+        "id": row_id,
+        "account_id": account_id,
+        "workspace_id": workspace_id,
+        "key_hash": key_hash,
+        "kind": "stt",
+        "model": "unit/ok",
+        "provider": "alpha",
+        "status": "completed",
+        "cost_micros": 10_000,
+        "is_byok": False,
+        "seconds": None,
+        "latency_ms": 3,
+        "session_id": None,
+        "user": None,
+        "trace": None,
+        "error": None,
+        "created_at": created_at,
+    }
+
+
 async def _orm_rows(count: int) -> list[Row]:
     async with rig() as built:
         account_id = built.issued.workspace.account_id
         now = datetime.now(UTC)
 
         def generation() -> dict[str, Any]:
-            return {
-                "id": f"gen_{secrets.token_hex(12)}",
-                "account_id": account_id,
-                "workspace_id": built.issued.workspace.id,
-                "key_hash": built.issued.hash,
-                "kind": "stt",
-                "model": "unit/ok",
-                "provider": "alpha",
-                "status": "completed",
-                "cost_micros": 10_000,
-                "is_byok": False,
-                "seconds": None,
-                "latency_ms": 3,
-                "session_id": None,
-                "user": None,
-                "trace": None,
-                "error": None,
-                "created_at": now,
-            }
+            return generation_row(
+                f"gen_{secrets.token_hex(12)}",
+                account_id,
+                built.issued.workspace.id,
+                built.issued.hash,
+                now,
+            )
 
         def entry() -> dict[str, Any]:
             return {
@@ -773,25 +786,13 @@ def generation_index() -> list[Row]:
 
             def row(n: int) -> list[Any]:
                 return compiled.arguments(
-                    {
-                        "id": f"gen_{n:024d}",
-                        "account_id": f"acct_{n % 50}",
-                        "workspace_id": f"ws_{n % 50}",
-                        "key_hash": f"{n % 500:064d}",
-                        "kind": "stt",
-                        "model": "unit/ok",
-                        "provider": "alpha",
-                        "status": "completed",
-                        "cost_micros": 10_000,
-                        "is_byok": False,
-                        "seconds": None,
-                        "latency_ms": 3,
-                        "session_id": None,
-                        "user": None,
-                        "trace": None,
-                        "error": None,
-                        "created_at": datetime.now(UTC),
-                    }
+                    generation_row(
+                        f"gen_{n:024d}",
+                        f"acct_{n % 50}",
+                        f"ws_{n % 50}",
+                        f"{n % 500:064d}",
+                        datetime.now(UTC),
+                    )
                 )
 
             connection.execute("BEGIN")
