@@ -278,6 +278,7 @@ def build_core(
             cooldowns=cooldowns,
             writer=writer,
             max_video_bytes=settings.video_max_bytes,
+            workspace_jobs_at_once=settings.video_workspace_jobs_at_once,
             download_seconds=settings.video_download_seconds,
             jobs_at_once=settings.video_jobs_at_once,
             drain_seconds=settings.shutdown_grace_seconds,

@@ -35,6 +35,7 @@ VIDEO_DOWNLOAD_SECONDS = 900.0  # one provider result download, start to end
 VIDEO_IMAGE_MAX_BYTES = 20 * 1024**2  # one client image (Veo's own inline limit)
 VIDEO_IMAGE_FETCH_SECONDS = 30.0  # one client image fetch, start to end
 VIDEO_JOBS_AT_ONCE = 8  # jobs one server process's video worker runs concurrently
+VIDEO_WORKSPACE_JOBS_AT_ONCE = 6  # of them, one workspace's at once across every process
 ANY_ORIGIN = "*"
 ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
 
@@ -333,9 +334,16 @@ class Settings(BaseSettings):
     )
     video_jobs_at_once: int = Field(
         VIDEO_JOBS_AT_ONCE,
-        ge=1,
+        ge=2,
         description="Video jobs one server process works on concurrently, each lease renewed "
         "while it runs: a slow provider, image host or download holds only its own job.",
+    )
+    video_workspace_jobs_at_once: int = Field(
+        VIDEO_WORKSPACE_JOBS_AT_ONCE,
+        ge=1,
+        description="Video jobs of one workspace under way at once across all processes "
+        "(counted in the database); below GATEWAY_VIDEO_JOBS_AT_ONCE, so that one "
+        "workspace's slow jobs leave slots to the others.",
     )
     video_retention_seconds: float = Field(
         86400.0,
@@ -532,6 +540,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _webhook_shares(self) -> Settings:
+        if self.video_workspace_jobs_at_once >= self.video_jobs_at_once:
+            raise ValueError(
+                "GATEWAY_VIDEO_WORKSPACE_JOBS_AT_ONCE "
+                f"({self.video_workspace_jobs_at_once}) must be below "
+                f"GATEWAY_VIDEO_JOBS_AT_ONCE ({self.video_jobs_at_once}): one workspace's "
+                "slow jobs must leave slots to the others"
+            )
         if self.webhook_workspace_concurrency >= self.webhook_concurrency:
             raise ValueError(
                 "GATEWAY_WEBHOOK_WORKSPACE_CONCURRENCY "

@@ -3,6 +3,7 @@ webhook outbox without doing any item twice."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -28,18 +29,43 @@ class Claimer:
         self,
         model: type[RowT],
         *,
-        ready: sa.ColumnElement[bool],
+        ready: Callable[[Any], sa.ColumnElement[bool]],
         due_column: str,
         extra_columns: tuple[str, ...] = (),
+        per_workspace: int | None = None,
+        lock_key: int | None = None,
     ) -> None:
+        """`ready(table)`: the condition of a claimable row, on the table or an alias of it.
+        `per_workspace`: a row is claimed only while its workspace has fewer rows ready and
+        leased right now, across every process (counted in the database), so one workspace's
+        slow work fills its own share and leaves the rest to the others; PostgreSQL's claims
+        then take the advisory transaction lock `lock_key` in turn, so that two racing
+        claims cannot both see a workspace below its cap (SQLite has one writer)."""
+        if per_workspace is not None and lock_key is None:
+            raise ValueError("a per-workspace cap needs a lock key for PostgreSQL's claims")
         table = model.__table__
         self._model = model
         self._extra = extra_columns
         now = sa.bindparam("now", type_=table.c[due_column].type)
         free = sa.or_(table.c.lease_expires_at.is_(None), table.c.lease_expires_at < now)
+        claimable = ready(table)
+        if per_workspace is not None:
+            busy = table.alias("busy")
+            at_cap = (
+                sa.select(busy.c.workspace_id)
+                .where(ready(busy), busy.c.lease_expires_at >= now)
+                .group_by(busy.c.workspace_id)
+                .having(sa.func.count() >= sa.literal(per_workspace))
+            )
+            claimable = sa.and_(claimable, table.c.workspace_id.not_in(at_cap))
+        self._lock = (
+            None
+            if lock_key is None
+            else sa.select(sa.func.pg_advisory_xact_lock(sa.literal(lock_key, sa.BigInteger)))
+        )
         due = (
             sa.select(table.c.id)
-            .where(ready, table.c[due_column] <= now, free)
+            .where(claimable, table.c[due_column] <= now, free)
             .order_by(table.c[due_column])
             .limit(1)
         )
@@ -56,7 +82,7 @@ class Claimer:
         # UPDATE reaches it (another process may have claimed it meanwhile: then no row).
         self._claim: dict[str, sa.Executable] = {
             dialect: sa.update(table)
-            .where(table.c.id == chosen.scalar_subquery(), ready, free)
+            .where(table.c.id == chosen.scalar_subquery(), claimable, free)
             .values(lease_values)
             .returning(*table.c)
             for dialect, chosen in (
@@ -99,6 +125,8 @@ class Claimer:
         """The oldest due, unleased, ready row leased to `owner` (an instance of the model),
         or None when there is none or another process won it. Commits."""
         values = extra_values or {}
+        if self._lock is not None and session.get_bind().dialect.name == "postgresql":
+            await fetch_rows(session, self._lock, {})  # held until the claim commits
         claimed = await fetch_rows(
             session,
             self._claim,

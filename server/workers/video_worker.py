@@ -6,7 +6,9 @@ is working on. The charge and the terminal state commit together, guarded by the
 job is charged exactly once.
 
 A process works on up to `jobs_at_once` jobs concurrently: one job's slow provider, image
-host or download holds only that job. A provider's result is streamed into the content
+host or download holds only that job; and one workspace's jobs take at most
+`workspace_jobs_at_once` of them across every process, so a workspace with many slow jobs
+leaves the other slots to the other workspaces. A provider's result is streamed into the content
 store under a size and a time bound; past either the job fails for good (its hold
 released, nothing stored), it is not fetched again."""
 
@@ -28,7 +30,12 @@ from server.billing.holds import Hold, drop_hold, settle_hold
 from server.billing.money import usd_to_micros
 from server.byok.routing import ByokRouting, PlannedAttempt
 from server.clock import Clock
-from server.config import VIDEO_DOWNLOAD_SECONDS, VIDEO_JOBS_AT_ONCE, VIDEO_MAX_BYTES
+from server.config import (
+    VIDEO_DOWNLOAD_SECONDS,
+    VIDEO_JOBS_AT_ONCE,
+    VIDEO_MAX_BYTES,
+    VIDEO_WORKSPACE_JOBS_AT_ONCE,
+)
 from server.db.driver import fetch_rows
 from server.db.engine import SessionFactory, is_database_unavailable
 from server.db.models import Generation, VideoJob
@@ -59,13 +66,24 @@ log = logging.getLogger("gateway.jobs")
 
 _JOBS = VideoJob.__table__
 
-# Claiming a due job (pending, or in progress at a provider) with a lease.
-_CLAIMER = Claimer(
-    VideoJob,
-    ready=sa.or_(_JOBS.c.status == jobs.PENDING, _JOBS.c.status == jobs.IN_PROGRESS),
-    due_column="next_run_at",
-    extra_columns=("status", "updated_at"),
-)
+# PostgreSQL: video job claims of every process take this transaction lock in turn (Claimer).
+CLAIM_LOCK_KEY = 0x76_69_64_65
+
+
+def _claimer(workspace_jobs_at_once: int) -> Claimer:
+    """Claiming a due job (pending, or in progress at a provider) with a lease, of a
+    workspace with fewer than `workspace_jobs_at_once` jobs leased (under way) right now."""
+    return Claimer(
+        VideoJob,
+        ready=lambda table: sa.or_(
+            table.c.status == jobs.PENDING, table.c.status == jobs.IN_PROGRESS
+        ),
+        due_column="next_run_at",
+        extra_columns=("status", "updated_at"),
+        per_workspace=workspace_jobs_at_once,
+        lock_key=CLAIM_LOCK_KEY,
+    )
+
 
 # What `finish` sets on the job.
 _FINISH_COLUMNS = (
@@ -142,12 +160,14 @@ class VideoWorker:
         max_video_bytes: int = VIDEO_MAX_BYTES,
         download_seconds: float = VIDEO_DOWNLOAD_SECONDS,
         jobs_at_once: int = VIDEO_JOBS_AT_ONCE,
+        workspace_jobs_at_once: int = VIDEO_WORKSPACE_JOBS_AT_ONCE,
         drain_seconds: float = 30.0,
     ) -> None:
         # Bounds of each result file streamed into the store (server/config.py).
         self._max_video_bytes = max_video_bytes
         self._download_seconds = download_seconds
         self._jobs_at_once = jobs_at_once
+        self._claimer = _claimer(workspace_jobs_at_once)
         # On stop, how long jobs under way may take to finish before they are cancelled
         # (their leases then lapse and another process takes them up).
         self._drain_seconds = drain_seconds
@@ -247,7 +267,7 @@ class VideoWorker:
             await asyncio.sleep(every)
             try:
                 async with self._sessions() as session:
-                    kept = await _CLAIMER.renew(
+                    kept = await self._claimer.renew(
                         session,
                         row_id=job.id,
                         owner=self.owner,
@@ -270,7 +290,7 @@ class VideoWorker:
         # the submissions' batches, and on SQLite the worker then ran its jobs during a
         # submission burst instead of after it (bench.videos: fewer 202s/s, no less work).
         async with self._sessions() as session:
-            job: VideoJob | None = await _CLAIMER.claim(
+            job: VideoJob | None = await self._claimer.claim(
                 session,
                 owner=self.owner,
                 now=now,

@@ -30,7 +30,6 @@ import httpx
 import sqlalchemy as sa
 
 from server.clock import Clock
-from server.db.driver import fetch_rows
 from server.db.engine import SessionFactory, is_database_unavailable
 from server.db.models import WebhookDelivery
 from server.vault.crypto import MasterKey
@@ -66,9 +65,8 @@ MAX_ANSWER_BYTES = 16 * 1024
 # secret before the attempt and recording its outcome after it, so that another process
 # never takes up a delivery still being attempted.
 LEASE_MARGIN = timedelta(minutes=1)
-# PostgreSQL: webhook claims of every process take this transaction lock in turn, so that
-# two claims racing cannot both see a workspace below its cap (SQLite has one writer).
-_CLAIM_LOCK = sa.select(sa.func.pg_advisory_xact_lock(sa.literal(0x67_77_68_6B, sa.BigInteger)))
+# PostgreSQL: webhook claims of every process take this transaction lock in turn (Claimer).
+CLAIM_LOCK_KEY = 0x67_77_68_6B
 
 _DELIVERIES = WebhookDelivery.__table__
 
@@ -76,19 +74,12 @@ _DELIVERIES = WebhookDelivery.__table__
 def _claimer(workspace_concurrency: int) -> Claimer:
     """Claiming a pending delivery whose next attempt is due, with a lease, of a workspace
     with fewer than `workspace_concurrency` deliveries leased (in flight) right now."""
-    busy = _DELIVERIES.alias("busy")
-    # The claim's own `now` (Claimer binds it by that name), so one value serves both.
-    now = sa.bindparam("now", type_=_DELIVERIES.c.next_attempt_at.type)
-    at_cap = (
-        sa.select(busy.c.workspace_id)
-        .where(busy.c.status == "pending", busy.c.lease_expires_at >= now)
-        .group_by(busy.c.workspace_id)
-        .having(sa.func.count() >= sa.literal(workspace_concurrency))
-    )
     return Claimer(
         WebhookDelivery,
-        ready=sa.and_(_DELIVERIES.c.status == "pending", _DELIVERIES.c.workspace_id.not_in(at_cap)),
+        ready=lambda deliveries: deliveries.c.status == "pending",
         due_column="next_attempt_at",
+        per_workspace=workspace_concurrency,
+        lock_key=CLAIM_LOCK_KEY,
     )
 
 
@@ -173,8 +164,6 @@ class WebhookDispatcher:
 
     async def claim(self) -> WebhookDelivery | None:
         async with self._sessions() as session:
-            if session.get_bind().dialect.name == "postgresql":
-                await fetch_rows(session, _CLAIM_LOCK, {})  # held until the claim commits
             delivery: WebhookDelivery | None = await self._claimer.claim(
                 session, owner=self.owner, now=self._clock.now(), lease=self._lease
             )

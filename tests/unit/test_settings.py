@@ -89,6 +89,22 @@ def test_a_wrong_flag_names_the_flag(tmp_path: Path) -> None:
         load_settings(tmp_path, metrics_port=-1)
 
 
+def test_a_workspaces_video_share_leaves_slots_to_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = load_settings(tmp_path)
+    assert (settings.video_jobs_at_once, settings.video_workspace_jobs_at_once) == (8, 6)
+    monkeypatch.setenv("GATEWAY_VIDEO_JOBS_AT_ONCE", "3")
+    monkeypatch.setenv("GATEWAY_VIDEO_WORKSPACE_JOBS_AT_ONCE", "2")
+    settings = load_settings(tmp_path)
+    assert (settings.video_jobs_at_once, settings.video_workspace_jobs_at_once) == (3, 2)
+    monkeypatch.setenv("GATEWAY_VIDEO_WORKSPACE_JOBS_AT_ONCE", "3")
+    with pytest.raises(SettingsError) as caught:
+        load_settings(tmp_path)
+    assert "GATEWAY_VIDEO_WORKSPACE_JOBS_AT_ONCE (3) must be below" in str(caught.value)
+    assert "GATEWAY_VIDEO_JOBS_AT_ONCE (3)" in str(caught.value)
+
+
 def test_webhook_bounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every webhook attempt's bounds have a default, are read from their variables, and
     a workspace's share must leave slots to the others (else one slow receiver could hold

@@ -182,6 +182,63 @@ async def test_no_more_jobs_than_jobs_at_once_run_in_one_process(
         await asyncio.wait_for(running, timeout=10)
 
 
+async def test_one_workspaces_slow_jobs_leave_slots_to_the_others(
+    domain: Domain, tmp_path: Path
+) -> None:
+    """A workspace takes at most `workspace_jobs_at_once` of the slots (across processes:
+    counted in the database), even with more of its jobs due and a slot free. Before: its
+    jobs were claimed oldest first into every slot, and another workspace's job waited for
+    one of them to end."""
+    prompts = [f"slow{i}" for i in range(4)]
+    adapter = ScriptedAdapter({**{p: b"slow video" for p in prompts}, "fast": b"fast video"})
+    for prompt in prompts:
+        adapter.gates[prompt] = asyncio.Event()
+    worker = _worker(
+        domain,
+        LocalContentStore(tmp_path / "content"),
+        adapter,
+        jobs_at_once=3,
+        workspace_jobs_at_once=2,
+    )
+    other_worker = _worker(
+        domain,
+        LocalContentStore(tmp_path / "content"),
+        adapter,
+        jobs_at_once=3,
+        workspace_jobs_at_once=2,
+    )
+    attacker = await domain.funded_key("many-slow-jobs")
+    victim = await domain.funded_key("one-fast-job")
+    slow = [await _submit(domain, attacker, prompt) for prompt in prompts]
+    stop = asyncio.Event()
+    running = [asyncio.create_task(w.run(stop)) for w in (worker, other_worker)]
+    try:
+        await eventually(lambda: len(adapter.calls) == 2, within=10, message="two slow jobs")
+        await asyncio.sleep(0.3)  # several idle polls of both workers: no third is claimed
+        assert len(adapter.calls) == 2
+        leased = [(await _job(domain, job_id)).lease_owner is not None for job_id in slow]
+        assert leased.count(True) == 2
+        fast = await _submit(domain, victim, "fast")
+        worker.wake.set()
+
+        async def fast_done() -> bool:
+            return await _status(domain, fast) == jobs.COMPLETED
+
+        await eventually(fast_done, within=10, message="the other workspace's job")
+        adapter.gates[adapter.calls[0]].set()
+        await eventually(lambda: len(adapter.calls) == 4, within=10, message="the third slow job")
+        for gate in adapter.gates.values():
+            gate.set()
+
+        async def all_done() -> bool:
+            return all([await _status(domain, i) == jobs.COMPLETED for i in slow])
+
+        await eventually(all_done, within=10, message="every slow job")
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*running), timeout=10)
+
+
 async def test_a_running_jobs_lease_is_renewed_so_no_other_worker_takes_it(
     any_domain: Domain, tmp_path: Path
 ) -> None:
