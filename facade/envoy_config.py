@@ -605,6 +605,33 @@ def _flood_protection(edge: EdgePolicy) -> dict[str, Any]:
     }
 
 
+# What Envoy keeps of a request's body to send it again (below): a body past it is not
+# retried, so retries cost at most this much memory per request. (It caps the copy kept for
+# retries only; a stream's own buffer limit is not lowered by it.)
+RETRY_BUFFER_BYTES = 64 * 1024
+
+
+def _retry_unsent() -> dict[str, Any]:
+    """Requests that never reached a server process — its port refused the connection (a
+    process that just died, before the health check marks it down), it refused the
+    stream, or the stream was reset before the request was sent — are sent again, to
+    another process. Only those: a request a server received is never sent twice."""
+    return {
+        "retry_on": "connect-failure,refused-stream,reset-before-request",
+        "num_retries": 2,
+        "retry_host_predicate": [
+            {
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts."
+                    "v3.PreviousHostsPredicate"
+                },
+            }
+        ],
+        "host_selection_retry_max_attempts": 3,
+    }
+
+
 def _heap_trigger(threshold: float) -> dict[str, Any]:
     return {"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": threshold}}
 
@@ -735,6 +762,8 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                     "name": "api",
                     "domains": ["*"],
                     "routes": routes,
+                    "retry_policy": _retry_unsent(),
+                    "request_body_buffer_limit": RETRY_BUFFER_BYTES,
                     "typed_per_filter_config": {"envoy.filters.http.cors": _cors_policy(edge)},
                     # The host the client asked for (vault routes refuse regional hostnames);
                     # set by Envoy, so a client cannot supply its own.

@@ -166,3 +166,37 @@ async def test_envoy_killed_under_one_server_is_restarted_and_sigterm_still_stop
         status = await asyncio.to_thread(gateway.stop)
     assert status == 0, gateway.log()
     assert "Gateway stopped." in gateway.log()
+
+
+async def test_requests_right_after_a_worker_dies_are_served_by_the_other(
+    databases: Databases, tmp_path: Path
+) -> None:
+    """A worker killed between requests: until Envoy's health check marks it down, requests
+    it would have been given fail to connect to it. Envoy tries them again on the other
+    worker — only failures where the request never reached a server (connect failure,
+    refused stream, reset before the request was sent), so nothing is done twice. Before:
+    503 "upstream connect error" for those requests."""
+    url = await databases.new("sqlite")
+    gateway = GatewayProcess(
+        data_dir=tmp_path / "gw",
+        database_url=url,
+        extra_args=("--workers", "2"),
+        # The dead worker stays dead for the whole test: no restart to hide the failures.
+        extra_env={**SUPERVISION, "GATEWAY_RESTART_BACKOFF_SECONDS": "60"},
+    )
+    await asyncio.to_thread(gateway.start)
+    try:
+        key = await _key(url)
+        assert await serving(gateway, key)
+        dying = worker_pid(gateway, 1)
+        assert dying is not None, gateway.log()
+        os.kill(dying, signal.SIGKILL)
+        await eventually(lambda: not _alive(dying), within=10)
+        statuses = []
+        async with httpx.AsyncClient(timeout=5) as client:
+            for _ in range(40):
+                response = await client.get(f"{gateway.base_url}/key", headers=key.headers)
+                statuses.append(response.status_code)
+        assert statuses == [200] * 40, statuses
+    finally:
+        await asyncio.to_thread(gateway.stop)
