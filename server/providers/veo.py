@@ -11,6 +11,7 @@ between the two APIs (the Gemini API's 8 s rule, the model IDs) is in each adapt
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -44,6 +45,26 @@ _DELAY = re.compile(r"^(\d+)(?:\.\d+)?s$")
 _KEY_REASONS = ("API_KEY_INVALID", "API_KEY_EXPIRED", "API_KEY_SERVICE_BLOCKED")
 
 
+async def _inline_all(
+    images: ImageFetcher, urls: list[str], timeout_seconds: float
+) -> list[dict[str, str]]:
+    """Veo's inline form of each image, fetched concurrently; the first failure is raised
+    and the other fetches are cancelled."""
+
+    async def inline(url: str) -> dict[str, str]:
+        image = await images.inline(url, timeout_seconds)
+        return {"bytesBase64Encoded": image.base64, "mimeType": image.mime_type}
+
+    fetches = [asyncio.ensure_future(inline(url)) for url in urls]
+    try:
+        return list(await asyncio.gather(*fetches))
+    except BaseException:
+        for fetch in fetches:
+            fetch.cancel()
+        await asyncio.gather(*fetches, return_exceptions=True)
+        raise
+
+
 async def request_body(
     call: VideoCall,
     images: ImageFetcher,
@@ -59,21 +80,21 @@ async def request_body(
     provider.options are Veo `parameters` (negativePrompt, personGeneration, enhancePrompt,
     ...) but for GATEWAY_PARAMETERS."""
 
-    async def inline(url: str) -> dict[str, str]:
-        image = await images.inline(url, timeout_seconds)
-        return {"bytesBase64Encoded": image.base64, "mimeType": image.mime_type}
-
     params = call.params
     instance: dict[str, Any] = {"prompt": params.get("prompt", "")}
     first, last, references = image_urls(params)
+    references = references[:MAX_REFERENCE_IMAGES]
+    # Fetched at once (each within its own bounds), not one after another.
+    inlined = await _inline_all(
+        images, [url for url in (first, last) if url] + references, timeout_seconds
+    )
     if first:
-        instance["image"] = await inline(first)
+        instance["image"] = inlined.pop(0)
     if last:
-        instance["lastFrame"] = await inline(last)
+        instance["lastFrame"] = inlined.pop(0)
     if references:
         instance["referenceImages"] = [
-            {"image": await inline(url), "referenceType": "asset"}
-            for url in references[:MAX_REFERENCE_IMAGES]
+            {"image": image, "referenceType": "asset"} for image in inlined
         ]
     parameters: dict[str, Any] = {
         "aspectRatio": params.get("aspect_ratio"),
