@@ -91,7 +91,7 @@ from server.services.operator import OperatorService
 from server.services.rpc import MethodTable, ObservedServer, RequestObserver, TableServer
 from server.services.vault import VaultService
 from server.services.videos import VideosService
-from server.transcription.body import BodyBudget, retry_after_for
+from server.transcription.body import BodyBudget, retry_after_for, workspace_share
 from server.transcription.transcriber import Transcriber
 from server.vault import keycheck
 from server.vault.crypto import MasterKey, load_master_key
@@ -418,6 +418,10 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
                 core.settings.body_budget_wait_seconds,
                 retry_after_for(core.settings.body_budget_wait_seconds),
                 trim=release_free_memory,
+                share=core.settings.body_budget_workspace_bytes
+                or workspace_share(
+                    core.settings.body_budget_bytes, core.settings.max_request_bytes
+                ),
             ),
             core.settings.max_request_bytes,
         ),

@@ -286,6 +286,14 @@ class Settings(BaseSettings):
         "finds it spent waits GATEWAY_BODY_BUDGET_WAIT_SECONDS, then is refused with 503 and "
         "Retry-After (413 if it could never fit).",
     )
+    body_budget_workspace_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="What one workspace's request bodies may hold of the body budget at once "
+        "(counted as the budget counts them), so that one tenant's burst of large uploads "
+        "leaves room for the others; unset: the budget but room for one largest body "
+        "(4x GATEWAY_MAX_REQUEST_BYTES), and at least half of it.",
+    )
     body_budget_wait_seconds: float = Field(
         2.0,
         ge=0,
@@ -540,6 +548,15 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _webhook_shares(self) -> Settings:
+        if (
+            self.body_budget_workspace_bytes is not None
+            and self.body_budget_workspace_bytes > self.body_budget_bytes
+        ):
+            raise ValueError(
+                "GATEWAY_BODY_BUDGET_WORKSPACE_BYTES "
+                f"({self.body_budget_workspace_bytes}) must not be above "
+                f"GATEWAY_BODY_BUDGET_BYTES ({self.body_budget_bytes})"
+            )
         if self.video_workspace_jobs_at_once >= self.video_jobs_at_once:
             raise ValueError(
                 "GATEWAY_VIDEO_WORKSPACE_JOBS_AT_ONCE "

@@ -46,7 +46,7 @@ class AudioService(audio_pb2_grpc.AudioServicer):
             principal = await self._auth.authenticate(session, metadata_of(context))
             if session.in_transaction():
                 await session.commit()  # no transaction held while a slow client uploads
-            async with self._bodies.reservation() as reservation:
+            async with self._bodies.reservation(principal.workspace.id) as reservation:
                 body = await read_body(
                     requests,
                     reservation,

@@ -9,7 +9,11 @@ before its first byte is read; when the budget is spent it waits up to `wait_sec
 end and give theirs back), holding nothing, then is refused with 503 and Retry-After. A body
 of unknown length (chunked) reserves as its bytes arrive and never waits: requests holding
 part of the budget while waiting for more could wait for each other. Concurrent large bodies
-cost at most the budget, never the process's memory."""
+cost at most the budget, never the process's memory.
+
+One workspace's bodies hold at most `share` of the budget at once: the rest stays for the
+other workspaces, so one tenant's burst of large uploads makes its own requests wait (then
+503), not everyone's."""
 
 from __future__ import annotations
 
@@ -30,6 +34,12 @@ def too_large(limit: int) -> GatewayError:
     return GatewayError(413, f"The request body is larger than {limit // (1024 * 1024)} MiB")
 
 
+def workspace_share(capacity: int, max_body_bytes: int) -> int:
+    """The default share of one workspace: the budget but room for one largest body of
+    another workspace's, and never less than half of the budget."""
+    return max(capacity // 2, capacity - BODY_COPIES * max_body_bytes)
+
+
 class BodyBudget:
     """Bytes of request bodies this process may hold at once (`capacity`), handed out in
     reservations; waiting at most `wait_seconds` for room, then 503 + Retry-After.
@@ -45,9 +55,14 @@ class BodyBudget:
         wait_seconds: float,
         retry_after_seconds: int,
         trim: Callable[[], None] | None = None,
+        share: int | None = None,
     ) -> None:
+        """`share`: what one owner's (a workspace's) reservations may hold at once
+        (None: the whole capacity)."""
         self.capacity = capacity
+        self.share = capacity if share is None else min(share, capacity)
         self.free = capacity
+        self._held_by: dict[str, int] = {}  # by owner, while it holds anything
         self._wait_seconds = wait_seconds
         self._retry_after = retry_after_seconds
         self._changed = asyncio.Condition()
@@ -55,30 +70,45 @@ class BodyBudget:
         self._lent_since_trim = 0
         self._trimming: asyncio.Future[None] | None = None
 
-    def reservation(self) -> Reservation:
-        return Reservation(self)
+    def reservation(self, owner: str | None = None) -> Reservation:
+        """A request's reservation, counted against `owner`'s share (None: the budget's
+        only)."""
+        return Reservation(self, owner)
 
-    async def take(self, size: int, wait: bool) -> None:
-        if size > self.capacity:
+    def _fits(self, size: int, owner: str | None) -> bool:
+        return self.free >= size and (
+            owner is None or self._held_by.get(owner, 0) + size <= self.share
+        )
+
+    def _lend(self, size: int, owner: str | None) -> None:
+        self.free -= size
+        self._lent_since_trim += size
+        if owner is not None:
+            self._held_by[owner] = self._held_by.get(owner, 0) + size
+
+    async def take(self, size: int, wait: bool, owner: str | None = None) -> None:
+        if size > (self.capacity if owner is None else self.share):
             # Never fits, however long it waits: not a 503 to retry.
             raise GatewayError(413, "The request body is larger than this server accepts")
-        if self.free >= size:  # the common case: no waiting, no lock
-            self.free -= size
-            self._lent_since_trim += size
+        if self._fits(size, owner):  # the common case: no waiting, no lock
+            self._lend(size, owner)
             return
         if not wait:
             raise service_unavailable(self._retry_after)
         async with self._changed:
             try:
                 await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self.free >= size), self._wait_seconds
+                    self._changed.wait_for(lambda: self._fits(size, owner)), self._wait_seconds
                 )
             except TimeoutError:
                 raise service_unavailable(self._retry_after) from None
-            self.free -= size
-            self._lent_since_trim += size
+            self._lend(size, owner)
 
-    async def give(self, size: int) -> None:
+    async def give(self, size: int, owner: str | None = None) -> None:
+        if owner is not None:
+            left = self._held_by.pop(owner, 0) - size
+            if left > 0:
+                self._held_by[owner] = left
         self.free += size
         if self.free == self.capacity:
             self._trim_when_due()
@@ -95,15 +125,17 @@ class BodyBudget:
 
 
 class Reservation:
-    """One request's share of the budget; everything it took is given back on exit."""
+    """One request's share of the budget, counted against its owner's (a workspace's);
+    everything it took is given back on exit."""
 
-    def __init__(self, budget: BodyBudget) -> None:
+    def __init__(self, budget: BodyBudget, owner: str | None = None) -> None:
         self._budget = budget
+        self._owner = owner
         self.held = 0
 
     async def take(self, size: int) -> None:
         """Reserve `size` more bytes; only a reservation holding nothing yet waits."""
-        await self._budget.take(size, wait=self.held == 0)
+        await self._budget.take(size, wait=self.held == 0, owner=self._owner)
         self.held += size
 
     async def __aenter__(self) -> Reservation:
@@ -117,7 +149,7 @@ class Reservation:
     ) -> None:
         held, self.held = self.held, 0
         if held:
-            await asyncio.shield(self._budget.give(held))
+            await asyncio.shield(self._budget.give(held, self._owner))
 
 
 @dataclass

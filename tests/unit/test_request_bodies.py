@@ -284,3 +284,53 @@ async def test_dropping_a_failed_calls_tracebacks_never_finalizes_a_coroutine_st
     assert caught[0].__traceback__ is None
     gate.set()
     assert await task == "the batch went on"
+
+
+async def test_one_workspaces_bodies_hold_only_its_share_and_leave_the_rest_to_others() -> None:
+    """A workspace's burst of large bodies waits (then 503) for its own share, while another
+    workspace's body is read at once. Before: the budget was one pool, and the burst made
+    every workspace's bodies wait."""
+    budget = BodyBudget(
+        BODY_COPIES * 100, wait_seconds=0.2, retry_after_seconds=3, share=BODY_COPIES * 60
+    )
+    async with budget.reservation("ws_burst") as first:
+        await first.take(BODY_COPIES * 50)
+        async with budget.reservation("ws_burst") as second:
+            with pytest.raises(GatewayError) as refused:
+                await read_body(_Messages(b"x" * 20).__aiter__(), second, 100, 20)
+            assert refused.value.status == 503 and refused.value.retry_after_seconds == 3
+        async with budget.reservation("ws_other") as other:
+            body = await read_body(_Messages(b"y" * 40).__aiter__(), other, 100, 40)
+            assert body.data == b"y" * 40
+    assert budget.free == budget.capacity
+
+
+async def test_a_body_over_the_share_is_413_and_a_waiting_one_goes_on_when_its_own_end() -> None:
+    budget = BodyBudget(
+        BODY_COPIES * 100, wait_seconds=5, retry_after_seconds=3, share=BODY_COPIES * 60
+    )
+    async with budget.reservation("ws_a") as reservation:
+        with pytest.raises(GatewayError) as refused:
+            await read_body(_Messages(b"x" * 70).__aiter__(), reservation, 100, 70)
+    assert refused.value.status == 413
+    holder = budget.reservation("ws_a")
+    await holder.take(BODY_COPIES * 50)
+
+    async def own_next() -> bytes:
+        async with budget.reservation("ws_a") as reservation:
+            return (await read_body(_Messages(b"z" * 20).__aiter__(), reservation, 100, 20)).data
+
+    waiting = asyncio.ensure_future(own_next())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # the budget has room (50 of 100), the workspace's share has not
+    await holder.__aexit__(None, None, None)
+    assert await asyncio.wait_for(waiting, 2) == b"z" * 20
+    assert budget.free == budget.capacity
+
+
+def test_the_default_share_leaves_room_for_one_largest_body_of_another_workspace() -> None:
+    from server.transcription.body import workspace_share
+
+    mib = 1024 * 1024
+    assert workspace_share(512 * mib, 50 * mib) == 512 * mib - BODY_COPIES * 50 * mib
+    assert workspace_share(100 * mib, 50 * mib) == 50 * mib  # never under half the budget

@@ -128,3 +128,16 @@ def test_webhook_bounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("GATEWAY_WEBHOOK_DEADLINE_SECONDS", "soon")
     with pytest.raises(SettingsError, match="GATEWAY_WEBHOOK_DEADLINE_SECONDS must be a number"):
         load_settings(tmp_path)
+
+
+def test_a_workspaces_body_share_is_at_most_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load_settings(tmp_path).body_budget_workspace_bytes is None  # derived (body.py)
+    monkeypatch.setenv("GATEWAY_BODY_BUDGET_BYTES", "1000")
+    monkeypatch.setenv("GATEWAY_BODY_BUDGET_WORKSPACE_BYTES", "600")
+    assert load_settings(tmp_path).body_budget_workspace_bytes == 600
+    monkeypatch.setenv("GATEWAY_BODY_BUDGET_WORKSPACE_BYTES", "1001")
+    with pytest.raises(SettingsError) as caught:
+        load_settings(tmp_path)
+    assert "GATEWAY_BODY_BUDGET_WORKSPACE_BYTES (1001) must not be above" in str(caught.value)
