@@ -60,7 +60,7 @@ from server.videos import jobs
 from server.videos.cancel import cancel_at_provider
 from server.videos.content import ContentRefused, ContentStore
 from server.workers.leases import Claimer
-from server.workers.loop import run_until_stopped
+from server.workers.loop import ClaimedWork
 
 log = logging.getLogger("gateway.jobs")
 
@@ -199,47 +199,16 @@ class VideoWorker:
         """Claim due jobs and run each as a task of its own, up to `jobs_at_once` at a time,
         until `stop`; then let the steps under way finish (for up to `drain_seconds`, then
         they are cancelled) and return."""
-        running: set[asyncio.Task[None]] = set()
-        under_way: set[str] = set()  # the ids of the jobs those tasks run
-
-        async def work_once() -> bool:
-            if len(running) >= self._jobs_at_once:
-                # Every slot busy: claim nothing (another process may take the jobs) until
-                # one frees or the loop is told to stop.
-                stopping = asyncio.ensure_future(stop.wait())
-                try:
-                    await asyncio.wait({*running, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    stopping.cancel()
-                return True
-            job = await self.claim()
-            if job is None:
-                return False
-            if job.id in under_way:
-                # Its lease lapsed while its step runs here (the database was unreachable
-                # when it was due for renewal): claimed again by this very worker, it is
-                # leased afresh, and run once.
-                return True
-            task = asyncio.create_task(self._run_job(job), name=f"video job {job.id}")
-            running.add(task)
-            under_way.add(job.id)
-            task.add_done_callback(running.discard)
-            task.add_done_callback(lambda _: under_way.discard(job.id))
-            return True
-
-        try:
-            await run_until_stopped(work_once, stop, self.wake, self._idle_wait, log)
-        finally:
-            await self._drain(running)
-
-    async def _drain(self, running: set[asyncio.Task[None]]) -> None:
-        if not running:
-            return
-        _done, late = await asyncio.wait(set(running), timeout=self._drain_seconds)
-        for task in late:
-            task.cancel()  # its download stops and leaves nothing; its lease lapses
-        if late:
-            await asyncio.wait(late)
+        await ClaimedWork(
+            claim=self.claim,
+            handle=self._run_job,
+            key=lambda job: job.id,
+            at_once=self._jobs_at_once,
+            wake=self.wake,
+            idle_wait=self._idle_wait,
+            log=log,
+            drain_seconds=self._drain_seconds,
+        ).run(stop)
 
     async def _run_job(self, job: VideoJob) -> None:
         """One step of one claimed job, its lease renewed while it runs; a failure is logged

@@ -43,7 +43,7 @@ from server.webhooks.targets import (
     resolve_target,
 )
 from server.workers.leases import Claimer
-from server.workers.loop import run_until_stopped
+from server.workers.loop import ClaimedWork
 
 log = logging.getLogger("gateway.webhooks")
 
@@ -120,36 +120,21 @@ class WebhookDispatcher:
         self._claimer = _claimer(workspace_concurrency)
         self._idle_wait = idle_wait
         self._lookup = lookup
-        self._in_flight: set[asyncio.Task[None]] = set()
         self.owner = f"webhooks-{secrets.token_hex(6)}"
         self.wake = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Claim and attempt due deliveries until `stop`; then wait for the attempts in
-        flight, each of which ends by its deadline."""
-        try:
-            await run_until_stopped(self._work_once, stop, self.wake, self._idle_wait, log)
-        finally:
-            if self._in_flight:
-                await asyncio.wait(self._in_flight)
-
-    async def _work_once(self) -> bool:
-        if len(self._in_flight) >= self._concurrency:
-            # Every slot taken: until one attempt ends (by its deadline at the latest).
-            await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
-            return True
-        delivery = await self.claim()
-        if delivery is None:
-            return False
-        task = asyncio.create_task(self._attempt_logged(delivery))
-        self._in_flight.add(task)
-        task.add_done_callback(self._ended)
-        return True
-
-    def _ended(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
-        # A slot is free, and the workspace may be below its cap again: claim now.
-        self.wake.set()
+        """Claim and attempt due deliveries, up to `concurrency` at a time, until `stop`;
+        then wait for the attempts in flight, each of which ends by its deadline."""
+        await ClaimedWork(
+            claim=self.claim,
+            handle=self._attempt_logged,
+            key=lambda delivery: delivery.id,
+            at_once=self._concurrency,
+            wake=self.wake,
+            idle_wait=self._idle_wait,
+            log=log,
+        ).run(stop)
 
     async def _attempt_logged(self, delivery: WebhookDelivery) -> None:
         """One attempt in its own task; a failure to record it leaves the lease to lapse,
