@@ -19,7 +19,6 @@ streaming models do. Array fields arrive as OpenAI's SDK sends them (openai-pyth
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,7 +27,7 @@ from typing import Any
 from python_multipart.multipart import parse_options_header
 
 from server.transcription.request import multipart_parts
-from testkit.fakes.listener import BurstHTTPServer
+from testkit.fakes.listener import BurstHTTPServer, serve_in_thread, stop_serving
 
 API_KEY = "fake-provider-secret"
 
@@ -165,15 +164,11 @@ class FakeSttProvider:
                 else:
                     self._error(404, f"model {model} not found", "model_not_found")
 
-        self.server = BurstHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_in_thread(BurstHTTPServer(("127.0.0.1", 0), Handler))
         return self
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+        stop_serving(self.server)
 
 
 def _verbose_body() -> dict[str, Any]:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from server.providers.local_video import render_mp4
+from testkit.fakes.listener import serve_in_thread, stop_serving
 from testkit.fakes.openai_stt import API_KEY
 
 VIDEO = render_mp4({"width": 320, "height": 240, "duration": 1, "prompt": "fake provider"})
@@ -157,12 +157,8 @@ class FakeVideoProviders:
                     )
                     self._json(200, {"status": state})
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_in_thread(ThreadingHTTPServer(("127.0.0.1", 0), Handler))
         return self
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+        stop_serving(self.server)

@@ -30,7 +30,7 @@ from typing import Any
 
 import trustme
 
-from testkit.fakes.listener import BurstHTTPServer
+from testkit.fakes.listener import BurstHTTPServer, serve_in_thread
 
 CHUNK = 64 * 1024
 
@@ -183,15 +183,13 @@ class HostilePeer:
                 self._answer()
 
         server = BurstHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
         if self.tls_ca_file is not None:
             ca = trustme.CA()
             ca.cert_pem.write_to_path(str(self.tls_ca_file))
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ca.issue_cert("localhost", "127.0.0.1").configure_cert(context)
             server.socket = context.wrap_socket(server.socket, server_side=True)
-        self._server = server
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self._server = serve_in_thread(server)
         return self
 
     def stop(self) -> None:

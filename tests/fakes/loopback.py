@@ -4,14 +4,13 @@ httpx.MockTransport takes) on loopback, so the same fake answers unit tests in-p
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 
-from testkit.fakes.listener import BurstHTTPServer
+from testkit.fakes.listener import BurstHTTPServer, serve_in_thread, stop_serving
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -56,12 +55,8 @@ class LoopbackServer:
 
             do_GET = do_POST = do_PUT = do_DELETE = _serve
 
-        self._server = BurstHTTPServer(("127.0.0.1", 0), Served)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = serve_in_thread(BurstHTTPServer(("127.0.0.1", 0), Served))
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        stop_serving(self._server)

@@ -14,6 +14,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from testkit.eventually import eventually
+from testkit.fakes.listener import serve_in_thread, stop_serving
 
 
 def _value(value: AnyValue) -> Any:
@@ -67,15 +68,11 @@ class OtlpCollector:
                 self.end_headers()
                 self.wfile.write(answer)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_in_thread(ThreadingHTTPServer(("127.0.0.1", 0), Handler))
         return self
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+        stop_serving(self.server)
 
     def _add(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
         received = []

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from testkit.fakes.listener import BurstHTTPServer
+from testkit.fakes.listener import BurstHTTPServer, serve_in_thread, stop_serving
 from testkit.fakes.video_providers import VIDEO
 
 # Prompt words that script a video fake (otherwise a job completes on its second look):
@@ -122,12 +122,8 @@ class LoopbackServer:
 
             do_GET = do_POST = do_DELETE = _serve
 
-        self.server = BurstHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_in_thread(BurstHTTPServer(("127.0.0.1", 0), Handler))
         return self
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+        stop_serving(self.server)
