@@ -81,13 +81,12 @@ from bench.harness.load import (
 from bench.harness.processes import (
     ENVOY_COMMAND,
     REPO_ROOT,
+    LoopbackPeer,
     create_funded_key,
-    peak_rss,
     process_tree,
     run_database,
     running_gateway,
     scratch,
-    terminate,
 )
 from bench.harness.report import case_done, machine_info, markdown_table
 from bench.harness.stt import (
@@ -118,12 +117,12 @@ AUDIO_SECONDS = 1.0  # 16 kHz mono s16 WAV: 32,078 bytes
 
 
 @dataclass
-class FloorProcess:
+class FloorProcess(LoopbackPeer):
     provider: FakeProviderProcess
     bare: bool = False  # F2-bare: the provider call on a bare stream
     plain_http: bool = False  # F3-http: no gRPC hop (Envoy as a plain HTTP/1.1 proxy)
     process: subprocess.Popen[str] | None = None
-    port: int | None = None
+    port: int = 0  # once it said it is ready
 
     @property
     def base_url(self) -> str:
@@ -161,16 +160,6 @@ class FloorProcess:
             self.stop()
             raise RuntimeError("the floors did not start")
         return self
-
-    def stop(self) -> None:
-        if self.process is not None and not terminate(self.process, 10.0):
-            self.process.kill()
-            self.process.wait()
-
-    def peak_rss_mib(self) -> float | None:
-        if self.process is None or self.process.poll() is not None:
-            return None
-        return peak_rss(self.process.pid).server_mib
 
 
 # --- the cases ------------------------------------------------------------------------------

@@ -223,12 +223,12 @@ def kill_tree(process: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
 
 
 class LoopbackPeer:
-    """What the peers a bench measures beside the gateway (LiteLLM's proxy, Portkey's
-    gateway) share: one process serving on a loopback port, waited for until a path of it
-    answers 200, stopped by PID, its peak memory read while it runs. The subclass holds
-    `process` and `port`."""
+    """What the processes a bench starts beside the gateway (LiteLLM's proxy, Portkey's
+    gateway, the floors) share: one process serving on a loopback port, waited for until a
+    path of it answers 200 (or as the subclass sees fit), stopped by PID, its peak memory
+    read while it runs. The subclass holds `process` and `port`."""
 
-    process: subprocess.Popen[bytes] | None
+    process: subprocess.Popen[str] | subprocess.Popen[bytes] | None
     port: int
 
     def await_ready(self, name: str, path: str, ready_within: float, log_path: Path) -> None:
