@@ -426,30 +426,36 @@ class MethodTable(grpc.GenericRpcHandler):
 class TableServer:
     """Stands for the grpc.aio server in generated add_<Service>Servicer_to_server functions
     (grpc's own health and reflection services among them): puts each method's handler in
-    the table, as it is (no access log, no metrics)."""
+    the table — both ways the generated code registers them —, as it is (no access log, no
+    metrics)."""
 
     def __init__(self, table: MethodTable) -> None:
         self._table = table
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         for handler in handlers:
-            self._table.add_generic(handler)
+            self._table.add_generic(self._generic(handler))
 
     def add_registered_method_handlers(
         self, service: str, handlers: dict[str, MethodHandler]
     ) -> None:
         for name, handler in handlers.items():
-            self._table.add(f"/{service}/{name}", handler)
+            method = f"/{service}/{name}"
+            self._table.add(method, self._handler(method, handler))
+
+    def _generic(self, handler: grpc.GenericRpcHandler) -> grpc.GenericRpcHandler:
+        return handler
+
+    def _handler(self, method: str, handler: MethodHandler) -> MethodHandler:
+        return handler
 
 
-class ObservedServer:
-    """Stands for the grpc.aio server in the generated add_<Service>Servicer_to_server
-    functions of the gateway's services: puts each of the service's method handlers,
-    wrapped by the observer, in the table — both ways the generated code registers them,
-    each method wrapped once."""
+class ObservedServer(TableServer):
+    """A TableServer for the gateway's own services: each method's handler goes in the
+    table wrapped by the observer, once, whichever way the generated code registered it."""
 
     def __init__(self, table: MethodTable, observer: RequestObserver) -> None:
-        self._table = table
+        super().__init__(table)
         self._observer = observer
         self._wrapped: dict[str, MethodHandler] = {}  # by method (/package.Service/Method)
 
@@ -459,16 +465,11 @@ class ObservedServer:
             known = self._wrapped[method] = self._observer.wrap(method, handler)
         return known
 
-    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        for handler in handlers:
-            self._table.add_generic(_ObservedGenericHandler(handler, self))
+    def _generic(self, handler: grpc.GenericRpcHandler) -> grpc.GenericRpcHandler:
+        return _ObservedGenericHandler(handler, self)
 
-    def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, MethodHandler]
-    ) -> None:
-        for name, handler in handlers.items():
-            method = f"/{service}/{name}"
-            self._table.add(method, self.observed(method, handler))
+    def _handler(self, method: str, handler: MethodHandler) -> MethodHandler:
+        return self.observed(method, handler)
 
 
 class _ObservedGenericHandler(grpc.GenericRpcHandler):
