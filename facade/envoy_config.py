@@ -20,6 +20,7 @@ from server.errors import (
     GatewayError,
 )
 from server.hostnames import VALID_AUTHORITY
+from server.ports import DEFAULT_REST_PORT
 
 LUA_FILTER = Path(__file__).resolve().parent / "error_rewrite.lua"
 REQUEST_LUA = Path(__file__).resolve().parent / "edge_request.lua"
@@ -73,8 +74,13 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class Upstream:
+    """A server process (or the DNS name of its replicas): its gRPC port, and its REST
+    listener's (server/rest/), which the hot REST routes (REST_ROUTES) are proxied to. As a
+    listen address (compose's --listen) only host and port are read."""
+
     host: str
     port: int
+    rest_port: int = DEFAULT_REST_PORT
 
 
 @dataclass(frozen=True)
@@ -646,10 +652,53 @@ CLIENT_STREAM_WINDOW_BYTES = 64 * 1024
 CLIENT_CONNECTION_WINDOW_BYTES = 1024 * 1024
 
 
+# The hot REST routes: proxied as they came to the server processes' REST listeners
+# (server/rest/), skipping the transcoder and the gRPC hop (docs/performance.md says what
+# that hop costs). Every other route is transcoded to gRPC. A media route among them skips
+# the buffer filter too: its body streams to the server, which bounds it.
+REST_ROUTES = {"/api/v1/audio/transcriptions": "POST"}
+# The path of a REST listener's health check (server/rest/api.py HEALTH_PATH).
+REST_HEALTH_PATH = "/healthz"
+
+
+def _disabled(filter_type: str) -> dict[str, Any]:
+    """A filter's per-route config that turns it off for the route."""
+    if filter_type == "buffer":
+        return {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute",
+            "disabled": True,
+        }
+    return {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": True}
+
+
+def _rest_routes(timeout: str) -> list[dict[str, Any]]:
+    """The hot REST routes, to the REST listeners as they came: the transcoder is off for
+    them (it would turn them into gRPC calls), and so is the buffer filter for a media path."""
+    return [
+        {
+            "match": {
+                "path": path,
+                "headers": [{"name": ":method", "string_match": {"exact": method}}],
+            },
+            "route": {"cluster": "gateway_rest", "timeout": timeout},
+            "typed_per_filter_config": {
+                "envoy.filters.http.grpc_json_transcoder": _disabled("transcoder"),
+                **(
+                    {"envoy.filters.http.buffer": _disabled("buffer")}
+                    if path in MEDIA_PATHS
+                    else {}
+                ),
+            },
+        }
+        for path, method in REST_ROUTES.items()
+    ]
+
+
 def _media_routes(timeout: str) -> list[dict[str, Any]]:
-    """The media routes' REST paths, matched before transcoding (the filters before the
-    transcoder see the REST path): they skip the buffer filter. The transcoder then clears
-    the route, and the request is routed by its gRPC path like every other."""
+    """The media routes' REST paths (but the REST listeners'), matched before transcoding
+    (the filters before the transcoder see the REST path): they skip the buffer filter. The
+    transcoder then clears the route, and the request is routed by its gRPC path like every
+    other."""
     return [
         {
             "match": {
@@ -657,16 +706,58 @@ def _media_routes(timeout: str) -> list[dict[str, Any]]:
                 "headers": [{"name": ":method", "string_match": {"exact": "POST"}}],
             },
             "route": {"cluster": "gateway_grpc", "timeout": timeout},
-            "typed_per_filter_config": {
-                "envoy.filters.http.buffer": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3."
-                    "BufferPerRoute",
-                    "disabled": True,
-                }
-            },
+            "typed_per_filter_config": {"envoy.filters.http.buffer": _disabled("buffer")},
         }
         for path in MEDIA_PATHS
+        if path not in REST_ROUTES
     ]
+
+
+def _cluster(
+    name: str,
+    options: EnvoyOptions,
+    endpoints: list[tuple[str, int]],
+    health_check: dict[str, Any],
+    protocol_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A cluster of the server processes (`endpoints`: one port of each), balanced to the
+    one with the fewest requests, health-checked as often as a 503's Retry-After says."""
+    cluster: dict[str, Any] = {
+        "name": name,
+        "type": options.upstream_discovery,
+        "connect_timeout": "1s",
+        "lb_policy": "LEAST_REQUEST",
+        "health_checks": [
+            {
+                "timeout": "1s",
+                "interval": f"{UNAVAILABLE_RETRY_SECONDS}s",  # the 503's Retry-After
+                "no_traffic_interval": f"{UNAVAILABLE_RETRY_SECONDS}s",
+                "unhealthy_threshold": 1,
+                "healthy_threshold": 1,
+                **health_check,
+            }
+        ],
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": {"socket_address": {"address": host, "port_value": port}}
+                            }
+                        }
+                        for host, port in endpoints
+                    ]
+                }
+            ],
+        },
+    }
+    if protocol_options is not None:
+        cluster["typed_extension_protocol_options"] = protocol_options
+    if options.drop_hosts_leaving_dns:
+        cluster["ignore_health_on_host_removal"] = True
+    return cluster
 
 
 def render(options: EnvoyOptions) -> dict[str, Any]:
@@ -678,7 +769,7 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
             "name": "streaming",
         }
     }
-    routes = _media_routes(timeout)
+    routes = _rest_routes(timeout) + _media_routes(timeout)
     routes += [
         {
             "match": {"path": method},
@@ -902,50 +993,30 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
             },
         ],
     }
-    cluster: dict[str, Any] = {
-        "name": "gateway_grpc",
-        "type": options.upstream_discovery,
-        "connect_timeout": "1s",
-        "lb_policy": "LEAST_REQUEST",
-        # gRPC health: a process that cannot reach the database, or is draining for
-        # shutdown, reports NOT_SERVING and gets no new requests while others can serve.
-        "health_checks": [
+    clusters = [
+        _cluster(
+            "gateway_grpc",
+            options,
+            [(u.host, u.port) for u in options.upstreams],
+            # gRPC health: a process that cannot reach the database, or is draining for
+            # shutdown, reports NOT_SERVING and gets no new requests while others can serve.
+            {"grpc_health_check": {}},
             {
-                "timeout": "1s",
-                "interval": f"{UNAVAILABLE_RETRY_SECONDS}s",  # the 503's Retry-After
-                "no_traffic_interval": f"{UNAVAILABLE_RETRY_SECONDS}s",
-                "unhealthy_threshold": 1,
-                "healthy_threshold": 1,
-                "grpc_health_check": {},
-            }
-        ],
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
-                "HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
-        },
-        "load_assignment": {
-            "cluster_name": "gateway_grpc",
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {
-                            "endpoint": {
-                                "address": {
-                                    "socket_address": {"address": u.host, "port_value": u.port}
-                                }
-                            }
-                        }
-                        for u in options.upstreams
-                    ]
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
+                    "HttpProtocolOptions",
+                    "explicit_http_config": {"http2_protocol_options": {}},
                 }
-            ],
-        },
-    }
-    if options.drop_hosts_leaving_dns:
-        cluster["ignore_health_on_host_removal"] = True
+            },
+        ),
+        # HTTP/1.1 (Envoy's default for a cluster); the listener's health is the process's.
+        _cluster(
+            "gateway_rest",
+            options,
+            [(u.host, u.rest_port) for u in options.upstreams],
+            {"http_health_check": {"path": REST_HEALTH_PATH}},
+        ),
+    ]
     return {
         "layered_runtime": {
             "layers": [
@@ -1028,7 +1099,7 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                     ],
                 }
             ],
-            "clusters": [cluster],
+            "clusters": clusters,
         },
     }
 

@@ -29,27 +29,29 @@ from server.ports import (
     GRPC_PORT,
     HTTP_PORT,
     METRICS_PORT,
+    REST_PORT,
     ListenError,
+    ServedPorts,
     ensure_free,
 )
 from server.vault.crypto import load_master_key
 
 # The command line of server process `index` of `gateway up --workers N` (run_workers adds
-# `--port-file PATH`: the entry point writes the gRPC port it bound there once it serves).
+# `--port-file PATH`: the entry point writes the ports it bound there once it serves).
 WorkerCommand = Callable[[Settings, int], list[str]]
 # Told, once the stack serves, the REST base URL and the gRPC target of each server process,
 # with the ports actually bound.
 Announce = Callable[[str, list[str]], None]
 
 
-def envoy_options(settings: Settings, grpc_ports: Sequence[int] | None = None) -> EnvoyOptions:
-    """Envoy in front of the server processes at `grpc_ports` (the ports they bound; by
-    default the one of the settings)."""
-    ports = (settings.grpc_port,) if grpc_ports is None else tuple(grpc_ports)
+def envoy_options(settings: Settings, served: Sequence[ServedPorts] | None = None) -> EnvoyOptions:
+    """Envoy in front of the server processes that bound `served` (by default the ports of
+    the settings)."""
+    ports = (ServedPorts(settings.grpc_port, settings.rest_port),) if served is None else served
     return EnvoyOptions(
         descriptor_path=str(DESCRIPTOR_SET),
         services=SERVICES,
-        upstreams=tuple(Upstream(settings.grpc_host, port) for port in ports),
+        upstreams=tuple(Upstream(settings.grpc_host, p.grpc, p.rest) for p in ports),
         listen_host=settings.http_host,
         listen_port=settings.http_port,
         admin_port=settings.envoy_admin_port,
@@ -64,15 +66,21 @@ def worker_grpc_port(settings: Settings, index: int) -> int:
     return settings.grpc_port + index if settings.grpc_port else 0
 
 
+def worker_rest_port(settings: Settings, index: int) -> int:
+    """The REST listener's port asked of server process `index`, as worker_grpc_port."""
+    return settings.rest_port + index if settings.rest_port else 0
+
+
 def check_ports(settings: Settings, workers: int = 1) -> None:
     """Refuse to start when a port of the stack is taken (ListenError naming the address
-    and the flag): Envoy's listener and admin port, and each server process's gRPC and
-    metrics ports. Checked before anything starts; each bind still reports its own failure."""
+    and the flag): Envoy's listener and admin port, and each server process's gRPC, REST
+    and metrics ports. Checked before anything starts; each bind still reports its own failure."""
     options = envoy_options(settings)
     ensure_free(options.listen_host, options.listen_port, HTTP_PORT)
     ensure_free(options.admin_host, options.admin_port, ENVOY_ADMIN_PORT)
     for index in range(workers):
         ensure_free(settings.grpc_host, worker_grpc_port(settings, index), GRPC_PORT)
+        ensure_free(settings.grpc_host, worker_rest_port(settings, index), REST_PORT)
         if settings.metrics_port:
             ensure_free(settings.metrics_host, settings.metrics_port + index, METRICS_PORT)
 
@@ -102,30 +110,33 @@ async def _serving(target: str, within: float) -> None:
             await asyncio.sleep(0.1)
 
 
-def _read_port(port_file: Path) -> int:
-    return int(port_file.read_text().strip())
+def _read_ports(port_file: Path) -> ServedPorts:
+    grpc_port, rest_port = port_file.read_text().split()
+    return ServedPorts(int(grpc_port), int(rest_port))
 
 
-async def _reported_port(port_file: Path, within: float) -> int:
-    """The port a server process wrote to `port_file` (`gateway serve --port-file`) once it
+async def _reported_ports(port_file: Path, within: float) -> ServedPorts:
+    """The ports a server process wrote to `port_file` (`gateway serve --port-file`) once it
     serves."""
     deadline = time.monotonic() + within
     while True:
         with contextlib.suppress(OSError, ValueError):
-            return _read_port(port_file)
+            return _read_ports(port_file)
         if time.monotonic() > deadline:
             raise TimeoutError(f"no server process reported its port in {port_file}")
         await asyncio.sleep(0.05)
 
 
-async def _worker_ready(host: str, port_file: Path, child: asyncio.subprocess.Process) -> int:
-    """Wait until the worker serves and return its gRPC port; fail at once if it exits
-    first (a port in use, say) rather than after the readiness timeout."""
+async def _worker_ready(
+    host: str, port_file: Path, child: asyncio.subprocess.Process
+) -> ServedPorts:
+    """Wait until the worker serves and return its ports; fail at once if it exits first
+    (a port in use, say) rather than after the readiness timeout."""
 
-    async def serving() -> int:
-        port = await _reported_port(port_file, 60)
-        await _serving(f"{host}:{port}", 60)
-        return port
+    async def serving() -> ServedPorts:
+        ports = await _reported_ports(port_file, 60)
+        await _serving(f"{host}:{ports.grpc}", 60)
+        return ports
 
     serves = asyncio.create_task(serving())
     exited = asyncio.create_task(child.wait())
@@ -146,12 +157,14 @@ def serve_command(
     settings: Settings, index: int, entry_point: tuple[str, ...] = ("-m", "server", "serve")
 ) -> list[str]:
     """`gateway serve` (or another entry point taking its options) on gRPC port
-    grpc_port + index (0 when grpc_port is 0), with the stack's settings."""
+    grpc_port + index and REST port rest_port + index (0 for 0), with the stack's settings."""
     arguments = [
         sys.executable,
         *entry_point,
         "--grpc-port",
         str(worker_grpc_port(settings, index)),
+        "--rest-port",
+        str(worker_rest_port(settings, index)),
         "--data-dir",
         str(settings.data_dir),
         "--database-url",
@@ -189,19 +202,19 @@ async def run_workers(
     children: list[asyncio.subprocess.Process] = []
     envoy: EnvoyProcess | None = None
 
-    async def spawn(index: int, port: int | None = None) -> asyncio.subprocess.Process:
+    async def spawn(index: int, ports: ServedPorts | None = None) -> asyncio.subprocess.Process:
         command = [*worker_command(settings, index), "--port-file", str(port_files[index])]
-        if port is not None:
-            # A restart: the port Envoy sends to (argparse takes the last --grpc-port).
-            command += ["--grpc-port", str(port)]
+        if ports is not None:
+            # A restart: the ports Envoy sends to (argparse takes the last of each flag).
+            command += ["--grpc-port", str(ports.grpc), "--rest-port", str(ports.rest)]
         port_files[index].unlink(missing_ok=True)
         return await asyncio.create_subprocess_exec(
             *dying_with_this_process(*command), stdin=asyncio.subprocess.DEVNULL
         )
 
-    def restart_worker(index: int, port: int) -> Callable[[], Awaitable[Process]]:
+    def restart_worker(index: int, ports: ServedPorts) -> Callable[[], Awaitable[Process]]:
         async def restart() -> Process:
-            child = await spawn(index, port)
+            child = await spawn(index, ports)
             try:
                 await _worker_ready(settings.grpc_host, port_files[index], child)
             except BaseException:
@@ -226,21 +239,21 @@ async def run_workers(
     try:
         for index in range(workers):
             children.append(await spawn(index))
-        grpc_ports = await asyncio.gather(
+        served = await asyncio.gather(
             *(
                 _worker_ready(settings.grpc_host, port_file, child)
                 for port_file, child in zip(port_files, children, strict=True)
             )
         )
-        envoy = EnvoyProcess(envoy_options(settings, grpc_ports), settings.data_dir / "envoy")
+        envoy = EnvoyProcess(envoy_options(settings, served), settings.data_dir / "envoy")
         await start_envoy(envoy)
         announce(
-            _base_url(settings, envoy), [f"{settings.grpc_host}:{port}" for port in grpc_ports]
+            _base_url(settings, envoy), [f"{settings.grpc_host}:{ports.grpc}" for ports in served]
         )
         assert envoy.process is not None
         supervised = [
-            Supervised(f"worker {index}", child, restart_worker(index, port))
-            for index, (child, port) in enumerate(zip(children, grpc_ports, strict=True))
+            Supervised(f"worker {index}", child, restart_worker(index, ports))
+            for index, (child, ports) in enumerate(zip(children, served, strict=True))
         ]
         supervised.append(Supervised("Envoy", envoy.process, restart_envoy))
         await supervise(supervised, stop, RestartBudget.of(settings, SystemClock()))
@@ -282,9 +295,9 @@ async def run_stack(
     check_ports(settings)
     started = asyncio.Event()
     server_stop = asyncio.Event()
-    grpc_ports: list[int] = []
+    served: list[ServedPorts] = []
     server_task = asyncio.create_task(
-        serve(settings, started, server_stop, limits, listening=grpc_ports.append)
+        serve(settings, started, server_stop, limits, listening=served.append)
     )
     envoy: EnvoyProcess | None = None
     try:
@@ -294,9 +307,9 @@ async def run_stack(
             waiter.cancel()
             server_task.result()  # raises the start-up failure
             return
-        envoy = EnvoyProcess(envoy_options(settings, grpc_ports), settings.data_dir / "envoy")
+        envoy = EnvoyProcess(envoy_options(settings, served), settings.data_dir / "envoy")
         await start_envoy(envoy)
-        announce(_base_url(settings, envoy), [f"{settings.grpc_host}:{grpc_ports[0]}"])
+        announce(_base_url(settings, envoy), [f"{settings.grpc_host}:{served[0].grpc}"])
 
         async def restart_envoy() -> Process:
             nonlocal envoy

@@ -56,7 +56,7 @@ from server.maintenance import Maintenance
 from server.observability.metrics import Metrics
 from server.observability.monitor import DatabaseMonitor, recovery_retry_seconds
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
-from server.ports import GRPC_PORT, METRICS_PORT, ensure_free, listen_error
+from server.ports import GRPC_PORT, METRICS_PORT, REST_PORT, ServedPorts, ensure_free, listen_error
 from server.providers.assemblyai_stt import AssemblyAISttAdapter
 from server.providers.azure_openai_stt import AzureOpenAISttAdapter
 from server.providers.dashscope_video import DashScopeVideoAdapter
@@ -76,6 +76,8 @@ from server.providers.seedance_video import SeedanceVideoAdapter
 from server.providers.stt import SttAdapter
 from server.providers.vertex_video import VertexVideoAdapter
 from server.providers.video import VideoAdapter
+from server.rest.api import RestApi
+from server.rest.listener import RestListener
 from server.routing.catalog import Catalog, load_catalog, served_by
 from server.routing.cooldowns import Cooldowns
 from server.services.activity import ActivityService
@@ -93,6 +95,7 @@ from server.services.vault import VaultService
 from server.services.videos import VideosService
 from server.transcription.body import BodyBudget, retry_after_for, workspace_share
 from server.transcription.transcriber import Transcriber
+from server.transcription.upload import Uploads
 from server.vault import keycheck
 from server.vault.crypto import MasterKey, load_master_key
 from server.vault.webhook_secrets import seal_legacy_secrets
@@ -121,7 +124,7 @@ class Core:
     catalog: Catalog
     http: httpx.AsyncClient  # the one pooled client for every provider call
     limits: Limits
-    transcriber: Transcriber
+    uploads: Uploads  # POST /audio/transcriptions, for both ways in (gRPC and REST)
     content: ContentStore
     video_worker: VideoWorker
     webhooks: WebhookDispatcher
@@ -237,30 +240,44 @@ def build_core(
         workspace_concurrency=settings.webhook_workspace_concurrency,
         max_answer_bytes=settings.webhook_max_answer_bytes,
     )
+    auth = Authenticator(clock, principals)
     return Core(
         settings=settings,
         engine=engine,
         sessions=sessions,
         writer=writer,
         clock=clock,
-        auth=Authenticator(clock, principals),
+        auth=auth,
         hot_reads=HotReads(engine),
         catalog=catalog,
         http=http,
         limits=limits,
-        transcriber=Transcriber(
-            catalog,
-            stt_adapters,
-            clock,
-            limits,
-            metrics,
-            tracer,
-            decoder,
-            byok=byok,
-            cooldowns=cooldowns,
-            writer=writer,
-            guardrails=guardrails,
-            leases=leases,
+        uploads=Uploads(
+            auth,
+            sessions,
+            Transcriber(
+                catalog,
+                stt_adapters,
+                clock,
+                limits,
+                metrics,
+                tracer,
+                decoder,
+                byok=byok,
+                cooldowns=cooldowns,
+                writer=writer,
+                guardrails=guardrails,
+                leases=leases,
+            ),
+            BodyBudget(
+                settings.body_budget_bytes,
+                settings.body_budget_wait_seconds,
+                retry_after_for(settings.body_budget_wait_seconds),
+                trim=release_free_memory,
+                share=settings.body_budget_workspace_bytes
+                or workspace_share(settings.body_budget_bytes, settings.max_request_bytes),
+            ),
+            settings.max_request_bytes,
         ),
         content=content,
         video_worker=VideoWorker(
@@ -339,7 +356,9 @@ def metadata_limit_bytes(edge: EdgePolicy) -> int:
 STREAM_WINDOW_BYTES = 256 * 1024
 
 
-def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+def build_server(
+    core: Core,
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, RequestObserver]:
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
     metadata_limit = metadata_limit_bytes(core.settings.edge)
     server = grpc.aio.server(
@@ -409,22 +428,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         observed,
     )
     audio_pb2_grpc.add_AudioServicer_to_server(
-        AudioService(
-            core.auth,
-            core.sessions,
-            core.transcriber,
-            BodyBudget(
-                core.settings.body_budget_bytes,
-                core.settings.body_budget_wait_seconds,
-                retry_after_for(core.settings.body_budget_wait_seconds),
-                trim=release_free_memory,
-                share=core.settings.body_budget_workspace_bytes
-                or workspace_share(
-                    core.settings.body_budget_bytes, core.settings.max_request_bytes
-                ),
-            ),
-            core.settings.max_request_bytes,
-        ),
+        AudioService(core.auth, core.sessions, core.uploads),
         observed,
     )
     byok_pb2_grpc.add_ByokServicer_to_server(
@@ -462,7 +466,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         ),
         plain,
     )
-    return server, health_servicer
+    return server, health_servicer, observer
 
 
 async def prepare_vault(settings: Settings, master: MasterKey) -> int:
@@ -483,15 +487,16 @@ async def serve(
     started: asyncio.Event | None = None,
     stop: asyncio.Event | None = None,
     limits: Limits | None = None,
-    listening: Callable[[int], None] | None = None,
+    listening: Callable[[ServedPorts], None] | None = None,
 ) -> None:
     """Migrate, serve until `stop` is set, then drain: report NOT_SERVING, stop claiming
     jobs and webhooks and stop the housekeeping (the current step finishes), let in-flight
-    calls finish within the shutdown grace, and close. `listening` is told the gRPC port
-    actually bound (the one grpc's bind picked for --grpc-port 0) once the server serves,
-    before `started` is set."""
+    calls finish within the shutdown grace, and close. `listening` is told the ports
+    actually bound (gRPC's and the REST listener's: the ones picked for port 0) once the
+    server serves, before `started` is set."""
     # Taken ports are refused before anything else, naming the address and the flag.
     ensure_free(settings.grpc_host, settings.grpc_port, GRPC_PORT)
+    ensure_free(settings.grpc_host, settings.rest_port, REST_PORT)
     ensure_free(settings.metrics_host, settings.metrics_port, METRICS_PORT)
     await upgrade(settings.database_url)
     core = build_core(settings, limits=limits)
@@ -510,7 +515,14 @@ async def serve(
     # The pools of worker processes start when first used: a WAV (the common upload) is
     # measured in this process, so the decoders are only for compressed audio, and a server
     # that never sees any keeps neither their memory nor their start-up CPU.
-    server, health_servicer = build_server(core)
+    server, health_servicer, observer = build_server(core)
+    rest_api = RestApi(core.uploads, observer)
+    rest = RestListener(
+        rest_api,
+        settings.grpc_host,
+        settings.rest_port,
+        metadata_limit_bytes(settings.edge),
+    )
     await warm_hot_paths(core)
     tune_garbage_collector()
     try:
@@ -529,8 +541,15 @@ async def serve(
             ) from None
         log.info("metrics on http://%s:%s/metrics", settings.metrics_host, settings.metrics_port)
     await server.start()
+    try:
+        rest_bound = await rest.start()
+    except BaseException:
+        await server.stop(None)
+        await core.close()
+        raise
 
     async def set_serving(serving: bool) -> None:
+        rest_api.serving = serving
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if serving
@@ -542,6 +561,7 @@ async def serve(
     await health_servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     await set_serving(True)
     log.info("gRPC server listening on %s:%s", settings.grpc_host, bound)
+    log.info("REST listener on http://%s:%s", settings.grpc_host, rest_bound)
     workers_stop = asyncio.Event()
     monitor = DatabaseMonitor(
         core.sessions,
@@ -557,7 +577,7 @@ async def serve(
         asyncio.create_task(monitor.run(workers_stop)),
     ]
     if listening is not None:
-        listening(bound)
+        listening(ServedPorts(grpc=bound, rest=rest_bound))
     if started is not None:
         started.set()
     try:
@@ -568,8 +588,12 @@ async def serve(
     finally:
         log.info("stopping: draining in-flight requests")
         await health_servicer.enter_graceful_shutdown()
+        rest_api.serving = False
         workers_stop.set()  # finish the current step, claim nothing new
-        await server.stop(grace=settings.shutdown_grace_seconds)
+        await asyncio.gather(
+            server.stop(grace=settings.shutdown_grace_seconds),
+            rest.stop(settings.shutdown_grace_seconds),
+        )
         await asyncio.gather(*background)
         await core.close()
         if metrics_server is not None:

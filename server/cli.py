@@ -39,6 +39,7 @@ from server.db.engine import SessionFactory, create_engine, session_factory
 from server.db.migrate import upgrade
 from server.errors import GatewayError
 from server.observability.logs import configure_logging_from_environment
+from server.ports import DEFAULT_REST_PORT, ServedPorts
 
 log = logging.getLogger("gateway")
 
@@ -199,7 +200,11 @@ async def cmd_up(args: argparse.Namespace) -> int:
     from facade.stack import run_stack  # Envoy is only needed here
 
     settings = _server_settings(
-        args, grpc_port=args.grpc_port, http_port=args.http_port, http_host=args.host
+        args,
+        grpc_port=args.grpc_port,
+        rest_port=args.rest_port,
+        http_port=args.http_port,
+        http_host=args.host,
     )
     stop = stop_on_signals()
     await _agreements(settings)  # before anything is written: no operator key for a refused host
@@ -219,23 +224,26 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     """The gRPC server alone (a worker of `gateway up --workers N`, or a compose replica)."""
     from server.app import serve
 
-    settings = _server_settings(args, grpc_port=args.grpc_port, grpc_host=args.grpc_host)
+    settings = _server_settings(
+        args, grpc_port=args.grpc_port, rest_port=args.rest_port, grpc_host=args.grpc_host
+    )
     await upgrade(settings.database_url)  # serve's own is then one query
     remember_database(settings.data_dir, settings.database_url)
     port_file = args.port_file
     await serve(
         settings,
         stop=stop_on_signals(),
-        listening=None if port_file is None else lambda port: write_port_file(port_file, port),
+        listening=None if port_file is None else lambda ports: write_port_file(port_file, ports),
     )
     return 0
 
 
-def write_port_file(path: str, port: int) -> None:
-    """Write `port` to `path` whole (a reader never sees a partial file)."""
+def write_port_file(path: str, ports: ServedPorts) -> None:
+    """Write the ports bound to `path` whole (a reader never sees a partial file): the gRPC
+    port, then the REST listener's, on one line."""
     partial = f"{path}.partial"
     with open(partial, "w") as file:
-        file.write(f"{port}\n")
+        file.write(f"{ports.grpc} {ports.rest}\n")
     os.replace(partial, path)
 
 
@@ -264,11 +272,12 @@ async def cmd_envoy_config(args: argparse.Namespace) -> int:
 
     edge = edge_policy_from_environment(os.environ)
     listen = LISTEN if args.listen is None else Upstream(*args.listen)
+    default = KUBERNETES_UPSTREAM if args.kubernetes else COMPOSE_UPSTREAM
+    host, port = (default.host, default.port) if args.upstream is None else args.upstream
+    upstream = Upstream(host, port, args.rest_port)
     if args.kubernetes:
-        upstream = KUBERNETES_UPSTREAM if args.upstream is None else Upstream(*args.upstream)
         sys.stdout.write(kubernetes_envoy_yaml(edge, upstream, listen))
     else:
-        upstream = COMPOSE_UPSTREAM if args.upstream is None else Upstream(*args.upstream)
         sys.stdout.write(compose_envoy_yaml(edge, upstream, listen))
     return 0
 
@@ -760,6 +769,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="gRPC port (default 50051; 0: a free port for each server process, printed "
         "in the ready line)",
     )
+    up.add_argument(
+        "--rest-port",
+        type=_port_or_any,
+        help="port of the server's REST listener, which Envoy proxies the hot routes to (env "
+        "GATEWAY_REST_PORT; default 0: a free port for each server process; with --workers N, "
+        "this one on)",
+    )
     up.add_argument("--host", default="127.0.0.1", help="REST listen address")
     up.add_argument(
         "--catalog",
@@ -788,12 +804,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument(
         "--grpc-port", type=_port_or_any, default=50051, help="default 50051; 0: a free port"
     )
+    serve_cmd.add_argument(
+        "--rest-port",
+        type=_port_or_any,
+        help="port of the REST listener for the hot routes Envoy proxies here, on the gRPC "
+        "address (env GATEWAY_REST_PORT; default 0: a free port)",
+    )
     serve_cmd.add_argument("--grpc-host", default="127.0.0.1")
     serve_cmd.add_argument(
         "--port-file",
         metavar="FILE",
-        help="write the gRPC port bound to FILE once serving (how `up --workers N` learns "
-        "the ports of its server processes)",
+        help="write the ports bound (gRPC, REST) to FILE once serving (how `up --workers N` "
+        "learns the ports of its server processes)",
     )
     serve_cmd.add_argument("--catalog", metavar="FILE")
     serve_cmd.add_argument(
@@ -828,6 +850,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="the DNS name every gRPC replica's address is found under, and their port "
         "(default server:50051; gateway-server:50051 with --kubernetes)",
+    )
+    envoy_config.add_argument(
+        "--rest-port",
+        type=_port,
+        default=DEFAULT_REST_PORT,
+        help=f"the port of every replica's REST listener (`gateway serve --rest-port`; "
+        f"default {DEFAULT_REST_PORT})",
     )
     envoy_config.add_argument(
         "--listen",

@@ -264,6 +264,14 @@ class Settings(BaseSettings):
     grpc_port: int = Field(
         50051, ge=0, le=65535, description="Port of the gRPC server; 0: a free port."
     )
+    rest_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Port of the server's HTTP/1.1 listener for the hot REST routes "
+        "(POST /audio/transcriptions: Envoy proxies them there instead of transcoding them "
+        "to gRPC), on the gRPC server's address; 0: a free port.",
+    )
     http_host: str = Field("127.0.0.1", description="Address Envoy serves REST on.")
     http_port: int = Field(8080, ge=0, le=65535, description="Envoy's REST port; 0: a free port.")
     envoy_admin_port: int = Field(

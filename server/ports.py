@@ -5,11 +5,24 @@ from __future__ import annotations
 
 import errno
 import socket
+from dataclasses import dataclass
 
 GRPC_PORT = "--grpc-port"
+REST_PORT = "--rest-port / GATEWAY_REST_PORT"
+# The REST listener's port of a server process whose ports are fixed (compose, Kubernetes):
+# the gRPC port's default (50051) plus one.
+DEFAULT_REST_PORT = 50052
 HTTP_PORT = "--http-port"
 METRICS_PORT = "--metrics-port / GATEWAY_METRICS_PORT"
 ENVOY_ADMIN_PORT = "GATEWAY_ENVOY_ADMIN_PORT"
+
+
+@dataclass(frozen=True)
+class ServedPorts:
+    """The ports a server process bound: its gRPC server's and its REST listener's."""
+
+    grpc: int
+    rest: int
 
 
 class ListenError(OSError):

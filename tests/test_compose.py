@@ -65,16 +65,21 @@ def test_envoy_reaches_the_server_replicas_where_they_listen(
     compose: dict[str, Any], envoy: dict[str, Any]
 ) -> None:
     server = compose["services"]["server"]["command"]
-    [cluster] = envoy["static_resources"]["clusters"]
-    assert cluster["type"] == "STRICT_DNS"  # every replica behind the service name
-    [endpoint] = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-    address = endpoint["endpoint"]["address"]["socket_address"]
-    assert address["address"] == "server"
-    assert str(address["port_value"]) == _option(server, "--grpc-port")
+    clusters = {c["name"]: c for c in envoy["static_resources"]["clusters"]}
+    assert set(clusters) == {"gateway_grpc", "gateway_rest"}
+    for name, flag in (("gateway_grpc", "--grpc-port"), ("gateway_rest", "--rest-port")):
+        cluster = clusters[name]
+        assert cluster["type"] == "STRICT_DNS"  # every replica behind the service name
+        [endpoint] = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        address = endpoint["endpoint"]["address"]["socket_address"]
+        assert address["address"] == "server"
+        assert str(address["port_value"]) == _option(server, flag)
+        assert str(address["port_value"]) in compose["services"]["server"]["expose"]
     assert _option(server, "--grpc-host") == "0.0.0.0"
-    assert cluster["health_checks"][0]["grpc_health_check"] == {}
+    assert clusters["gateway_grpc"]["health_checks"][0]["grpc_health_check"] == {}
+    assert clusters["gateway_rest"]["health_checks"][0]["http_health_check"] == {"path": "/healthz"}
     healthcheck = compose["services"]["server"]["healthcheck"]["test"]
-    assert _option(healthcheck, "--grpc-target") == f"127.0.0.1:{address['port_value']}"
+    assert _option(healthcheck, "--grpc-target") == f"127.0.0.1:{_option(server, '--grpc-port')}"
 
 
 def test_envoy_runs_the_checked_in_config_with_the_images_files(

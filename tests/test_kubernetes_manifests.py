@@ -174,20 +174,32 @@ def test_envoy_runs_that_config_over_the_headless_service(
         service = _one(objects, "Service", "gateway")
         assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
 
-        [cluster] = config["static_resources"]["clusters"]
-        assert cluster["type"] == "STRICT_DNS"  # one endpoint per address the name has
-        assert cluster["ignore_health_on_host_removal"] is True
-        [endpoint] = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-        upstream = endpoint["endpoint"]["address"]["socket_address"]
-        headless = _one(objects, "Service", upstream["address"])
-        assert headless["spec"]["clusterIP"] == "None", "a name per ready replica"
-        assert not headless["spec"].get("publishNotReadyAddresses", False)
-        [grpc_port] = [p for p in headless["spec"]["ports"] if p["name"] == "grpc"]
-        assert grpc_port["port"] == upstream["port_value"]
+        clusters = config["static_resources"]["clusters"]
+        # gRPC, and the REST listener the hot REST routes are proxied to (server/rest/)
+        assert [c["name"] for c in clusters] == ["gateway_grpc", "gateway_rest"]
         server = _container(objects, "gateway-server")
-        assert {"name": "grpc", "containerPort": upstream["port_value"]} in server["ports"]
-        assert _option(server["command"], "--grpc-port") == str(upstream["port_value"])
         assert _option(server["command"], "--grpc-host") == "0.0.0.0"
+        allowed = [
+            rule["port"]
+            for policy in objects
+            if policy["kind"] == "NetworkPolicy"
+            and policy["metadata"]["name"].endswith("gateway-server")
+            for ingress in policy["spec"]["ingress"]
+            for rule in ingress["ports"]
+        ]
+        for cluster, name in zip(clusters, ("grpc", "rest"), strict=True):
+            assert cluster["type"] == "STRICT_DNS"  # one endpoint per address the name has
+            assert cluster["ignore_health_on_host_removal"] is True
+            [endpoint] = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+            upstream = endpoint["endpoint"]["address"]["socket_address"]
+            headless = _one(objects, "Service", upstream["address"])
+            assert headless["spec"]["clusterIP"] == "None", "a name per ready replica"
+            assert not headless["spec"].get("publishNotReadyAddresses", False)
+            [port] = [p for p in headless["spec"]["ports"] if p["name"] == name]
+            assert port["port"] == upstream["port_value"]
+            assert {"name": name, "containerPort": upstream["port_value"]} in server["ports"]
+            assert _option(server["command"], f"--{name}-port") == str(upstream["port_value"])
+            assert upstream["port_value"] in allowed
         selector = headless["spec"]["selector"]
         labels = _one(objects, "Deployment", "gateway-server")["spec"]["template"]["metadata"]
         assert selector.items() <= labels["labels"].items()

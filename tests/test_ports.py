@@ -123,22 +123,34 @@ def test_a_taken_grpc_port_names_the_flag(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("how", ["flag", "environment", "second worker"])
-def test_a_taken_metrics_port_names_the_flag_and_variable(tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(
+    ("flag", "variable"),
+    [
+        ("--metrics-port", "GATEWAY_METRICS_PORT"),
+        # the server's REST listener (server/rest/): a free port unless given, as gRPC's 0
+        ("--rest-port", "GATEWAY_REST_PORT"),
+    ],
+)
+def test_a_taken_worker_port_names_the_flag_and_variable(
+    tmp_path: Path, how: str, flag: str, variable: str
+) -> None:
+    """A port of each server process, given by flag or variable: the second worker's is the
+    next one."""
     base = free_port_range(2)
     taken = base + 1 if how == "second worker" else base
     args = ["--http-port", "0", "--grpc-port", "0"]
     env: dict[str, str] = {}
     if how == "environment":
-        env["GATEWAY_METRICS_PORT"] = str(base)
+        env[variable] = str(base)
     else:
-        args += ["--metrics-port", str(base)]
+        args += [flag, str(base)]
     if how == "second worker":
         args += ["--workers", "2"]
     with listening(taken):
         stderr = up(tmp_path, *args, env=env)
     assert stderr.strip() == (
         f"gateway: error: cannot listen on 127.0.0.1:{taken} "
-        "(--metrics-port / GATEWAY_METRICS_PORT): address already in use"
+        f"({flag} / {variable}): address already in use"
     )
 
 

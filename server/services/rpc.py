@@ -12,12 +12,12 @@ import math
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2, struct_pb2
@@ -104,8 +104,8 @@ class _Call:
     """What the observer knows about the rpc it wraps: its context and metadata (read from
     gRPC once per call, see metadata_of) and the HTTP status it answers."""
 
-    context: grpc.aio.ServicerContext
-    metadata: tuple[tuple[str, str | bytes], ...]
+    context: grpc.aio.ServicerContext | None  # None: a request of the REST listener
+    metadata: Sequence[tuple[str, str | bytes]]
     request_id: str
     started: float  # time.perf_counter()
     status: int = 200
@@ -242,6 +242,7 @@ def _check_message(message: Message, prefix: str, depth: int) -> None:
             _check_value(field, value, param, depth)
 
 
+_Answer = TypeVar("_Answer")
 MethodHandler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic in the stubs only
 
 
@@ -293,12 +294,43 @@ class RequestObserver:
         return handler
 
     @staticmethod
-    def _begin(context: grpc.aio.ServicerContext) -> _Call:
+    def _begin(
+        context: grpc.aio.ServicerContext | None,
+        metadata: Sequence[tuple[str, str | bytes]] | None = None,
+    ) -> _Call:
         started = time.perf_counter()
-        metadata = tuple(context.invocation_metadata() or ())
+        if metadata is None:
+            assert context is not None
+            metadata = tuple(context.invocation_metadata() or ())
         call = _Call(context, metadata, _request_id(metadata), started)
         call.tokens = (_CALL.set(call), REQUEST_ID.set(call.request_id))
         return call
+
+    async def answer(
+        self,
+        route: str,
+        headers: Sequence[tuple[str, str | bytes]],
+        handle: Callable[[], Awaitable[_Answer]],
+        refuse: Callable[[GatewayError], _Answer],
+    ) -> _Answer:
+        """A request the REST listener serves (server/rest/), observed as an rpc is: its
+        request id, span, metrics and access log; `handle`'s answer, or for a failure
+        `refuse`'s rendering of its documented error (the error table's, as the facade
+        renders a failed rpc's)."""
+        call = self._begin(None, headers)
+        with self._span(route, call):
+            try:
+                return await handle()
+            except asyncio.CancelledError:
+                call.status = 499  # the caller went away (or the server stopped) first
+                raise
+            except Exception as exc:
+                error = failure_error(exc, self._database_retry_seconds)
+                call.status = error.status
+                _drop_tracebacks(exc)  # see _answer_failure
+                return refuse(error)
+            finally:
+                self._end(route, call)
 
     def _end(self, route: str, call: _Call) -> None:
         elapsed = time.perf_counter() - call.started
@@ -594,7 +626,7 @@ def nullable_timestamp(value: datetime | None) -> struct_pb2.Value:
     return null() if value is None else struct_pb2.Value(string_value=rfc3339(value))
 
 
-def metadata_of(context: grpc.aio.ServicerContext) -> tuple[tuple[str, str | bytes], ...]:
+def metadata_of(context: grpc.aio.ServicerContext) -> Sequence[tuple[str, str | bytes]]:
     """The call's metadata. Read from gRPC once per observed call (each read converts every
     header Envoy forwards into new Python strings) and kept for the call's handler."""
     call = _CALL.get()
@@ -607,11 +639,21 @@ def time_remaining(context: grpc.aio.ServicerContext) -> float | None:
     """Seconds left to answer: the caller's gRPC deadline, or the one Envoy set from its
     route timeout (x-envoy-expected-rq-timeout-ms, measured from when it sent the call)."""
     remaining = context.time_remaining()
-    expected = header_value(context, "x-envoy-expected-rq-timeout-ms")
-    if expected is not None and expected.isdigit():
-        from_envoy = int(expected) / 1000
+    from_envoy = envoy_timeout(header_value(context, ENVOY_TIMEOUT_HEADER))
+    if from_envoy is not None:
         remaining = from_envoy if remaining is None else min(remaining, from_envoy)
     return remaining
+
+
+# The route timeout Envoy set for the request, in ms, sent with it to the server.
+ENVOY_TIMEOUT_HEADER = "x-envoy-expected-rq-timeout-ms"
+
+
+def envoy_timeout(value: str | None) -> float | None:
+    """Seconds of ENVOY_TIMEOUT_HEADER's value, when it is a plain number."""
+    if value is None or not value.isdigit() or len(value) > 12:
+        return None
+    return int(value) / 1000
 
 
 def header_value(context: grpc.aio.ServicerContext, name: str) -> str | None:

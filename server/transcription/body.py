@@ -22,7 +22,7 @@ import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Protocol
 
 from server.errors import GatewayError, service_unavailable
 
@@ -158,6 +158,16 @@ class Body:
     content_type: str
 
 
+class BodySource(Protocol):
+    """A request body as it streams in: its chunks, and its content type (known once the
+    first chunk is read: a gRPC stream carries it in its first message)."""
+
+    @property
+    def content_type(self) -> str: ...
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+
 def declared_length(value: str | None) -> int | None:
     """The client's Content-Length (forwarded by the facade), when it is a plain number."""
     if value is None or not value.isdigit() or len(value) > 18:
@@ -166,28 +176,25 @@ def declared_length(value: str | None) -> int | None:
 
 
 async def read_body(
-    messages: AsyncIterator[Any],
+    source: BodySource,
     reservation: Reservation,
     limit: int,
     length: int | None,
 ) -> Body:
-    """The body of a streamed HttpBody request (the facade sends the content type in the
-    first message, the bytes in as many as it likes). `length`, the declared Content-Length,
-    is reserved at once (a body over `limit` is refused before a byte is read); a body of
-    unknown length reserves as its bytes arrive."""
+    """The body of a streamed request (the facade sends it in as many chunks as it likes).
+    `length`, the declared Content-Length, is reserved at once (a body over `limit` is
+    refused before a byte is read); a body of unknown length reserves as its bytes arrive."""
     if length is not None:
         if length > limit:
             raise too_large(limit)
         await reservation.take(BODY_COPIES * length)
-    # The bytes gather in one buffer, each message's released as soon as it is copied: kept
+    # The bytes gather in one buffer, each chunk released as soon as it is copied: kept
     # side by side until a join, thousands of small allocations would fragment the heap and
-    # stay with the process after the body is gone. A one-message body is used as it came.
+    # stay with the process after the body is gone. A one-chunk body is used as it came.
     first: bytes | None = None
     gathered: bytearray | None = None
     received = 0
-    content_type = ""
-    async for message in messages:
-        chunk = message.data
+    async for chunk in source.chunks():
         if received + len(chunk) > limit:
             raise too_large(limit)
         if length is None or received + len(chunk) > length:
@@ -195,7 +202,6 @@ async def read_body(
             extra = received + len(chunk) - max(length or 0, received)
             await reservation.take(BODY_COPIES * extra)
         if first is None:
-            content_type = message.content_type
             first = chunk
         else:
             if gathered is None:
@@ -203,10 +209,10 @@ async def read_body(
                 first = b""
             gathered += chunk
         received += len(chunk)
-        del message, chunk
+        del chunk
     if gathered is not None:
-        return Body(bytes(gathered), content_type)
-    return Body(first or b"", content_type)
+        return Body(bytes(gathered), source.content_type)
+    return Body(first or b"", source.content_type)
 
 
 def retry_after_for(wait_seconds: float) -> int:

@@ -38,8 +38,8 @@ def test_the_default_is_the_compose_stacks_checked_in_config(
 ) -> None:
     printed = _print(capsys)
     assert printed == compose_envoy_yaml() == (ROOT / "envoy.yaml").read_text()
-    [cluster] = _config(printed)["static_resources"]["clusters"]
-    assert "ignore_health_on_host_removal" not in cluster
+    for cluster in _config(printed)["static_resources"]["clusters"]:
+        assert "ignore_health_on_host_removal" not in cluster
 
 
 def test_kubernetes_finds_replicas_by_the_headless_service_and_drops_leavers(
@@ -48,14 +48,16 @@ def test_kubernetes_finds_replicas_by_the_headless_service_and_drops_leavers(
     printed = _print(capsys, "--kubernetes")
     assert printed == kubernetes_envoy_yaml()
     assert "`gateway envoy-config --kubernetes`" in printed.splitlines()[2]
-    [cluster] = _config(printed)["static_resources"]["clusters"]
-    assert cluster["type"] == "STRICT_DNS"
-    assert cluster["ignore_health_on_host_removal"] is True
-    [endpoint] = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-    assert endpoint["endpoint"]["address"]["socket_address"] == {
-        "address": "gateway-server",
-        "port_value": 50051,
-    }
+    clusters = _config(printed)["static_resources"]["clusters"]
+    assert [cluster["name"] for cluster in clusters] == ["gateway_grpc", "gateway_rest"]
+    for cluster, port in zip(clusters, (50051, 50052), strict=True):
+        assert cluster["type"] == "STRICT_DNS"
+        assert cluster["ignore_health_on_host_removal"] is True
+        [endpoint] = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        assert endpoint["endpoint"]["address"]["socket_address"] == {
+            "address": "gateway-server",
+            "port_value": port,
+        }
 
 
 @pytest.mark.parametrize("topology", [(), ("--kubernetes",)])
@@ -67,20 +69,26 @@ def test_upstream_and_listen_addresses(
         *topology,
         "--upstream",
         "gw-grpc.prod.svc.cluster.local:7000",
+        "--rest-port",
+        "7001",
         "--listen",
         "[::]:8443",
     )
     config = _config(printed)
-    [cluster] = config["static_resources"]["clusters"]
-    [endpoint] = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-    assert endpoint["endpoint"]["address"]["socket_address"] == {
-        "address": "gw-grpc.prod.svc.cluster.local",
-        "port_value": 7000,
-    }
+    clusters = config["static_resources"]["clusters"]
+    for cluster, port in zip(clusters, (7000, 7001), strict=True):
+        [endpoint] = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        assert endpoint["endpoint"]["address"]["socket_address"] == {
+            "address": "gw-grpc.prod.svc.cluster.local",
+            "port_value": port,
+        }
     [listener] = config["static_resources"]["listeners"]
     assert listener["address"]["socket_address"] == {"address": "::", "port_value": 8443}
     # The header names the command that renders it again.
-    assert "--upstream gw-grpc.prod.svc.cluster.local:7000 --listen [::]:8443" in printed[:400]
+    assert (
+        "--upstream gw-grpc.prod.svc.cluster.local:7000 --rest-port 7001 --listen [::]:8443"
+        in printed[:400]
+    )
 
 
 @pytest.mark.parametrize(

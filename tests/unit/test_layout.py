@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # what starts things: the `gateway` command and the wiring of one server process
     ("entry", frozenset({"__main__", "cli", "app"})),
-    # what runs on the domain: gRPC handlers (one per proto service) and background loops
-    ("handlers", frozenset({"services", "workers", "maintenance"})),
+    # what runs on the domain: gRPC handlers (one per proto service), the REST listener's
+    # (the hot routes Envoy proxies over HTTP/1.1) and background loops
+    ("handlers", frozenset({"services", "rest", "workers", "maintenance"})),
     # the protobuf contract compiled from proto/: gRPC types stop at the handlers
     ("contract", frozenset({"contract", "contract_stamp"})),
     # the domain, testable without gRPC, from the billable operations down:

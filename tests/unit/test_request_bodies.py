@@ -21,6 +21,7 @@ from server.config import EdgePolicy
 from server.contract import audio_pb2_grpc
 from server.errors import GatewayError
 from server.observability.metrics import Metrics
+from server.services.audio import HttpBodyMessages
 from server.services.rpc import MethodTable, ObservedServer, RequestObserver
 from server.transcription.body import BODY_COPIES, BodyBudget, declared_length, read_body
 from testkit.eventually import eventually
@@ -51,7 +52,9 @@ def _budget(capacity: int, wait: float = 0.1) -> BodyBudget:
 async def test_a_body_is_joined_with_the_content_type_of_its_first_message() -> None:
     budget = _budget(BODY_COPIES * 100)
     async with budget.reservation() as reservation:
-        body = await read_body(_Messages(b"ab", b"cd", b"e").__aiter__(), reservation, 100, 5)
+        body = await read_body(
+            HttpBodyMessages(_Messages(b"ab", b"cd", b"e").__aiter__()), reservation, 100, 5
+        )
         assert (body.data, body.content_type) == (b"abcde", "application/json")
         assert budget.free == BODY_COPIES * 95
     assert budget.free == budget.capacity
@@ -59,8 +62,10 @@ async def test_a_body_is_joined_with_the_content_type_of_its_first_message() -> 
 
 async def test_the_content_type_comes_from_the_first_message_even_without_bytes() -> None:
     async with _budget(BODY_COPIES * 100).reservation() as reservation:
-        body = await read_body(_Messages(b"", b"ab", b"").__aiter__(), reservation, 100, None)
-        empty = await read_body(_Messages().__aiter__(), reservation, 100, 0)
+        body = await read_body(
+            HttpBodyMessages(_Messages(b"", b"ab", b"").__aiter__()), reservation, 100, None
+        )
+        empty = await read_body(HttpBodyMessages(_Messages().__aiter__()), reservation, 100, 0)
     assert (body.data, body.content_type) == (b"ab", "application/json")
     assert (empty.data, empty.content_type) == (b"", "")
 
@@ -69,7 +74,7 @@ async def test_a_declared_body_over_the_limit_is_refused_before_it_is_read() -> 
     messages = _Messages(b"x" * 10)
     async with _budget(BODY_COPIES * 100).reservation() as reservation:
         with pytest.raises(GatewayError) as refused:
-            await read_body(messages.__aiter__(), reservation, 9, 10)
+            await read_body(HttpBodyMessages(messages.__aiter__()), reservation, 9, 10)
     assert refused.value.status == 413 and messages.pulled == 0
 
 
@@ -78,7 +83,7 @@ async def test_a_chunked_body_over_the_limit_is_refused_at_the_chunk_that_crosse
     budget = _budget(BODY_COPIES * 100)
     async with budget.reservation() as reservation:
         with pytest.raises(GatewayError) as refused:
-            await read_body(messages.__aiter__(), reservation, 10, None)
+            await read_body(HttpBodyMessages(messages.__aiter__()), reservation, 10, None)
     assert refused.value.status == 413 and messages.pulled == 3
     assert budget.free == budget.capacity
 
@@ -91,7 +96,7 @@ async def test_a_body_that_finds_the_budget_spent_waits_then_gets_503_with_retry
         async with budget.reservation() as reservation:
             started = asyncio.get_running_loop().time()
             with pytest.raises(GatewayError) as refused:
-                await read_body(messages.__aiter__(), reservation, 100, 50)
+                await read_body(HttpBodyMessages(messages.__aiter__()), reservation, 100, 50)
             waited = asyncio.get_running_loop().time() - started
     assert refused.value.status == 503 and refused.value.retry_after_seconds == 3
     assert 0.15 <= waited < 2 and messages.pulled == 0  # nothing read while it waited
@@ -105,7 +110,9 @@ async def test_a_waiting_body_goes_on_as_soon_as_another_gives_its_share_back() 
 
     async def second() -> bytes:
         async with budget.reservation() as reservation:
-            body = await read_body(_Messages(b"y" * 50).__aiter__(), reservation, 100, 50)
+            body = await read_body(
+                HttpBodyMessages(_Messages(b"y" * 50).__aiter__()), reservation, 100, 50
+            )
             return body.data
 
     waiting = asyncio.ensure_future(second())
@@ -124,7 +131,7 @@ async def test_a_chunked_body_holding_part_of_the_budget_never_waits_for_more() 
     async with budget.reservation() as reservation:
         with pytest.raises(GatewayError) as refused:
             async with asyncio.timeout(2):
-                await read_body(messages.__aiter__(), reservation, 100, None)
+                await read_body(HttpBodyMessages(messages.__aiter__()), reservation, 100, None)
     assert refused.value.status == 503 and messages.pulled == 2
     assert budget.free == budget.capacity
 
@@ -134,7 +141,9 @@ async def test_a_body_larger_than_the_whole_budget_is_413_at_once_not_a_503_to_r
     async with budget.reservation() as reservation:
         with pytest.raises(GatewayError) as refused:
             async with asyncio.timeout(2):
-                await read_body(_Messages(b"x" * 11).__aiter__(), reservation, 100, 11)
+                await read_body(
+                    HttpBodyMessages(_Messages(b"x" * 11).__aiter__()), reservation, 100, 11
+                )
     assert refused.value.status == 413 and refused.value.retry_after_seconds is None
 
 
@@ -297,10 +306,12 @@ async def test_one_workspaces_bodies_hold_only_its_share_and_leave_the_rest_to_o
         await first.take(BODY_COPIES * 50)
         async with budget.reservation("ws_burst") as second:
             with pytest.raises(GatewayError) as refused:
-                await read_body(_Messages(b"x" * 20).__aiter__(), second, 100, 20)
+                await read_body(HttpBodyMessages(_Messages(b"x" * 20).__aiter__()), second, 100, 20)
             assert refused.value.status == 503 and refused.value.retry_after_seconds == 3
         async with budget.reservation("ws_other") as other:
-            body = await read_body(_Messages(b"y" * 40).__aiter__(), other, 100, 40)
+            body = await read_body(
+                HttpBodyMessages(_Messages(b"y" * 40).__aiter__()), other, 100, 40
+            )
             assert body.data == b"y" * 40
     assert budget.free == budget.capacity
 
@@ -311,14 +322,20 @@ async def test_a_body_over_the_share_is_413_and_a_waiting_one_goes_on_when_its_o
     )
     async with budget.reservation("ws_a") as reservation:
         with pytest.raises(GatewayError) as refused:
-            await read_body(_Messages(b"x" * 70).__aiter__(), reservation, 100, 70)
+            await read_body(
+                HttpBodyMessages(_Messages(b"x" * 70).__aiter__()), reservation, 100, 70
+            )
     assert refused.value.status == 413
     holder = budget.reservation("ws_a")
     await holder.take(BODY_COPIES * 50)
 
     async def own_next() -> bytes:
         async with budget.reservation("ws_a") as reservation:
-            return (await read_body(_Messages(b"z" * 20).__aiter__(), reservation, 100, 20)).data
+            return (
+                await read_body(
+                    HttpBodyMessages(_Messages(b"z" * 20).__aiter__()), reservation, 100, 20
+                )
+            ).data
 
     waiting = asyncio.ensure_future(own_next())
     await asyncio.sleep(0.05)

@@ -1,0 +1,117 @@
+"""The REST listener's routes: POST /api/v1/audio/transcriptions, and /healthz for Envoy's
+health check of the listener. Anything else is a 404 in the documented shape."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+from aiohttp import web
+
+from server.errors import GatewayError, not_found
+from server.services.rpc import ENVOY_TIMEOUT_HEADER, RequestObserver, envoy_timeout
+from server.transcription.upload import Uploads
+
+TRANSCRIPTIONS = "/api/v1/audio/transcriptions"
+# Envoy's health check of the listener (facade/envoy_config.py): 200 while the process
+# serves, 503 while it cannot reach its database or drains for shutdown — as its gRPC health.
+HEALTH_PATH = "/healthz"
+_JSON = "application/json"
+
+Handler = Callable[[web.BaseRequest, Sequence[tuple[str, str]]], Awaitable[web.Response]]
+
+
+class RequestBody:
+    """A request's body as it arrives (aiohttp holds at most its read buffer of it unread
+    and stops reading the socket past that), as a BodySource."""
+
+    def __init__(self, request: web.BaseRequest) -> None:
+        self.content_type = request.headers.get("content-type", "")
+        self._content = request.content
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for chunk in self._content.iter_any():
+            yield chunk
+
+
+def error_response(error: GatewayError) -> web.Response:
+    """The documented error, as the facade renders a failed rpc's."""
+    return web.Response(
+        status=error.status,
+        body=error.body_json().encode("ascii"),
+        content_type=_JSON,
+        headers=error.response_headers(),
+    )
+
+
+def _headers(request: web.BaseRequest) -> tuple[tuple[str, str], ...]:
+    """The request's headers as the domain code reads them (gRPC metadata's shape: lower
+    case names, str values)."""
+    return tuple(
+        (name.decode("latin-1").lower(), value.decode("latin-1"))
+        for name, value in request.raw_headers
+    )
+
+
+def _header(headers: Sequence[tuple[str, str]], name: str) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
+
+
+class RestApi:
+    """aiohttp's request handler (a low-level web.Server's): each route's answer through the
+    request observer; `serving` is the process's health, set as its gRPC health is."""
+
+    def __init__(self, uploads: Uploads, observer: RequestObserver) -> None:
+        self._uploads = uploads
+        self._observer = observer
+        self.serving = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._routes: dict[tuple[str, str], tuple[str, Handler]] = {
+            ("POST", TRANSCRIPTIONS): (f"POST {TRANSCRIPTIONS}", self._transcribe),
+        }
+
+    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+        found = self._routes.get((request.method, request.path))
+        if found is None:
+            if request.path == HEALTH_PATH and request.method in ("GET", "HEAD"):
+                return web.Response(status=200 if self.serving else 503)
+            return error_response(not_found("Not Found"))
+        route, handle = found
+        headers = _headers(request)
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return await self._observer.answer(
+                route, headers, lambda: handle(request, headers), error_response
+            )
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def idle(self) -> None:
+        """Wait until no request is being answered."""
+        await self._idle.wait()
+
+    async def _transcribe(
+        self, request: web.BaseRequest, headers: Sequence[tuple[str, str]]
+    ) -> web.Response:
+        result = await self._uploads.transcribe(
+            headers,
+            RequestBody(request),
+            # This hop's framing (the parser holds the body to it); None when chunked.
+            request.content_length,
+            _header(headers, "x-session-id"),
+            envoy_timeout(_header(headers, ENVOY_TIMEOUT_HEADER)),
+        )
+        # As OpenRouter: the id GET /generation looks the transcription up by.
+        return web.Response(
+            body=result.json_body(),
+            content_type=_JSON,
+            headers={"x-generation-id": result.generation_id},
+        )

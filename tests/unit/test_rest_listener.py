@@ -1,0 +1,207 @@
+"""The server's REST listener (server/rest/), in process: POST /api/v1/audio/transcriptions
+answered as the gRPC Transcribe rpc answers it (the end-to-end suite sends it through Envoy),
+its refusals in the documented shape, its bounds, its health, its bind failure, its drain."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import pytest_asyncio
+from opentelemetry.trace import NoOpTracer
+
+from server.auth import Authenticator
+from server.db.models import Generation
+from server.ports import ListenError
+from server.rest.api import HEALTH_PATH, TRANSCRIPTIONS, RestApi
+from server.rest.listener import RestListener
+from server.services.rpc import RequestObserver
+from server.transcription.body import BODY_COPIES, BodyBudget
+from server.transcription.upload import Uploads
+from testkit.audio import fixture
+from testkit.domain import Domain
+from testkit.eventually import eventually
+
+MAX_BODY = 64 * 1024
+HEADER_LIMIT = 64 * 1024
+
+
+@dataclass
+class Listening:
+    api: RestApi
+    listener: RestListener
+    budget: BodyBudget
+    port: int
+    client: httpx.AsyncClient
+
+
+def _json_body(model: str = "unit/ok") -> bytes:
+    audio = base64.b64encode(fixture("hello")).decode()
+    return json.dumps({"model": model, "input_audio": {"data": audio, "format": "wav"}}).encode()
+
+
+async def _started_upload(
+    listening: Listening, key: str, length: int, first: bytes
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A transcription whose body (`length` bytes announced) has sent only `first`."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", listening.port)
+    writer.write(
+        (
+            f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}"
+            f"\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        ).encode()
+        + first
+    )
+    await writer.drain()
+    return reader, writer
+
+
+@pytest_asyncio.fixture
+async def listening(domain: Domain) -> AsyncIterator[Listening]:
+    budget = BodyBudget(BODY_COPIES * 4 * MAX_BODY, wait_seconds=0.1, retry_after_seconds=1)
+    uploads = Uploads(
+        Authenticator(domain.clock), domain.sessions, domain.transcriber(), budget, MAX_BODY
+    )
+    api = RestApi(uploads, RequestObserver(domain.metrics, NoOpTracer()))
+    listener = RestListener(api, "127.0.0.1", 0, HEADER_LIMIT)
+    port = await listener.start()
+    api.serving = True
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        yield Listening(api, listener, budget, port, client)
+    await listener.stop(1)
+
+
+async def test_a_transcription_is_answered_with_its_generation_id_and_charged(
+    domain: Domain, listening: Listening
+) -> None:
+    issued = await domain.funded_key("rest")
+    response = await listening.client.post(
+        TRANSCRIPTIONS,
+        content=_json_body(),
+        headers={**issued.headers, "content-type": "application/json"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    generation_id = response.headers["x-generation-id"]
+    assert response.json()["text"]
+    rows = await domain.rows(Generation, Generation.id == generation_id)
+    assert len(rows) == 1
+    assert await domain.charges(issued.workspace.account_id) != []
+    assert listening.budget.free == listening.budget.capacity
+
+
+async def test_a_refusal_is_the_documented_error_with_its_headers(
+    domain: Domain, listening: Listening
+) -> None:
+    missing = await listening.client.post(TRANSCRIPTIONS, content=_json_body())
+    assert missing.status_code == 401
+    assert missing.json() == {
+        "error": {
+            "code": 401,
+            "message": "Missing Authorization header: send 'Authorization: Bearer <API key>'",
+        }
+    }
+    issued = await domain.funded_key("rest")
+    unknown = await listening.client.post(
+        TRANSCRIPTIONS,
+        content=_json_body("nobody/nothing"),
+        headers={**issued.headers, "content-type": "application/json"},
+    )
+    assert unknown.status_code in (400, 404)
+    assert unknown.json()["error"]["code"] == unknown.status_code
+    assert unknown.headers["content-type"].startswith("application/json")
+
+
+async def test_a_body_over_the_limit_is_refused_without_a_declared_length(
+    domain: Domain, listening: Listening
+) -> None:
+    issued = await domain.funded_key("rest")
+
+    async def chunked() -> AsyncIterator[bytes]:
+        for _ in range(4):
+            yield b"x" * (MAX_BODY // 2)
+
+    response = await listening.client.post(
+        TRANSCRIPTIONS,
+        content=chunked(),
+        headers={**issued.headers, "content-type": "application/json"},
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == 413
+    assert listening.budget.free == listening.budget.capacity
+
+
+async def test_headers_as_long_as_the_edge_lets_through_reach_the_gateway(
+    listening: Listening,
+) -> None:
+    """aiohttp's own limit is 8 KiB a header; Envoy forwards up to its header limit."""
+    response = await listening.client.post(
+        TRANSCRIPTIONS,
+        content=_json_body(),
+        headers={"authorization": "Bearer " + "k" * 30_000, "x-session-id": "s" * 20_000},
+    )
+    assert response.status_code == 401
+    assert response.json()["error"]["message"] == "Invalid API key"
+
+
+async def test_other_paths_are_a_documented_404_and_health_follows_serving(
+    listening: Listening,
+) -> None:
+    for method, path in (("GET", TRANSCRIPTIONS), ("POST", "/api/v1/key"), ("GET", "/")):
+        response = await listening.client.request(method, path)
+        assert response.status_code == 404
+        assert response.json() == {"error": {"code": 404, "message": "Not Found"}}
+    assert (await listening.client.get(HEALTH_PATH)).status_code == 200
+    listening.api.serving = False
+    assert (await listening.client.get(HEALTH_PATH)).status_code == 503
+
+
+async def test_a_caller_that_goes_away_mid_body_cancels_the_request_and_frees_its_budget(
+    domain: Domain, listening: Listening
+) -> None:
+    issued = await domain.funded_key("rest")
+    reader, writer = await _started_upload(listening, issued.key, MAX_BODY, b"{" * 100)
+    await eventually(lambda: listening.budget.free < listening.budget.capacity)
+    writer.close()
+    await eventually(lambda: listening.budget.free == listening.budget.capacity)
+    del reader
+
+
+async def test_a_taken_port_is_an_error_naming_the_address_and_the_flag(
+    listening: Listening,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ListenError) as refused:
+            await RestListener(listening.api, "127.0.0.1", port, HEADER_LIMIT).start()
+    assert f"127.0.0.1:{port}" in str(refused.value)
+    assert "--rest-port / GATEWAY_REST_PORT" in str(refused.value)
+    assert "address already in use" in str(refused.value)
+
+
+async def test_stop_lets_a_request_in_flight_finish_and_accepts_no_more(
+    domain: Domain, listening: Listening
+) -> None:
+    issued = await domain.funded_key("rest")
+    body = _json_body()
+    reader, writer = await _started_upload(listening, issued.key, len(body), body[:10])
+    port = listening.port
+    await eventually(lambda: listening.budget.free < listening.budget.capacity)
+    stopping = asyncio.create_task(listening.listener.stop(5))
+    await asyncio.sleep(0.05)
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", port)
+    writer.write(body[10:])
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    await stopping
+    writer.close()
