@@ -415,6 +415,10 @@ async def serve(
                 # As the gateway's in the benches: the one load generator is not rate-limited
                 # (otherwise the floor's 429s, cheap answers, count as served requests).
                 edge=EdgePolicy.model_validate(UNCAPPED_EDGE),
+                # F1 and F2 are the floors of the gRPC design: every route transcoded, as the
+                # gateway's were before its hot routes went to its REST listener (F3-http is
+                # that design's floor).
+                rest_routes=(),
             ),
             work_dir,
         )

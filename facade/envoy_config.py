@@ -72,6 +72,18 @@ RESPONSE_INTERNALS = (
 MIB = 1024 * 1024
 
 
+# The hot REST routes: proxied as they came to the server processes' REST listeners
+# (server/rest/), skipping the transcoder and the gRPC hop (docs/performance.md says what
+# that hop costs). Every other route is transcoded to gRPC. A media route among them skips
+# the buffer filter too: its body streams to the server, which bounds it.
+REST_ROUTES: tuple[tuple[str, str], ...] = (
+    ("POST", "/api/v1/audio/transcriptions"),
+    ("GET", "/api/v1/key"),
+)
+# The path of a REST listener's health check (server/rest/api.py HEALTH_PATH).
+REST_HEALTH_PATH = "/healthz"
+
+
 @dataclass(frozen=True)
 class Upstream:
     """A server process (or the DNS name of its replicas): its gRPC port, and its REST
@@ -101,6 +113,8 @@ class EnvoyOptions:
     # requests though its health check still passes; Envoy otherwise keeps such a host
     # until its health check fails.
     drop_hosts_leaving_dns: bool = False
+    # The routes (method, path) proxied to the REST listeners; every other is transcoded.
+    rest_routes: tuple[tuple[str, str], ...] = REST_ROUTES
     extra_routes: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -652,15 +666,6 @@ CLIENT_STREAM_WINDOW_BYTES = 64 * 1024
 CLIENT_CONNECTION_WINDOW_BYTES = 1024 * 1024
 
 
-# The hot REST routes: proxied as they came to the server processes' REST listeners
-# (server/rest/), skipping the transcoder and the gRPC hop (docs/performance.md says what
-# that hop costs). Every other route is transcoded to gRPC. A media route among them skips
-# the buffer filter too: its body streams to the server, which bounds it.
-REST_ROUTES = {"/api/v1/audio/transcriptions": "POST"}
-# The path of a REST listener's health check (server/rest/api.py HEALTH_PATH).
-REST_HEALTH_PATH = "/healthz"
-
-
 def _disabled(filter_type: str) -> dict[str, Any]:
     """A filter's per-route config that turns it off for the route."""
     if filter_type == "buffer":
@@ -671,7 +676,7 @@ def _disabled(filter_type: str) -> dict[str, Any]:
     return {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": True}
 
 
-def _rest_routes(timeout: str) -> list[dict[str, Any]]:
+def _rest_routes(options: EnvoyOptions, timeout: str) -> list[dict[str, Any]]:
     """The hot REST routes, to the REST listeners as they came: the transcoder is off for
     them (it would turn them into gRPC calls), and so is the buffer filter for a media path."""
     return [
@@ -690,11 +695,11 @@ def _rest_routes(timeout: str) -> list[dict[str, Any]]:
                 ),
             },
         }
-        for path, method in REST_ROUTES.items()
+        for method, path in options.rest_routes
     ]
 
 
-def _media_routes(timeout: str) -> list[dict[str, Any]]:
+def _media_routes(options: EnvoyOptions, timeout: str) -> list[dict[str, Any]]:
     """The media routes' REST paths (but the REST listeners'), matched before transcoding
     (the filters before the transcoder see the REST path): they skip the buffer filter. The
     transcoder then clears the route, and the request is routed by its gRPC path like every
@@ -709,7 +714,7 @@ def _media_routes(timeout: str) -> list[dict[str, Any]]:
             "typed_per_filter_config": {"envoy.filters.http.buffer": _disabled("buffer")},
         }
         for path in MEDIA_PATHS
-        if path not in REST_ROUTES
+        if ("POST", path) not in options.rest_routes
     ]
 
 
@@ -769,7 +774,7 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
             "name": "streaming",
         }
     }
-    routes = _rest_routes(timeout) + _media_routes(timeout)
+    routes = _rest_routes(options, timeout) + _media_routes(options, timeout)
     routes += [
         {
             "match": {"path": method},
@@ -1009,14 +1014,17 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                 }
             },
         ),
-        # HTTP/1.1 (Envoy's default for a cluster); the listener's health is the process's.
-        _cluster(
-            "gateway_rest",
-            options,
-            [(u.host, u.rest_port) for u in options.upstreams],
-            {"http_health_check": {"path": REST_HEALTH_PATH}},
-        ),
     ]
+    if options.rest_routes:
+        # HTTP/1.1 (Envoy's default for a cluster); the listener's health is the process's.
+        clusters.append(
+            _cluster(
+                "gateway_rest",
+                options,
+                [(u.host, u.rest_port) for u in options.upstreams],
+                {"http_health_check": {"path": REST_HEALTH_PATH}},
+            )
+        )
     return {
         "layered_runtime": {
             "layers": [

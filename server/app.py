@@ -356,9 +356,9 @@ def metadata_limit_bytes(edge: EdgePolicy) -> int:
 STREAM_WINDOW_BYTES = 256 * 1024
 
 
-def build_server(
-    core: Core,
-) -> tuple[grpc.aio.Server, health.aio.HealthServicer, RequestObserver]:
+def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer, RestApi]:
+    """The gRPC server with every service, its health servicer, and the REST listener's
+    routes (the hot REST routes: the same services' code, the same observer)."""
     limit = core.settings.max_request_bytes + 1024 * 1024  # the body plus envelope
     metadata_limit = metadata_limit_bytes(core.settings.edge)
     server = grpc.aio.server(
@@ -390,10 +390,8 @@ def build_server(
     table = MethodTable()
     server.add_generic_rpc_handlers((table,))
     observed: Any = ObservedServer(table, observer)  # the generated functions' `server`
-    keys_pb2_grpc.add_KeysServicer_to_server(
-        KeysService(core.auth, core.sessions, core.clock, core.hot_reads, core.guardrails),
-        observed,
-    )
+    keys = KeysService(core.auth, core.sessions, core.clock, core.hot_reads, core.guardrails)
+    keys_pb2_grpc.add_KeysServicer_to_server(keys, observed)
     management_pb2_grpc.add_ManagementServicer_to_server(
         ManagementService(
             core.auth,
@@ -466,7 +464,7 @@ def build_server(
         ),
         plain,
     )
-    return server, health_servicer, observer
+    return server, health_servicer, RestApi(core.uploads, keys, observer)
 
 
 async def prepare_vault(settings: Settings, master: MasterKey) -> int:
@@ -515,8 +513,7 @@ async def serve(
     # The pools of worker processes start when first used: a WAV (the common upload) is
     # measured in this process, so the decoders are only for compressed audio, and a server
     # that never sees any keeps neither their memory nor their start-up CPU.
-    server, health_servicer, observer = build_server(core)
-    rest_api = RestApi(core.uploads, observer)
+    server, health_servicer, rest_api = build_server(core)
     rest = RestListener(
         rest_api,
         settings.grpc_host,

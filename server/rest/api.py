@@ -1,5 +1,6 @@
-"""The REST listener's routes: POST /api/v1/audio/transcriptions, and /healthz for Envoy's
-health check of the listener. Anything else is a 404 in the documented shape."""
+"""The REST listener's routes: POST /api/v1/audio/transcriptions and GET /api/v1/key, and
+/healthz for Envoy's health check of the listener. Anything else is a 404 in the documented
+shape."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from server.errors import GatewayError, not_found
+from server.services.keys import KeysService
 from server.services.rpc import ENVOY_TIMEOUT_HEADER, RequestObserver, envoy_timeout
 from server.transcription.upload import Uploads
 
 TRANSCRIPTIONS = "/api/v1/audio/transcriptions"
+KEY = "/api/v1/key"
 # Envoy's health check of the listener (facade/envoy_config.py): 200 while the process
 # serves, 503 while it cannot reach its database or drains for shutdown — as its gRPC health.
 HEALTH_PATH = "/healthz"
@@ -44,6 +49,19 @@ def error_response(error: GatewayError) -> web.Response:
     )
 
 
+def json_of(message: Message) -> bytes:
+    """A response message as the facade's transcoder prints it (facade/envoy_config.py:
+    proto field names, fields without presence printed at their defaults, compact)."""
+    text: str = json_format.MessageToJson(
+        message,
+        always_print_fields_with_no_presence=True,
+        preserving_proto_field_name=True,
+        indent=None,
+        ensure_ascii=False,
+    )
+    return text.encode()
+
+
 def _headers(request: web.BaseRequest) -> tuple[tuple[str, str], ...]:
     """The request's headers as the domain code reads them (gRPC metadata's shape: lower
     case names, str values)."""
@@ -64,8 +82,9 @@ class RestApi:
     """aiohttp's request handler (a low-level web.Server's): each route's answer through the
     request observer; `serving` is the process's health, set as its gRPC health is."""
 
-    def __init__(self, uploads: Uploads, observer: RequestObserver) -> None:
+    def __init__(self, uploads: Uploads, keys: KeysService, observer: RequestObserver) -> None:
         self._uploads = uploads
+        self._keys = keys
         self._observer = observer
         self.serving = False
         self._in_flight = 0
@@ -73,6 +92,7 @@ class RestApi:
         self._idle.set()
         self._routes: dict[tuple[str, str], tuple[str, Handler]] = {
             ("POST", TRANSCRIPTIONS): (f"POST {TRANSCRIPTIONS}", self._transcribe),
+            ("GET", KEY): (f"GET {KEY}", self._current_key),
         }
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -115,3 +135,9 @@ class RestApi:
             content_type=_JSON,
             headers={"x-generation-id": result.generation_id},
         )
+
+    async def _current_key(
+        self, request: web.BaseRequest, headers: Sequence[tuple[str, str]]
+    ) -> web.Response:
+        response = await self._keys.current_key(headers)
+        return web.Response(body=json_of(response), content_type=_JSON)

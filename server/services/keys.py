@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -160,12 +161,17 @@ class KeysService(keys_pb2_grpc.KeysServicer):
     async def GetCurrentKey(
         self, request: keys_pb2.GetCurrentKeyRequest, context: grpc.aio.ServicerContext
     ) -> keys_pb2.CurrentKeyResponse:
-        """The caller and its guardrails from the process's caches; usage, the `:free`
-        count and the principal stamp in one statement, read fresh every time. A stamp newer
-        than the caches' means the caller changed elsewhere since it was cached: it is looked
-        up again, so GET /key answers from the database's view of the key even inside the
-        caches' second."""
-        metadata = metadata_of(context)
+        return await self.current_key(metadata_of(context))
+
+    async def current_key(
+        self, metadata: Sequence[tuple[str, str | bytes]]
+    ) -> keys_pb2.CurrentKeyResponse:
+        """GET /key for the caller `metadata` names (its headers; the REST listener serves
+        the route too). The caller and its guardrails from the process's caches; usage, the
+        `:free` count and the principal stamp in one statement, read fresh every time. A
+        stamp newer than the caches' means the caller changed elsewhere since it was cached:
+        it is looked up again, so GET /key answers from the database's view of the key even
+        inside the caches' second."""
         now = self._clock.now()
         principal = self._auth.cached(metadata)
         guardrails = (

@@ -1,6 +1,7 @@
 """The server's REST listener (server/rest/), in process: POST /api/v1/audio/transcriptions
-answered as the gRPC Transcribe rpc answers it (the end-to-end suite sends it through Envoy),
-its refusals in the documented shape, its bounds, its health, its bind failure, its drain."""
+and GET /api/v1/key answered as their gRPC methods answer them (the end-to-end suite sends
+them through Envoy), its refusals in the documented shape, its bounds, its health, its bind
+failure, its drain."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from opentelemetry.trace import NoOpTracer
 from server.auth import Authenticator
 from server.db.models import Generation
 from server.ports import ListenError
-from server.rest.api import HEALTH_PATH, TRANSCRIPTIONS, RestApi
+from server.rest.api import HEALTH_PATH, KEY, TRANSCRIPTIONS, RestApi
 from server.rest.listener import RestListener
+from server.services.keys import KeysService
 from server.services.rpc import RequestObserver
 from server.transcription.body import BODY_COPIES, BodyBudget
 from server.transcription.upload import Uploads
@@ -65,10 +67,10 @@ async def _started_upload(
 @pytest_asyncio.fixture
 async def listening(domain: Domain) -> AsyncIterator[Listening]:
     budget = BodyBudget(BODY_COPIES * 4 * MAX_BODY, wait_seconds=0.1, retry_after_seconds=1)
-    uploads = Uploads(
-        Authenticator(domain.clock), domain.sessions, domain.transcriber(), budget, MAX_BODY
-    )
-    api = RestApi(uploads, RequestObserver(domain.metrics, NoOpTracer()))
+    auth = Authenticator(domain.clock)
+    uploads = Uploads(auth, domain.sessions, domain.transcriber(), budget, MAX_BODY)
+    keys = KeysService(auth, domain.sessions, domain.clock)
+    api = RestApi(uploads, keys, RequestObserver(domain.metrics, NoOpTracer()))
     listener = RestListener(api, "127.0.0.1", 0, HEADER_LIMIT)
     port = await listener.start()
     api.serving = True
@@ -205,3 +207,28 @@ async def test_stop_lets_a_request_in_flight_finish_and_accepts_no_more(
     assert head.startswith(b"HTTP/1.1 200 ")
     await stopping
     writer.close()
+
+
+async def test_get_key_is_answered_as_the_transcoder_prints_the_grpc_answer(
+    domain: Domain, listening: Listening
+) -> None:
+    """The same KeysService answers both ways; the REST body is its message printed as the
+    facade's transcoder prints it (proto field names, every field, nulls as null)."""
+    issued = await domain.funded_key("rest", limit="5")
+    response = await listening.client.get(KEY, headers=issued.headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    data = response.json()["data"]
+    assert data["limit"] == 5
+    assert data["limit_remaining"] == 5
+    assert data["expires_at"] is None
+    assert data["is_management_key"] is False
+    assert data["rate_limit"] == {
+        "requests": -1,
+        "interval": "10s",
+        "note": "deprecated: ignore this field",
+    }
+    assert data["free_model_daily_requests"].keys() == {"used", "limit", "remaining"}
+    refused = await listening.client.get(KEY, headers={"authorization": "Bearer sk-gw-v1-no"})
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == 401
