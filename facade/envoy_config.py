@@ -683,7 +683,13 @@ def _rest_routes(options: EnvoyOptions, timeout: str) -> list[dict[str, Any]]:
         {
             "match": {
                 "path": path,
-                "headers": [{"name": ":method", "string_match": {"exact": method}}],
+                "headers": [
+                    {"name": ":method", "string_match": {"exact": method}},
+                    # A protocol upgrade (WebSocket) matches no route before transcoding, so
+                    # the edge's Lua refuses it with the documented 400: a route it matched
+                    # would have Envoy refuse it first, with a bare 403.
+                    {"name": "upgrade", "present_match": True, "invert_match": True},
+                ],
             },
             "route": {"cluster": "gateway_rest", "timeout": timeout},
             "typed_per_filter_config": {

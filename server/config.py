@@ -269,8 +269,8 @@ class Settings(BaseSettings):
         ge=0,
         le=65535,
         description="Port of the server's HTTP/1.1 listener for the hot REST routes "
-        "(POST /audio/transcriptions: Envoy proxies them there instead of transcoding them "
-        "to gRPC), on the gRPC server's address; 0: a free port.",
+        "(POST /audio/transcriptions, GET /key: Envoy proxies them there instead of "
+        "transcoding them to gRPC), on the gRPC server's address; 0: a free port.",
     )
     http_host: str = Field("127.0.0.1", description="Address Envoy serves REST on.")
     http_port: int = Field(8080, ge=0, le=65535, description="Envoy's REST port; 0: a free port.")

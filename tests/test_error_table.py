@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import httpx
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from opentelemetry.trace import NoOpTracer
 
 from facade.compose import compose_envoy_options
 from facade.envoy_config import (
@@ -36,7 +37,11 @@ from server.errors import (
     GatewayError,
     error_status_for_grpc_failure,
 )
-from server.services.rpc import abort_with
+from server.observability.metrics import Metrics
+from server.rest.api import RestApi
+from server.rest.listener import RestListener
+from server.services.rpc import RequestObserver, abort_with
+from testkit.processes import refusing_port
 
 # The error model (DESIGN.md, docs/rest-api.md): the only statuses an error may have.(416: a video
 # content's Range outside the video).
@@ -220,6 +225,7 @@ async def test_rest_round_trip_gives_the_table_status_and_message(
             upstreams=(Upstream("127.0.0.1", failing_server),),
             listen_port=0,  # Envoy binds a free port (envoy.listen_port)
             edge=EdgePolicy(),
+            rest_routes=(),  # the facade's gRPC path: GET /key transcoded, as every route was
         ),
         tmp_path / "envoy",
         concurrency=1,
@@ -254,5 +260,71 @@ async def test_rest_round_trip_gives_the_table_status_and_message(
             response = await get("/api/v1/no-such-path")
             assert response.status_code == 404
             assert response.json() == {"error": {"code": 404, "message": ERROR_STATUS[404].message}}
+    finally:
+        await envoy.stop()
+
+
+class _FailingCurrentKey:
+    """KeysService.current_key failing as the x-session-id header says (`gateway-N`: the
+    gateway error of status N; `crash`: an exception that is no gateway error)."""
+
+    async def current_key(self, metadata: Sequence[tuple[str, str | bytes]]) -> None:
+        wanted = str(dict(metadata)["x-session-id"])
+        if wanted == "crash":
+            raise RuntimeError("internal detail")
+        status = int(wanted.removeprefix("gateway-"))
+        raise GatewayError(status, ERROR_STATUS[status].message, retry_after_seconds=7)
+
+
+@pytest.fixture
+async def failing_rest_listener() -> AsyncIterator[int]:
+    observer = RequestObserver(Metrics(), NoOpTracer())
+    api = RestApi(None, _FailingCurrentKey(), observer)  # type: ignore[arg-type]
+    listener = RestListener(api, "127.0.0.1", 0, 64 * 1024)
+    port = await listener.start()
+    api.serving = True
+    yield port
+    await listener.stop(1)
+
+
+async def test_the_rest_listener_round_trip_gives_the_table_status_and_message(
+    tmp_path: Path, failing_rest_listener: int
+) -> None:
+    """The hot REST routes (server/rest/) answer a failure themselves: through Envoy, the
+    same status, body and headers as a failed rpc's, and nothing internal."""
+    envoy = EnvoyProcess(
+        EnvoyOptions(
+            descriptor_path=str(DESCRIPTOR_SET),
+            services=SERVICES,
+            upstreams=(Upstream("127.0.0.1", refusing_port(), failing_rest_listener),),
+            listen_port=0,
+            edge=EdgePolicy(),
+        ),
+        tmp_path / "envoy",
+        concurrency=1,
+    )
+    await envoy.start()
+    base = f"http://127.0.0.1:{envoy.listen_port}"
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+
+            async def get(session: str) -> httpx.Response:
+                return await client.get(f"{base}/api/v1/key", headers={"x-session-id": session})
+
+            for entry in ERROR_STATUSES:
+                response = await get(f"gateway-{entry.status}")
+                assert response.status_code == entry.status, response.text
+                assert response.headers["content-type"] == "application/json"
+                assert response.headers["retry-after"] == "7"
+                assert response.json() == {
+                    "error": {"code": entry.status, "message": entry.message}
+                }
+                assert not any(
+                    h.startswith(("grpc-", "x-http-", "x-error-")) for h in response.headers
+                )
+            crashed = await get("crash")
+            assert crashed.status_code == 500
+            assert crashed.json() == {"error": {"code": 500, "message": ERROR_STATUS[500].message}}
+            assert "internal detail" not in crashed.text
     finally:
         await envoy.stop()

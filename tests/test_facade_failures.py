@@ -11,8 +11,9 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from aiohttp import web
 
-from facade.envoy_config import EnvoyOptions, Upstream
+from facade.envoy_config import REST_HEALTH_PATH, REST_ROUTES, EnvoyOptions, Upstream
 from facade.launcher import EnvoyProcess
 from server.config import EdgePolicy
 from server.contract import DESCRIPTOR_SET, SERVICES, keys_pb2, keys_pb2_grpc
@@ -22,14 +23,20 @@ from testkit.admin import Admin
 from testkit.processes import GatewayProcess, refusing_port
 
 
-async def _envoy(tmp_path: Path, upstream_port: int, timeout_s: int = 300) -> EnvoyProcess:
+async def _envoy(
+    tmp_path: Path,
+    upstream: Upstream,
+    timeout_s: int = 300,
+    rest_routes: tuple[tuple[str, str], ...] = REST_ROUTES,
+) -> EnvoyProcess:
     envoy = EnvoyProcess(
         EnvoyOptions(
             descriptor_path=str(DESCRIPTOR_SET),
             services=SERVICES,
-            upstreams=(Upstream("127.0.0.1", upstream_port),),
+            upstreams=(upstream,),
             listen_port=0,  # Envoy binds a free port (envoy.listen_port)
             edge=EdgePolicy(upstream_timeout_seconds=timeout_s),
+            rest_routes=rest_routes,
         ),
         tmp_path / "envoy",
         concurrency=1,
@@ -43,7 +50,8 @@ def _url(envoy: EnvoyProcess, path: str) -> str:
 
 
 async def test_unreachable_server_is_503_without_reset_reason(tmp_path: Path) -> None:
-    envoy = await _envoy(tmp_path, refusing_port())  # nothing listens there
+    # nothing listens there, neither gRPC nor the REST listener GET /key is proxied to
+    envoy = await _envoy(tmp_path, Upstream("127.0.0.1", refusing_port(), refusing_port()))
     try:
         async with httpx.AsyncClient() as client:
             response = await client.get(_url(envoy, "/api/v1/key"))
@@ -63,7 +71,7 @@ class _SlowKeys(keys_pb2_grpc.KeysServicer):
 
 
 @pytest.fixture
-async def slow_server() -> AsyncIterator[int]:
+async def slow_grpc_server() -> AsyncIterator[int]:
     server = grpc.aio.server()
     keys_pb2_grpc.add_KeysServicer_to_server(_SlowKeys(), server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -72,8 +80,33 @@ async def slow_server() -> AsyncIterator[int]:
     await server.stop(grace=None)
 
 
-async def test_upstream_timeout_is_524(tmp_path: Path, slow_server: int) -> None:
-    envoy = await _envoy(tmp_path, slow_server, timeout_s=1)
+async def _slow(request: web.BaseRequest) -> web.Response:
+    """A REST listener that is healthy and slow to answer anything else."""
+    if request.path != REST_HEALTH_PATH:
+        await asyncio.sleep(5)
+    return web.Response()
+
+
+@pytest.fixture
+async def slow_rest_listener() -> AsyncIterator[int]:
+    server = web.Server(_slow)
+    listening = await asyncio.get_running_loop().create_server(server, "127.0.0.1", 0)
+    yield int(listening.sockets[0].getsockname()[1])
+    listening.close()
+    await server.shutdown(0.1)
+
+
+@pytest.mark.parametrize("way_in", ["gRPC", "REST"])
+async def test_upstream_timeout_is_524(
+    tmp_path: Path, slow_grpc_server: int, slow_rest_listener: int, way_in: str
+) -> None:
+    """GET /key transcoded to a slow gRPC server, or proxied to a slow REST listener."""
+    if way_in == "gRPC":
+        upstream = Upstream("127.0.0.1", slow_grpc_server, refusing_port())
+        envoy = await _envoy(tmp_path, upstream, timeout_s=1, rest_routes=())
+    else:
+        upstream = Upstream("127.0.0.1", refusing_port(), slow_rest_listener)
+        envoy = await _envoy(tmp_path, upstream, timeout_s=1)
     try:
         async with httpx.AsyncClient(timeout=10) as client:
             response = await client.get(_url(envoy, "/api/v1/key"))
