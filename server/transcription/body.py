@@ -7,9 +7,14 @@ multipart body its parts), so a request reserves that much as its bytes arrive a
 until it ends. A body of declared length (Content-Length, the common case) reserves all of it
 before its first byte is read; when the budget is spent it waits up to `wait_seconds` (others
 end and give theirs back), holding nothing, then is refused with 503 and Retry-After. A body
-of unknown length (chunked) reserves as its bytes arrive and never waits: requests holding
-part of the budget while waiting for more could wait for each other. Concurrent large bodies
-cost at most the budget, never the process's memory.
+of unknown length (chunked) reserves as its bytes arrive; when the budget runs out it waits
+too, as long as others hold some of it, else it is refused at once (nothing it waits for
+would come back). Bodies that each hold part while they wait for more would wait for each
+other: when the wait of one that holds something ends, the youngest bodies holding part of
+what is short are refused instead (503, at their next bytes or at once if they wait; they
+give back what they held at once) and the older one waits one more `wait_seconds` for it. A burst of chunked uploads larger than the budget, their bytes
+arriving interleaved, so finishes the oldest instead of refusing all of them. Concurrent
+large bodies cost at most the budget, never the process's memory.
 
 One workspace's bodies hold at most `share` of the budget at once: the rest stays for the
 other workspaces, so one tenant's burst of large uploads makes its own requests wait (then
@@ -18,6 +23,8 @@ other workspaces, so one tenant's burst of large uploads makes its own requests 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -66,6 +73,8 @@ class BodyBudget:
         self._wait_seconds = wait_seconds
         self._retry_after = retry_after_seconds
         self._changed = asyncio.Condition()
+        self._holding: set[Reservation] = set()  # reservations holding something
+        self._ages = itertools.count()
         self._trim = trim
         self._lent_since_trim = 0
         self._trimming: asyncio.Future[None] | None = None
@@ -73,38 +82,101 @@ class BodyBudget:
     def reservation(self, owner: str | None = None) -> Reservation:
         """A request's reservation, counted against `owner`'s share (None: the budget's
         only)."""
-        return Reservation(self, owner)
+        return Reservation(self, owner, next(self._ages))
 
     def _fits(self, size: int, owner: str | None) -> bool:
         return self.free >= size and (
             owner is None or self._held_by.get(owner, 0) + size <= self.share
         )
 
-    def _lend(self, size: int, owner: str | None) -> None:
+    def _may_make_room(self, size: int, owner: str | None, holding: int) -> bool:
+        """Whether what other reservations hold could, given back, make room for `size`
+        more bytes of one that holds `holding`: of the budget, or of the owner's share when
+        that is what is short."""
+        if owner is not None and self._held_by.get(owner, 0) + size > self.share:
+            return self._held_by.get(owner, 0) > holding
+        return self.capacity - self.free > holding
+
+    def _lend(self, size: int, reservation: Reservation) -> None:
         self.free -= size
         self._lent_since_trim += size
+        owner = reservation.owner
         if owner is not None:
             self._held_by[owner] = self._held_by.get(owner, 0) + size
+        reservation.held += size
+        self._holding.add(reservation)
 
-    async def take(self, size: int, wait: bool, owner: str | None = None) -> None:
+    async def take(self, size: int, reservation: Reservation) -> None:
+        """Lend `size` more bytes to `reservation`, waiting up to `wait_seconds` for room
+        (the module's docstring says when it waits, and who is refused when it ends)."""
+        owner, holding = reservation.owner, reservation.held
+        if reservation.refused:  # an older body needs what it holds
+            raise service_unavailable(self._retry_after)
         if size > (self.capacity if owner is None else self.share):
             # Never fits, however long it waits: not a 503 to retry.
             raise GatewayError(413, "The request body is larger than this server accepts")
         if self._fits(size, owner):  # the common case: no waiting, no lock
-            self._lend(size, owner)
+            self._lend(size, reservation)
             return
-        if not wait:
+        if holding and not self._may_make_room(size, owner, holding):
             raise service_unavailable(self._retry_after)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._wait_seconds
         async with self._changed:
-            try:
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self._fits(size, owner)), self._wait_seconds
-                )
-            except TimeoutError:
-                raise service_unavailable(self._retry_after) from None
-            self._lend(size, owner)
+            while True:
+                if reservation.refused:  # before room it may now see: an older body's
+                    raise service_unavailable(self._retry_after)
+                if self._fits(size, owner):
+                    break
+                if loop.time() >= deadline:
+                    if not self._refuse_younger(reservation, size):
+                        raise service_unavailable(self._retry_after)
+                    self._changed.notify_all()  # they wake, give back, are answered 503
+                    deadline = loop.time() + self._wait_seconds
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(deadline):
+                        await self._changed.wait()
+            self._lend(size, reservation)
 
-    async def give(self, size: int, owner: str | None = None) -> None:
+    def _refuse_younger(self, reservation: Reservation, size: int) -> bool:
+        """Refuse the youngest reservations holding part of what `reservation` (older,
+        holding something) is short of, enough of them for its `size`: each finds out at
+        its next take (a waiting one at once) and gives back what it holds; one whose body
+        is already read gives it back when its request ends. False when there are none (or
+        `reservation` holds nothing itself)."""
+        if not reservation.held:
+            return False
+        owner = reservation.owner
+        if owner is not None and self._held_by.get(owner, 0) + size > self.share:
+            short, same_owner = self._held_by[owner] + size - self.share, True
+        else:
+            short, same_owner = size - self.free, False
+        younger = sorted(
+            (
+                other
+                for other in self._holding
+                if other.held
+                and not other.refused
+                and other.age > reservation.age
+                and (not same_owner or other.owner == owner)
+            ),
+            key=lambda other: other.age,
+            reverse=True,
+        )
+        refused = 0
+        for other in younger:
+            if refused >= short:
+                break
+            other.refused = True
+            refused += other.held
+        return refused > 0
+
+    async def release(self, reservation: Reservation) -> None:
+        """Take back everything `reservation` holds (at once, before the first await: no
+        waiting body misses it), then wake the bodies waiting for room."""
+        size, reservation.held = reservation.held, 0
+        self._holding.discard(reservation)
+        owner = reservation.owner
         if owner is not None:
             left = self._held_by.pop(owner, 0) - size
             if left > 0:
@@ -112,6 +184,9 @@ class BodyBudget:
         self.free += size
         if self.free == self.capacity:
             self._trim_when_due()
+        await asyncio.shield(self._notify())
+
+    async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
 
@@ -128,15 +203,23 @@ class Reservation:
     """One request's share of the budget, counted against its owner's (a workspace's);
     everything it took is given back on exit."""
 
-    def __init__(self, budget: BodyBudget, owner: str | None = None) -> None:
+    def __init__(self, budget: BodyBudget, owner: str | None = None, age: int = 0) -> None:
         self._budget = budget
-        self._owner = owner
+        self.owner = owner
+        self.age = age  # the order reservations were made in: the older is served first
         self.held = 0
+        self.refused = False  # an older body needs what this one holds (BodyBudget.take)
 
     async def take(self, size: int) -> None:
-        """Reserve `size` more bytes; only a reservation holding nothing yet waits."""
-        await self._budget.take(size, wait=self.held == 0, owner=self._owner)
-        self.held += size
+        """Reserve `size` more bytes (BodyBudget.take says when it waits). Refused, it gives
+        back what it held at once: bodies waiting with it need not wait for the request's
+        end to have it."""
+        try:
+            await self._budget.take(size, self)
+        except GatewayError:
+            if self.held:
+                await self._budget.release(self)
+            raise
 
     async def __aenter__(self) -> Reservation:
         return self
@@ -147,9 +230,8 @@ class Reservation:
         value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        held, self.held = self.held, 0
-        if held:
-            await asyncio.shield(self._budget.give(held, self._owner))
+        if self.held:
+            await self._budget.release(self)
 
 
 @dataclass

@@ -123,9 +123,8 @@ async def test_a_waiting_body_goes_on_as_soon_as_another_gives_its_share_back() 
     assert budget.free == budget.capacity
 
 
-async def test_a_chunked_body_holding_part_of_the_budget_never_waits_for_more() -> None:
-    """Bodies each holding part of the budget while waiting for more would wait for each
-    other: one of unknown length is refused at once when the budget runs out."""
+async def test_a_chunked_body_that_alone_holds_the_budget_is_refused_at_once() -> None:
+    """Nothing another body holds could come back to it: waiting would only delay the 503."""
     budget = _budget(BODY_COPIES * 10, wait=30)
     messages = _Messages(b"x" * 6, b"x" * 6)
     async with budget.reservation() as reservation:
@@ -133,6 +132,70 @@ async def test_a_chunked_body_holding_part_of_the_budget_never_waits_for_more() 
             async with asyncio.timeout(2):
                 await read_body(HttpBodyMessages(messages.__aiter__()), reservation, 100, None)
     assert refused.value.status == 503 and messages.pulled == 2
+    assert budget.free == budget.capacity
+
+
+class _Gated:
+    """A chunked body (a BodySource): its first chunk at once, the rest once `go` is set."""
+
+    content_type = "application/json"
+
+    def __init__(self, first: bytes, rest: bytes, go: asyncio.Event) -> None:
+        self._first, self._rest, self._go = first, rest, go
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self._first
+        await self._go.wait()
+        yield self._rest
+
+
+async def test_chunked_bodies_that_wait_for_each_other_let_one_finish() -> None:
+    """Two chunked bodies each hold part of the budget and need more than is left: each
+    waits, as the other may give some back. When the older one's wait ends, the younger is
+    refused instead (503) and gives back what it held: the older finishes. Refused at once,
+    or each at the end of its own wait, both would have been."""
+    budget = _budget(BODY_COPIES * 16, wait=0.3)
+    gates = {b"a": asyncio.Event(), b"b": asyncio.Event()}
+
+    async def read(name: bytes) -> bytes:
+        async with budget.reservation() as reservation:
+            source = _Gated(name * 6, name * 6, gates[name])
+            return (await read_body(source, reservation, 100, None)).data
+
+    first, second = (asyncio.create_task(read(name)) for name in (b"a", b"b"))
+    await eventually(lambda: budget.free == BODY_COPIES * 4)  # each holds 6 of 16
+    gates[b"a"].set()
+    await asyncio.sleep(0.1)  # the younger body's next bytes arrive a little later
+    gates[b"b"].set()
+    with pytest.raises(GatewayError) as refused:
+        await second
+    assert refused.value.status == 503
+    assert await first == b"a" * 12
+    assert budget.free == budget.capacity
+
+
+async def test_a_younger_body_still_reading_gives_way_at_its_next_bytes() -> None:
+    """The younger body is not waiting when the older one's wait ends (its next bytes have
+    not arrived): it is refused when they do, and the older one has what it gave back."""
+    budget = _budget(BODY_COPIES * 16, wait=0.2)
+    gates = {b"a": asyncio.Event(), b"b": asyncio.Event()}
+
+    async def read(name: bytes) -> bytes:
+        async with budget.reservation() as reservation:
+            source = _Gated(name * 6, name * 6, gates[name])
+            return (await read_body(source, reservation, 100, None)).data
+
+    older, younger = (asyncio.create_task(read(name)) for name in (b"a", b"b"))
+    await eventually(lambda: budget.free == BODY_COPIES * 4)
+    gates[b"a"].set()
+    # Past the older one's wait (0.2 s): it waits one more for the younger to give way.
+    await asyncio.sleep(0.3)
+    assert not older.done()
+    gates[b"b"].set()
+    with pytest.raises(GatewayError) as refused:
+        await younger
+    assert refused.value.status == 503
+    assert await older == b"a" * 12
     assert budget.free == budget.capacity
 
 
