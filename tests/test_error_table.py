@@ -34,6 +34,7 @@ from server.errors import (
     ERROR_STATUS,
     ERROR_STATUSES,
     FALLBACK_STATUS,
+    ErrorStatus,
     GatewayError,
     error_status_for_grpc_failure,
 )
@@ -215,6 +216,15 @@ async def test_grpc_callers_get_the_table_code_and_rich_status(failing_server: i
             assert retry.retry_delay.seconds == 7
 
 
+def _assert_the_table_answer(response: httpx.Response, entry: ErrorStatus) -> None:
+    """A gateway error of the table (raised with Retry-After 7) as a REST client sees it."""
+    assert response.status_code == entry.status, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["retry-after"] == "7"
+    assert response.json() == {"error": {"code": entry.status, "message": entry.message}}
+    assert not any(h.startswith(("grpc-", "x-http-", "x-error-")) for h in response.headers)
+
+
 async def test_rest_round_trip_gives_the_table_status_and_message(
     tmp_path: Path, failing_server: int
 ) -> None:
@@ -239,16 +249,7 @@ async def test_rest_round_trip_gives_the_table_status_and_message(
                 return await client.get(f"{base}{path}", headers={"x-session-id": session})
 
             for entry in ERROR_STATUSES:  # a gateway error of each status
-                response = await get("/api/v1/key", f"gateway-{entry.status}")
-                assert response.status_code == entry.status, response.text
-                assert response.headers["content-type"] == "application/json"
-                assert response.headers["retry-after"] == "7"
-                assert response.json() == {
-                    "error": {"code": entry.status, "message": entry.message}
-                }
-                assert not any(
-                    h.startswith(("grpc-", "x-http-", "x-error-")) for h in response.headers
-                )
+                _assert_the_table_answer(await get("/api/v1/key", f"gateway-{entry.status}"), entry)
             for code in FAILURE_CODES:  # a failure of the gRPC stack, with each code
                 response = await get("/api/v1/key", f"grpc-{code.value[0]}")
                 entry = error_status_for_grpc_failure(code)
@@ -312,16 +313,7 @@ async def test_the_rest_listener_round_trip_gives_the_table_status_and_message(
                 return await client.get(f"{base}/api/v1/key", headers={"x-session-id": session})
 
             for entry in ERROR_STATUSES:
-                response = await get(f"gateway-{entry.status}")
-                assert response.status_code == entry.status, response.text
-                assert response.headers["content-type"] == "application/json"
-                assert response.headers["retry-after"] == "7"
-                assert response.json() == {
-                    "error": {"code": entry.status, "message": entry.message}
-                }
-                assert not any(
-                    h.startswith(("grpc-", "x-http-", "x-error-")) for h in response.headers
-                )
+                _assert_the_table_answer(await get(f"gateway-{entry.status}"), entry)
             crashed = await get("crash")
             assert crashed.status_code == 500
             assert crashed.json() == {"error": {"code": 500, "message": ERROR_STATUS[500].message}}

@@ -8,6 +8,7 @@ import asyncio
 import gc
 import weakref
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -149,54 +150,65 @@ class _Gated:
         yield self._rest
 
 
-async def test_chunked_bodies_that_wait_for_each_other_let_one_finish() -> None:
+@dataclass
+class _TwoChunkedBodies:
+    """An older and a younger chunked body of 12 bytes, each holding its first 6 of a
+    budget of 16: each needs more than is left. `send(name)` lets a body's rest arrive."""
+
+    budget: BodyBudget
+    older: asyncio.Task[bytes]
+    younger: asyncio.Task[bytes]
+    gates: dict[str, asyncio.Event]
+
+    def send(self, name: str) -> None:
+        self.gates[name].set()
+
+    async def assert_the_older_finished(self) -> None:
+        with pytest.raises(GatewayError) as refused:
+            await self.younger
+        assert refused.value.status == 503
+        assert await self.older == b"o" * 12
+        assert self.budget.free == self.budget.capacity
+
+
+async def _two_chunked_bodies(wait: float) -> _TwoChunkedBodies:
+    budget = _budget(BODY_COPIES * 16, wait=wait)
+    gates = {"older": asyncio.Event(), "younger": asyncio.Event()}
+
+    async def read(name: str) -> bytes:
+        async with budget.reservation() as reservation:
+            source = _Gated(name[:1].encode() * 6, name[:1].encode() * 6, gates[name])
+            return (await read_body(source, reservation, 100, None)).data
+
+    older = asyncio.create_task(read("older"))
+    await eventually(lambda: budget.free == BODY_COPIES * 10)  # reserved first
+    younger = asyncio.create_task(read("younger"))
+    await eventually(lambda: budget.free == BODY_COPIES * 4)  # each holds 6 of 16
+    return _TwoChunkedBodies(budget, older, younger, gates)
+
+
+async def test_chunked_bodies_that_wait_for_each_other_let_the_older_finish() -> None:
     """Two chunked bodies each hold part of the budget and need more than is left: each
     waits, as the other may give some back. When the older one's wait ends, the younger is
     refused instead (503) and gives back what it held: the older finishes. Refused at once,
     or each at the end of its own wait, both would have been."""
-    budget = _budget(BODY_COPIES * 16, wait=0.3)
-    gates = {b"a": asyncio.Event(), b"b": asyncio.Event()}
-
-    async def read(name: bytes) -> bytes:
-        async with budget.reservation() as reservation:
-            source = _Gated(name * 6, name * 6, gates[name])
-            return (await read_body(source, reservation, 100, None)).data
-
-    first, second = (asyncio.create_task(read(name)) for name in (b"a", b"b"))
-    await eventually(lambda: budget.free == BODY_COPIES * 4)  # each holds 6 of 16
-    gates[b"a"].set()
+    bodies = await _two_chunked_bodies(wait=0.3)
+    bodies.send("older")
     await asyncio.sleep(0.1)  # the younger body's next bytes arrive a little later
-    gates[b"b"].set()
-    with pytest.raises(GatewayError) as refused:
-        await second
-    assert refused.value.status == 503
-    assert await first == b"a" * 12
-    assert budget.free == budget.capacity
+    bodies.send("younger")
+    await bodies.assert_the_older_finished()
 
 
 async def test_a_younger_body_still_reading_gives_way_at_its_next_bytes() -> None:
     """The younger body is not waiting when the older one's wait ends (its next bytes have
     not arrived): it is refused when they do, and the older one has what it gave back."""
-    budget = _budget(BODY_COPIES * 16, wait=0.2)
-    gates = {b"a": asyncio.Event(), b"b": asyncio.Event()}
-
-    async def read(name: bytes) -> bytes:
-        async with budget.reservation() as reservation:
-            source = _Gated(name * 6, name * 6, gates[name])
-            return (await read_body(source, reservation, 100, None)).data
-
-    older, younger = (asyncio.create_task(read(name)) for name in (b"a", b"b"))
-    await eventually(lambda: budget.free == BODY_COPIES * 4)
-    gates[b"a"].set()
+    bodies = await _two_chunked_bodies(wait=0.2)
+    bodies.send("older")
     # Past the older one's wait (0.2 s): it waits one more for the younger to give way.
     await asyncio.sleep(0.3)
-    assert not older.done()
-    gates[b"b"].set()
-    with pytest.raises(GatewayError) as refused:
-        await younger
-    assert refused.value.status == 503
-    assert await older == b"a" * 12
-    assert budget.free == budget.capacity
+    assert not bodies.older.done()
+    bodies.send("younger")
+    await bodies.assert_the_older_finished()
 
 
 async def test_a_body_larger_than_the_whole_budget_is_413_at_once_not_a_503_to_retry() -> None:
