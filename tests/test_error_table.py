@@ -4,6 +4,7 @@ and the error body keeps its documented shape."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import AsyncIterator, Sequence
@@ -21,6 +22,7 @@ from facade.compose import compose_envoy_options
 from facade.envoy_config import (
     LUA_FILTER,
     REQUEST_LUA,
+    REST_ROUTES,
     STREAMING_LUA,
     EnvoyOptions,
     Upstream,
@@ -216,6 +218,30 @@ async def test_grpc_callers_get_the_table_code_and_rich_status(failing_server: i
             assert retry.retry_delay.seconds == 7
 
 
+@contextlib.asynccontextmanager
+async def _envoy_in_front(
+    tmp_path: Path, upstream: Upstream, rest_routes: tuple[tuple[str, str], ...] = REST_ROUTES
+) -> AsyncIterator[str]:
+    """The facade's Envoy in front of `upstream`; its base URL."""
+    envoy = EnvoyProcess(
+        EnvoyOptions(
+            descriptor_path=str(DESCRIPTOR_SET),
+            services=SERVICES,
+            upstreams=(upstream,),
+            listen_port=0,  # Envoy binds a free port (envoy.listen_port)
+            edge=EdgePolicy(),
+            rest_routes=rest_routes,
+        ),
+        tmp_path / "envoy",
+        concurrency=1,
+    )
+    await envoy.start()
+    try:
+        yield f"http://127.0.0.1:{envoy.listen_port}"
+    finally:
+        await envoy.stop()
+
+
 def _assert_the_table_answer(response: httpx.Response, entry: ErrorStatus) -> None:
     """A gateway error of the table (raised with Retry-After 7) as a REST client sees it."""
     assert response.status_code == entry.status, response.text
@@ -228,21 +254,9 @@ def _assert_the_table_answer(response: httpx.Response, entry: ErrorStatus) -> No
 async def test_rest_round_trip_gives_the_table_status_and_message(
     tmp_path: Path, failing_server: int
 ) -> None:
-    envoy = EnvoyProcess(
-        EnvoyOptions(
-            descriptor_path=str(DESCRIPTOR_SET),
-            services=SERVICES,
-            upstreams=(Upstream("127.0.0.1", failing_server),),
-            listen_port=0,  # Envoy binds a free port (envoy.listen_port)
-            edge=EdgePolicy(),
-            rest_routes=(),  # the facade's gRPC path: GET /key transcoded, as every route was
-        ),
-        tmp_path / "envoy",
-        concurrency=1,
-    )
-    await envoy.start()
-    base = f"http://127.0.0.1:{envoy.listen_port}"
-    try:
+    # The facade's gRPC path: GET /key transcoded, as every route was before the REST listener.
+    upstream = Upstream("127.0.0.1", failing_server, refusing_port())
+    async with _envoy_in_front(tmp_path, upstream, rest_routes=()) as base:
         async with httpx.AsyncClient(timeout=10) as client:
 
             async def get(path: str, session: str = "") -> httpx.Response:
@@ -261,8 +275,6 @@ async def test_rest_round_trip_gives_the_table_status_and_message(
             response = await get("/api/v1/no-such-path")
             assert response.status_code == 404
             assert response.json() == {"error": {"code": 404, "message": ERROR_STATUS[404].message}}
-    finally:
-        await envoy.stop()
 
 
 class _FailingCurrentKey:
@@ -293,20 +305,8 @@ async def test_the_rest_listener_round_trip_gives_the_table_status_and_message(
 ) -> None:
     """The hot REST routes (server/rest/) answer a failure themselves: through Envoy, the
     same status, body and headers as a failed rpc's, and nothing internal."""
-    envoy = EnvoyProcess(
-        EnvoyOptions(
-            descriptor_path=str(DESCRIPTOR_SET),
-            services=SERVICES,
-            upstreams=(Upstream("127.0.0.1", refusing_port(), failing_rest_listener),),
-            listen_port=0,
-            edge=EdgePolicy(),
-        ),
-        tmp_path / "envoy",
-        concurrency=1,
-    )
-    await envoy.start()
-    base = f"http://127.0.0.1:{envoy.listen_port}"
-    try:
+    upstream = Upstream("127.0.0.1", refusing_port(), failing_rest_listener)
+    async with _envoy_in_front(tmp_path, upstream) as base:
         async with httpx.AsyncClient(timeout=10) as client:
 
             async def get(session: str) -> httpx.Response:
@@ -318,5 +318,3 @@ async def test_the_rest_listener_round_trip_gives_the_table_status_and_message(
             assert crashed.status_code == 500
             assert crashed.json() == {"error": {"code": 500, "message": ERROR_STATUS[500].message}}
             assert "internal detail" not in crashed.text
-    finally:
-        await envoy.stop()
