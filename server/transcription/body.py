@@ -12,9 +12,10 @@ too, as long as others hold some of it, else it is refused at once (nothing it w
 would come back). Bodies that each hold part while they wait for more would wait for each
 other: when the wait of one that holds something ends, the youngest bodies holding part of
 what is short are refused instead (503, at their next bytes or at once if they wait; they
-give back what they held at once) and the older one waits one more `wait_seconds` for it. A burst of chunked uploads larger than the budget, their bytes
-arriving interleaved, so finishes the oldest instead of refusing all of them. Concurrent
-large bodies cost at most the budget, never the process's memory.
+give back what they held at once) and the older one waits one more `wait_seconds` for it.
+A burst of chunked uploads larger than the budget, their bytes arriving interleaved, so
+finishes the oldest instead of refusing all of them. Concurrent large bodies cost at most
+the budget, never the process's memory.
 
 One workspace's bodies hold at most `share` of the budget at once: the rest stays for the
 other workspaces, so one tenant's burst of large uploads makes its own requests wait (then
