@@ -1223,6 +1223,47 @@ def grpc_dispatch() -> list[Row]:
     return asyncio.run(_grpc_dispatch(_gateway_methods()))
 
 
+def key_json() -> list[Row]:
+    """server/rest/api.py json_of: GET /key's answer (a key with a limit, two budgets)
+    printed as the transcoder prints it, with json_format, in the server process now that
+    the REST listener answers the route — beside what the gRPC method cost there before,
+    serializing the message for Envoy to print."""
+    from server.clock import SystemClock
+    from server.contract import keys_pb2
+    from server.rest.api import json_of
+    from server.services.keys import LEGACY_RATE_LIMIT
+    from server.services.rpc import null, nullable_string, nullable_usd
+
+    message = keys_pb2.CurrentKeyResponse()
+    data = message.data
+    data.label = "sk-gw-v1-0a1…f9e"
+    data.limit.CopyFrom(nullable_usd(5_000_000))
+    data.limit_reset.CopyFrom(nullable_string("monthly"))
+    data.limit_remaining.CopyFrom(nullable_usd(4_250_000))
+    data.workspace_id.CopyFrom(nullable_string("ws_" + secrets.token_hex(8)))
+    for field in (data.organization_id, data.creator_user_id, data.expires_at):
+        field.CopyFrom(null())
+    data.allowed_data_regions.append("global")
+    data.rate_limit.CopyFrom(LEGACY_RATE_LIMIT)
+    data.usage = 0.75
+    data.free_model_daily_requests.limit = 50
+    for scope in ("workspace", "key"):
+        budget = data.budgets.add(scope=scope, limit_usd=10.0, spend_usd=0.75)
+        budget.budget_id.CopyFrom(null())
+        budget.guardrail_id.CopyFrom(nullable_string("gr_" + scope))
+        budget.reset_interval.CopyFrom(nullable_string("monthly"))
+        budget.resets_at.CopyFrom(nullable_string(SystemClock().now().isoformat()))
+    data.effective_budget.CopyFrom(null())
+    return [
+        (
+            "GET /key printed with json_format (REST listener)",
+            cpu_us(lambda: json_of(message), 3000),
+            "µs",
+        ),
+        ("GET /key serialized (gRPC, before)", cpu_us(message.SerializeToString, 3000), "µs"),
+    ]
+
+
 MEASUREMENTS: dict[str, Callable[[], list[Row]]] = {
     "url-parse": url_parse,
     "cookie-jar": cookie_jar,
@@ -1245,6 +1286,7 @@ MEASUREMENTS: dict[str, Callable[[], list[Row]]] = {
     "migrate-rss": migrate_rss,
     "import-rss": import_rss,
     "grpc-dispatch": grpc_dispatch,
+    "key-json": key_json,
 }
 
 
