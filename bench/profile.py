@@ -75,6 +75,9 @@ SAMPLE_RATE = 250  # per second
 PHASE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gRPC framing / handler dispatch", ("grpc/", "google/protobuf", "_cython")),
     ("response building", ("server/services/", "json_format", "json/encoder")),
+    # the REST listener (server/rest/, aiohttp): its request, the body read from its stream,
+    # its answer written
+    ("REST listener (aiohttp, the body read)", ("server/rest/", "aiohttp/")),
     ("auth / principal lookup", ("server/auth.py", "server/accounts/")),
     ("GET /key status", ("server/limits/key_status.py",)),
     (
