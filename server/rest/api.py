@@ -51,7 +51,7 @@ def error_response(error: GatewayError) -> web.Response:
 
 def json_of(message: Message) -> bytes:
     """A response message as the facade's transcoder prints it (facade/envoy_config.py:
-    proto field names, fields without presence printed at their defaults, compact)."""
+    proto field names, fields without presence printed at their defaults, on one line)."""
     text: str = json_format.MessageToJson(
         message,
         always_print_fields_with_no_presence=True,
