@@ -39,6 +39,10 @@ class RestListener:
             # header may each be as long as all the headers (aiohttp's defaults: 8 KiB).
             max_line_size=self._max_header_bytes,
             max_field_size=self._max_header_bytes,
+            # A body is the bytes that came, counted against its limits as they are: none is
+            # inflated here (the edge forwards no Content-Encoding; a direct caller's gzip
+            # would otherwise be unpacked past what it sent).
+            auto_decompress=False,
         )
         try:
             self._listening = await asyncio.get_running_loop().create_server(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -150,6 +151,26 @@ async def test_headers_as_long_as_the_edge_lets_through_reach_the_gateway(
     )
     assert response.status_code == 401
     assert response.json()["error"]["message"] == "Invalid API key"
+
+
+async def test_a_compressed_body_is_not_inflated(domain: Domain, listening: Listening) -> None:
+    """A body is counted as the bytes that came: gzip that would unpack past the limit is
+    not unpacked (it is no JSON, as sent), and holds nothing after."""
+    issued = await domain.funded_key("rest")
+    bomb = gzip.compress(b" " * (MAX_BODY * 64))
+    assert len(bomb) < MAX_BODY
+    response = await listening.client.post(
+        TRANSCRIPTIONS,
+        content=bomb,
+        headers={
+            **issued.headers,
+            "content-type": "application/json",
+            "content-encoding": "gzip",
+        },
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == 400
+    assert listening.budget.free == listening.budget.capacity
 
 
 async def test_other_paths_are_a_documented_404_and_health_follows_serving(
