@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from server.config import DEFAULT_EDGE, EdgePolicy
-from server.contract import http_routes
+from server.contract import REST_HEALTH_PATH, http_routes, rest_listener_routes
 from server.errors import (
     ERROR_STATUS,
     ERROR_STATUSES,
@@ -72,16 +72,12 @@ RESPONSE_INTERNALS = (
 MIB = 1024 * 1024
 
 
-# The hot REST routes: proxied as they came to the server processes' REST listeners
-# (server/rest/), skipping the transcoder and the gRPC hop (docs/performance.md says what
-# that hop costs). Every other route is transcoded to gRPC. A media route among them skips
-# the buffer filter too: its body streams to the server, which bounds it.
-REST_ROUTES: tuple[tuple[str, str], ...] = (
-    ("POST", "/api/v1/audio/transcriptions"),
-    ("GET", "/api/v1/key"),
-)
-# The path of a REST listener's health check (server/rest/api.py HEALTH_PATH).
-REST_HEALTH_PATH = "/healthz"
+# The hot REST routes (the contract's REST_LISTENER_METHODS): proxied as they came to the
+# server processes' REST listeners (server/rest/), skipping the transcoder and the gRPC hop
+# (docs/performance.md says what that hop costs). Every other route is transcoded to gRPC.
+# A media route among them skips the buffer filter too: its body streams to the server,
+# which bounds it.
+REST_ROUTES: tuple[tuple[str, str], ...] = rest_listener_routes()
 
 
 @dataclass(frozen=True)

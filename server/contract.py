@@ -108,8 +108,27 @@ def http_routes() -> dict[str, str]:
     return routes
 
 
+# The rpcs whose REST routes the server processes' REST listener answers (server/rest/): the
+# facade proxies those routes there as they came instead of transcoding them into these
+# calls (facade/envoy_config.py). One list for both sides.
+REST_LISTENER_METHODS = ("/gateway.v1.Audio/Transcribe", "/gateway.v1.Keys/GetCurrentKey")
+# The REST listener's health, which the facade checks (200 while the process serves).
+REST_HEALTH_PATH = "/healthz"
+
+
+def rest_listener_routes() -> tuple[tuple[str, str], ...]:
+    """(HTTP method, path) of each of REST_LISTENER_METHODS' REST routes."""
+    routes = http_routes()
+    return tuple(
+        (method, path)
+        for method, _, path in (routes[rpc].partition(" ") for rpc in REST_LISTENER_METHODS)
+    )
+
+
 __all__ = [
     "DESCRIPTOR_SET",
+    "REST_HEALTH_PATH",
+    "REST_LISTENER_METHODS",
     "SERVICES",
     "ContractError",
     "audio_pb2",
@@ -130,6 +149,7 @@ __all__ = [
     "management_pb2_grpc",
     "models_pb2",
     "models_pb2_grpc",
+    "rest_listener_routes",
     "vault_pb2",
     "vault_pb2_grpc",
     "videos_pb2",

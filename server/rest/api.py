@@ -11,6 +11,7 @@ from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from server.contract import REST_HEALTH_PATH, REST_LISTENER_METHODS, http_routes
 from server.errors import GatewayError, not_found
 from server.services.keys import KeysService
 from server.services.rpc import ENVOY_TIMEOUT_HEADER, RequestObserver, envoy_timeout
@@ -20,7 +21,7 @@ TRANSCRIPTIONS = "/api/v1/audio/transcriptions"
 KEY = "/api/v1/key"
 # Envoy's health check of the listener (facade/envoy_config.py): 200 while the process
 # serves, 503 while it cannot reach its database or drains for shutdown — as its gRPC health.
-HEALTH_PATH = "/healthz"
+HEALTH_PATH = REST_HEALTH_PATH
 _JSON = "application/json"
 
 Handler = Callable[[web.BaseRequest, Sequence[tuple[str, str]]], Awaitable[web.Response]]
@@ -90,10 +91,19 @@ class RestApi:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._routes: dict[tuple[str, str], tuple[str, Handler]] = {
-            ("POST", TRANSCRIPTIONS): (f"POST {TRANSCRIPTIONS}", self._transcribe),
-            ("GET", KEY): (f"GET {KEY}", self._current_key),
+        # By the rpc each route stands for: the routes the facade proxies here are the
+        # contract's REST_LISTENER_METHODS, and each is answered as that rpc is.
+        handlers: dict[str, Handler] = {
+            "/gateway.v1.Audio/Transcribe": self._transcribe,
+            "/gateway.v1.Keys/GetCurrentKey": self._current_key,
         }
+        if set(handlers) != set(REST_LISTENER_METHODS):
+            raise AssertionError("the REST listener answers other rpcs than the contract's")
+        routes = http_routes()
+        self._routes: dict[tuple[str, str], tuple[str, Handler]] = {}
+        for rpc, handle in handlers.items():
+            method, _, path = routes[rpc].partition(" ")
+            self._routes[(method, path)] = (routes[rpc], handle)
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         found = self._routes.get((request.method, request.path))
