@@ -14,7 +14,12 @@ from google.protobuf.message import Message
 from server.contract import REST_HEALTH_PATH, REST_LISTENER_METHODS, http_routes
 from server.errors import GatewayError, not_found
 from server.services.keys import KeysService
-from server.services.rpc import ENVOY_TIMEOUT_HEADER, RequestObserver, envoy_timeout
+from server.services.rpc import (
+    ENVOY_TIMEOUT_HEADER,
+    RequestObserver,
+    envoy_timeout,
+    metadata_value,
+)
 from server.transcription.upload import Uploads
 
 TRANSCRIPTIONS = "/api/v1/audio/transcriptions"
@@ -70,13 +75,6 @@ def _headers(request: web.BaseRequest) -> tuple[tuple[str, str], ...]:
         (name.decode("latin-1").lower(), value.decode("latin-1"))
         for name, value in request.raw_headers
     )
-
-
-def _header(headers: Sequence[tuple[str, str]], name: str) -> str | None:
-    for key, value in headers:
-        if key == name:
-            return value
-    return None
 
 
 class RestApi:
@@ -136,8 +134,8 @@ class RestApi:
             RequestBody(request),
             # This hop's framing (the parser holds the body to it); None when chunked.
             request.content_length,
-            _header(headers, "x-session-id"),
-            envoy_timeout(_header(headers, ENVOY_TIMEOUT_HEADER)),
+            metadata_value(headers, "x-session-id"),
+            envoy_timeout(metadata_value(headers, ENVOY_TIMEOUT_HEADER)),
         )
         # As OpenRouter: the id GET /generation looks the transcription up by.
         return web.Response(

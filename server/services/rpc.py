@@ -140,15 +140,22 @@ async def _answer_failure(
         raise exc
     if not isinstance(exc, Exception):
         raise exc
+    await abort_with(context, _failed(call, exc, database_retry_seconds))
+
+
+def _failed(call: _Call, exc: Exception, database_retry_seconds: int) -> GatewayError:
+    """The documented error a failed call answers (the call's status set to it).
+
+    The exception's tracebacks are dropped: gRPC keeps the abort's exception, and with it
+    (as its context) this one, past the call, and its traceback's frames would keep the
+    handler's locals — a request body of megabytes — alive until a full garbage collection.
+    Logged by failure_error first. Never frame.clear(): a frame in the traceback may belong
+    to a coroutine still running for others (the writer's group commit), which clearing
+    would finalize."""
     error = failure_error(exc, database_retry_seconds)
     call.status = error.status
-    # gRPC keeps the abort's exception, and with it (as its context) this one, past the
-    # call: its traceback's frames would keep the handler's locals — a request body of
-    # megabytes — alive until a full garbage collection. Logged above; the tracebacks are
-    # dropped here. Never frame.clear(): a frame in the traceback may belong to a coroutine
-    # still running for others (the writer's group commit), which clearing would finalize.
     _drop_tracebacks(exc)
-    await abort_with(context, error)
+    return error
 
 
 def _drop_tracebacks(exc: BaseException) -> None:
@@ -325,10 +332,7 @@ class RequestObserver:
                 call.status = 499  # the caller went away (or the server stopped) first
                 raise
             except Exception as exc:
-                error = failure_error(exc, self._database_retry_seconds)
-                call.status = error.status
-                _drop_tracebacks(exc)  # see _answer_failure
-                return refuse(error)
+                return refuse(_failed(call, exc, self._database_retry_seconds))
             finally:
                 self._end(route, call)
 
@@ -658,7 +662,12 @@ def envoy_timeout(value: str | None) -> float | None:
 
 def header_value(context: grpc.aio.ServicerContext, name: str) -> str | None:
     """A request header (gRPC metadata; Envoy forwards the HTTP headers as metadata)."""
-    for key, value in metadata_of(context):
+    return metadata_value(metadata_of(context), name)
+
+
+def metadata_value(metadata: Sequence[tuple[str, str | bytes]], name: str) -> str | None:
+    """The value of header `name` (lower case) among a request's headers or metadata."""
+    for key, value in metadata:
         if key.lower() == name:
             return value.decode("latin-1") if isinstance(value, bytes) else value
     return None
