@@ -90,11 +90,17 @@ class BodyBudget:
             owner is None or self._held_by.get(owner, 0) + size <= self.share
         )
 
+    def _share_short(self, size: int, owner: str | None) -> int:
+        """How much `size` more bytes of `owner`'s would go past its share (0: none)."""
+        if owner is None:
+            return 0
+        return max(0, self._held_by.get(owner, 0) + size - self.share)
+
     def _may_make_room(self, size: int, owner: str | None, holding: int) -> bool:
         """Whether what other reservations hold could, given back, make room for `size`
         more bytes of one that holds `holding`: of the budget, or of the owner's share when
         that is what is short."""
-        if owner is not None and self._held_by.get(owner, 0) + size > self.share:
+        if owner is not None and self._share_short(size, owner):
             return self._held_by.get(owner, 0) > holding
         return self.capacity - self.free > holding
 
@@ -148,16 +154,15 @@ class BodyBudget:
         if not reservation.held:
             return False
         owner = reservation.owner
-        if owner is not None and self._held_by.get(owner, 0) + size > self.share:
-            short, same_owner = self._held_by[owner] + size - self.share, True
-        else:
-            short, same_owner = size - self.free, False
+        short = self._share_short(size, owner)
+        same_owner = bool(short)
+        if not same_owner:
+            short = size - self.free
         younger = sorted(
             (
                 other
-                for other in self._holding
-                if other.held
-                and not other.refused
+                for other in self._holding  # each holds something (release discards it)
+                if not other.refused
                 and other.age > reservation.age
                 and (not same_owner or other.owner == owner)
             ),
