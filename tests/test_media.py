@@ -3,6 +3,7 @@ duration measured by demux and checked against the decoded samples."""
 
 from __future__ import annotations
 
+import struct
 from decimal import Decimal
 
 import pytest
@@ -131,6 +132,22 @@ def test_every_format_decodes_in_the_probe_and_for_the_local_model(fmt: str) -> 
     assert len(pcm_16k_mono(sample(fmt))) > 16000 * 2  # over a second of 16 kHz s16
 
 
+@pytest.mark.parametrize("channels", [9, 31, 182])
+def test_more_channels_than_the_decoder_downmixes_are_refused(channels: int) -> None:
+    """Found by the test below: a WAV whose header says 9 or more channels passed the probe
+    (measured in process up to 32, by the decoder above), and the local model's resampler
+    then failed on it — FFmpeg has no layout for some of those counts."""
+    data = bytearray(sample("wav"))
+    struct.pack_into("<HIIH", data, 22, channels, 8000, 8000 * 2 * channels, 2 * channels)
+    with pytest.raises(GatewayError) as failure:
+        probe(bytes(data), "wav", "file")
+    assert failure.value.status == 400
+    assert failure.value.metadata == {"param": "file"}
+    struct.pack_into("<HIIH", data, 22, 8, 8000, 8000 * 2 * 8, 2 * 8)
+    probed = probe(bytes(data), "wav", "file")
+    assert pcm_16k_mono(probed.audio or bytes(data))
+
+
 @settings(
     max_examples=150,
     deadline=None,
@@ -143,6 +160,7 @@ def test_every_format_decodes_in_the_probe_and_for_the_local_model(fmt: str) -> 
     flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), max_size=12),
 )
 @example(fmt="m4a", cut=0.9453125, flips=[])  # found by this test: a stream with no decoder
+@example(fmt="wav", cut=0.12, flips=[(0.0108, 182)])  # found by this test: 182 channels
 def test_mutated_audio_is_refused_or_decodes_for_the_provider(
     fmt: str, cut: float, flips: list[tuple[float, int]]
 ) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from server.audio_decoding import OPEN_OPTIONS, audio_errors
 from server.errors import GatewayError, bad_request
-from server.transcription.wav import read_wav
+from server.transcription.wav import MAX_CHANNELS, read_wav
 
 # Client-facing format names -> the FFmpeg demuxers that read them.
 FORMATS: dict[str, frozenset[str]] = {
@@ -100,6 +100,7 @@ def _measure(data: bytes, param: str) -> _Measured:
         stream = streams[0]
         if stream.codec_context is None:  # no decoder for what the header names
             raise bad_request("The audio could not be decoded", param=param)
+        _check_channels(stream.codec_context.channels, param)
         stream.codec_context.thread_count = 1  # one core per worker process
         offset = Fraction(stream.start_time or 0) * Fraction(stream.time_base or 1)
         end: Fraction | None = None
@@ -111,8 +112,18 @@ def _measure(data: bytes, param: str) -> _Measured:
             for frame in packet.decode():
                 if frame.sample_rate <= 0:
                     raise bad_request("The audio could not be decoded", param=param)
+                _check_channels(frame.layout.nb_channels, param)  # a stream may change
                 decoded += Fraction(frame.samples, frame.sample_rate)
         return _Measured(container.format.name, end, decoded)
+
+
+def _check_channels(channels: int, param: str) -> None:
+    """Refuse more channels than the gateway's own decoder downmixes (wav.MAX_CHANNELS)."""
+    if channels > MAX_CHANNELS:
+        raise bad_request(
+            f"The audio has {channels} channels; at most {MAX_CHANNELS} are accepted",
+            param=param,
+        )
 
 
 def _seconds(value: Fraction) -> Decimal:

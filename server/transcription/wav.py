@@ -30,7 +30,10 @@ EXTENSIBLE = 0xFFFE
 # WAVE_FORMAT_EXTENSIBLE's subformat GUID after its leading format code.
 SUBFORMAT_TAIL = b"\x00\x00\x00\x00\x10\x00\x80\x00\x00\xaa\x00\x38\x9b\x71"
 SAMPLE_BITS = {PCM: frozenset({8, 16, 24, 32}), IEEE_FLOAT: frozenset({32, 64})}
-MAX_CHANNELS = 32
+# The most channels an upload may have: every count up to it has a layout in FFmpeg's
+# resampler, which downmixes to mono for the local model; some above it (9, 31, 32) have
+# none. A WAV with more is left to the decoder, whose probe refuses it (media.py).
+MAX_CHANNELS = 8
 SAMPLE_RATES = range(1000, 768_001)  # Hz measured here; others go to the decoder
 # A data size of 0 or 0xFFFFFFFF is a streaming writer's placeholder: the samples run to the
 # end of the file (as FFmpeg reads it).
