@@ -276,7 +276,7 @@ def profile_path(
             "--format",
             "raw",
             "--rate",
-            str(SAMPLE_RATE),
+            str(args.rate),
             # py-spy reads C frames only while the process is paused
             *(["--native"] if args.native else ["--nonblocking"]),
             "--output",
@@ -358,6 +358,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--raw-dir", type=Path, help="keep py-spy's raw stacks here")
+    parser.add_argument(
+        "--rate",
+        type=positive_int,
+        default=SAMPLE_RATE,
+        help=f"py-spy's samples per second ({SAMPLE_RATE}; more sample a short run finer, at "
+        "more of the server's CPU)",
+    )
     parser.add_argument(
         "--native",
         action="store_true",

@@ -5,6 +5,7 @@ shape."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from aiohttp import web
@@ -114,9 +115,17 @@ class RestApi:
         self._in_flight += 1
         self._idle.clear()
         try:
-            return await self._observer.answer(
+            response = await self._observer.answer(
                 route, headers, lambda: handle(request, headers), error_response
             )
+            # Sent here, in the handler's own step: aiohttp would send a returned response
+            # from the connection's task, a turn of the loop later and after the request's
+            # metrics and access line (queued by the observer for the next turn). Sent, the
+            # response is returned done; aiohttp's own send of it then does nothing.
+            with contextlib.suppress(ConnectionError):  # gone: aiohttp's send finds it out
+                await response.prepare(request)
+                await response.write_eof()
+            return response
         finally:
             self._in_flight -= 1
             if not self._in_flight:

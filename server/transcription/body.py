@@ -74,6 +74,11 @@ class BodyBudget:
         self._wait_seconds = wait_seconds
         self._retry_after = retry_after_seconds
         self._changed = asyncio.Condition()
+        # Bodies waiting in `_changed.wait()` for room: a release with none wakes nobody (the
+        # usual case — a notification costs a task and three turns of the loop, on every
+        # request's way to its answer). A body not yet waiting checks the room first, after
+        # the release gave it back (no await between its check and its wait).
+        self._waiting = 0
         self._holding: set[Reservation] = set()  # reservations holding something
         self._ages = itertools.count()
         self._trim = trim
@@ -142,7 +147,11 @@ class BodyBudget:
                     deadline = loop.time() + self._wait_seconds
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout_at(deadline):
-                        await self._changed.wait()
+                        self._waiting += 1
+                        try:
+                            await self._changed.wait()
+                        finally:
+                            self._waiting -= 1
             self._lend(size, reservation)
 
     def _refuse_younger(self, reservation: Reservation, size: int) -> bool:
@@ -190,7 +199,8 @@ class BodyBudget:
         self.free += size
         if self.free == self.capacity:
             self._trim_when_due()
-        await asyncio.shield(self._notify())
+        if self._waiting:
+            await asyncio.shield(self._notify())
 
     async def _notify(self) -> None:
         async with self._changed:
