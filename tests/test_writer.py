@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -360,6 +361,45 @@ async def test_a_caller_cancelled_with_finish_within_still_waits_for_its_commit(
         with pytest.raises(GatewayError):
             await writer.run(refused, finish_within=30)
     finally:
+        await writer.close()
+
+
+async def test_a_caller_cancelled_as_its_answer_comes_gets_the_cancellation_chained_to_it(
+    admin_db: Admin, peek: Peek
+) -> None:
+    """With finish_within, a cancellation that reaches the caller after the writer answered
+    but before the caller woke: CancelledError chained from the unit's failure (or with no
+    cause once committed), and the failure is not left to asyncio as never retrieved."""
+    writer = Writer(admin_db.sessions)
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    callers: list[asyncio.Task[Any]] = []
+
+    def cancelled_after(unit: Callable[[AsyncSession], Awaitable[Any]]) -> Any:
+        async def run(session: AsyncSession) -> Any:
+            # Once the outcome is final, before the answer: queued ahead of the caller's
+            # wake-up, so the cancellation arrives with the answer already given.
+            on_outcome(session, lambda: loop.call_soon(callers[-1].cancel))
+            return await unit(session)
+
+        return run
+
+    async def refused(session: AsyncSession) -> None:
+        raise GatewayError(402, "refused")
+
+    try:
+        for unit, cause in ((refused, GatewayError), (_insert("kept"), type(None))):
+            callers.append(asyncio.create_task(writer.run(cancelled_after(unit), finish_within=30)))
+            with pytest.raises(asyncio.CancelledError) as raised:
+                await callers[-1]
+            assert isinstance(raised.value.__cause__, cause)
+        assert await peek() == {"kept"}
+        del callers[:], raised
+        gc.collect()
+        assert unhandled == []
+    finally:
+        loop.set_exception_handler(None)
         await writer.close()
 
 

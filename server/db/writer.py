@@ -152,13 +152,28 @@ async def _refuse_connection() -> NoReturn:
 @dataclass(eq=False)
 class _Queued(Generic[T]):
     unit: Unit[T]
-    future: asyncio.Future[T]
+    future: asyncio.Future[T]  # what the caller awaits (its cancellation may cancel it)
     result: Any = None
     error: BaseException | None = None
     attempts: int = 0  # runs that lost a lock race and were rolled back (retried later)
     retry: bool = False  # lost one in the current batch: runs again in the next
     # What the unit's current run asked to do once its outcome is final (`on_outcome`).
     actions: list[Callable[[], None]] = field(default_factory=list)
+    # The answer given (`answer`): (None, result) or (the failure, None).
+    answered: tuple[BaseException | None, Any] | None = None
+    # A `run(finish_within=...)` caller cancelled before the answer waits on this instead.
+    outcome: asyncio.Future[T] | None = None
+
+    def answer(self, error: BaseException | None = None) -> None:
+        """Give the caller the unit's outcome: `error`, else its result."""
+        self.answered = (error, None if error is not None else self.result)
+        for waiter in (self.future, self.outcome):
+            if waiter is None or waiter.done():
+                continue
+            if error is None:
+                waiter.set_result(self.result)
+            else:
+                waiter.set_exception(error)
 
 
 def _expire(queue: list[_Queued[Any]], queued: _Queued[Any]) -> None:
@@ -166,8 +181,8 @@ def _expire(queue: list[_Queued[Any]], queued: _Queued[Any]) -> None:
     runs); a begun one still commits with its batch, but its caller stops waiting."""
     if any(q is queued for q in queue):
         queue.remove(queued)
-    if not queued.future.done():
-        queued.future.set_exception(TimeoutError("the group commit did not end in time"))
+    if queued.answered is None:
+        queued.answer(TimeoutError("the group commit did not end in time"))
 
 
 @dataclass
@@ -205,6 +220,18 @@ async def wait_uncancelled(future: asyncio.Future[T]) -> T:
             raise asyncio.CancelledError from error
         raise asyncio.CancelledError
     return future.result()
+
+
+async def _answer_of(queued: _Queued[Any]) -> BaseException | None:
+    """For a `run(finish_within=...)` caller cancelled while it waited: wait for the unit's
+    answer (through further cancellations; the bound still ends the wait), and return its
+    failure, if it failed."""
+    if queued.answered is None:  # not yet: the writer answers `outcome` too
+        outcome = queued.outcome = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await wait_uncancelled(outcome)
+    assert queued.answered is not None  # answered, or the bound passed (_expire)
+    return queued.answered[0]
 
 
 class Writer:
@@ -274,7 +301,13 @@ class Writer:
                 raise
         expiry = loop.call_later(finish_within, _expire, self._queue, queued)
         try:
-            return await wait_uncancelled(future)
+            # Awaited directly, not through wait_uncancelled's shield: the answer reaches the
+            # caller one turn of the loop sooner. A cancellation cancels this future, not the
+            # unit (the writer answers a unit whatever became of its future).
+            return await future
+        except asyncio.CancelledError:
+            error = await _answer_of(queued)
+            raise asyncio.CancelledError from error
         finally:
             expiry.cancel()
 
@@ -326,13 +359,9 @@ class Writer:
                 # The batch that held the other side of the race has committed by now.
                 self._queue[:0] = retries
                 for queued in batch:
-                    future = queued.future
-                    if future.done() or queued in retries:
+                    if queued.answered is not None or queued in retries:
                         continue
-                    if queued.error is not None:
-                        future.set_exception(queued.error)
-                    else:
-                        future.set_result(queued.result)
+                    queued.answer(queued.error)
         finally:
             self._busy = False
             if self._queue:  # queued meanwhile (or to retry): the writer's task takes them
@@ -381,9 +410,9 @@ class Writer:
                 except Exception as error:
                     # Only this unit's writes go; a failed ROLLBACK TO fails the batch.
                     await rollback_unit(session, index)
-                    if self._failed(queued, error) and not queued.future.done():
+                    if self._failed(queued, error) and queued.answered is None:
                         # Answer at once: nothing of it will be written.
-                        queued.future.set_exception(error)
+                        queued.answer(error)
             await commit_batch(session)
             for queued in batch:  # a failed unit acted already, a retried one has nothing
                 _act(queued)
@@ -462,5 +491,5 @@ class Writer:
     @staticmethod
     def _fail(batch: list[_Queued[Any]], error: BaseException) -> None:
         for queued in batch:
-            if not queued.future.done():
-                queued.future.set_exception(error)
+            if queued.answered is None:
+                queued.answer(error)
