@@ -209,7 +209,12 @@ class VideoJob(TableModel, table=True):
     """An asynchronous video generation job. The worker that holds the lease runs it."""
 
     __tablename__ = "video_jobs"
-    __table_args__ = (sa.Index("ix_video_jobs_claim", "status", "next_run_at"),)
+    __table_args__ = (
+        sa.Index("ix_video_jobs_claim", "status", "next_run_at"),
+        # The claim's walk over workspaces and its capped ones (server/workers/leases.py).
+        sa.Index("ix_video_jobs_workspace_due", "status", "workspace_id", "next_run_at"),
+        sa.Index("ix_video_jobs_lease", "lease_expires_at"),
+    )
 
     id: str = Field(primary_key=True, max_length=40)
     account_id: str = Field(max_length=40)
@@ -250,7 +255,14 @@ class WebhookDelivery(TableModel, table=True):
     """The outbox: one row per event to deliver, retried with backoff until done."""
 
     __tablename__ = "webhook_deliveries"
-    __table_args__ = (sa.Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),)
+    __table_args__ = (
+        sa.Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        # The claim's walk over workspaces and its capped ones (server/workers/leases.py).
+        sa.Index(
+            "ix_webhook_deliveries_workspace_due", "status", "workspace_id", "next_attempt_at"
+        ),
+        sa.Index("ix_webhook_deliveries_lease", "lease_expires_at"),
+    )
 
     id: str = Field(primary_key=True, max_length=40)  # the stable webhook-id
     workspace_id: str = Field(max_length=40)

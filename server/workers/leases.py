@@ -16,59 +16,146 @@ from server.db.models import TableModel
 RowT = TypeVar("RowT", bound=TableModel)
 
 
+def _ready(table: Any, statuses: tuple[str, ...]) -> sa.ColumnElement[bool]:
+    # Plain parameters, no expanding IN: the driver compiles a statement once.
+    return sa.or_(*(table.c.status == sa.literal(status) for status in statuses))
+
+
+def _earliest_per_workspace(
+    table: Any,
+    status: str,
+    due_column: str,
+    now: sa.BindParameter[Any],
+    free: Callable[[Any], sa.ColumnElement[bool]],
+    at_cap: sa.Select[Any],
+    index: int,
+) -> sa.Select[Any]:
+    """The id of each uncapped workspace's earliest due, free row of `status`: a recursive
+    walk from one workspace with such rows to the next (each step one seek of the index on
+    status, workspace_id, due), then one seek per workspace for its earliest due row."""
+    first = table.alias(f"first_{index}")
+    step = table.alias(f"step_{index}")
+    head = table.alias(f"head_{index}")
+    walk = (
+        sa.select(first.c.workspace_id.label("workspace_id"))
+        .where(first.c.status == sa.literal(status))
+        .order_by(first.c.workspace_id)
+        .limit(1)
+        .subquery()
+    )
+    workspaces = sa.select(walk.c.workspace_id).cte(f"workspaces_{index}", recursive=True)
+    following = (
+        sa.select(step.c.workspace_id)
+        .where(
+            step.c.status == sa.literal(status),
+            step.c.workspace_id > workspaces.c.workspace_id,
+        )
+        .order_by(step.c.workspace_id)
+        .limit(1)
+        .scalar_subquery()
+    )
+    workspaces = workspaces.union_all(
+        sa.select(following).where(workspaces.c.workspace_id.is_not(None))
+    )
+    earliest = (
+        sa.select(head.c.id)
+        .where(
+            head.c.status == sa.literal(status),
+            head.c.workspace_id == workspaces.c.workspace_id,
+            head.c[due_column] <= now,
+            free(head),
+        )
+        .order_by(head.c[due_column])
+        .limit(1)
+        .scalar_subquery()
+    )
+    return sa.select(earliest).where(
+        workspaces.c.workspace_id.is_not(None), workspaces.c.workspace_id.not_in(at_cap)
+    )
+
+
 class Claimer:
-    """Claims the oldest due, unleased, `ready` row of one queue with a lease: on PostgreSQL
+    """Claims the oldest due, unleased, ready row of one queue with a lease: on PostgreSQL
     rows being claimed elsewhere are skipped (`FOR UPDATE SKIP LOCKED`); everywhere the
     conditional UPDATE decides who owns it. Its statements are built once and run through the
     driver (server/db/driver.py: compiled once per dialect, one hand-off to aiosqlite's thread
-    per statement, no per-call compile or cache-key work). `ready` must compile to plain
-    parameters (no expanding IN: write `or_(a == x, a == y)`); `extra_columns` are set with
-    the lease, from `extra_values` of each claim."""
+    per statement, no per-call compile or cache-key work). `extra_columns` are set with the
+    lease, from `extra_values` of each claim."""
 
     def __init__(
         self,
         model: type[RowT],
         *,
-        ready: Callable[[Any], sa.ColumnElement[bool]],
+        ready_statuses: tuple[str, ...],
         due_column: str,
         extra_columns: tuple[str, ...] = (),
         per_workspace: int | None = None,
         lock_key: int | None = None,
     ) -> None:
-        """`ready(table)`: the condition of a claimable row, on the table or an alias of it.
-        `per_workspace`: a row is claimed only while its workspace has fewer rows ready and
-        leased right now, across every process (counted in the database), so one workspace's
-        slow work fills its own share and leaves the rest to the others; PostgreSQL's claims
-        then take the advisory transaction lock `lock_key` in turn, so that two racing
-        claims cannot both see a workspace below its cap (SQLite has one writer)."""
+        """`ready_statuses`: the `status` values of a claimable row. `per_workspace`: a row
+        is claimed only while its workspace has fewer rows ready and leased right now, across
+        every process (counted in the database), so one workspace's slow work fills its own
+        share and leaves the rest to the others; PostgreSQL's claims then take the advisory
+        transaction lock `lock_key` in turn, so that two racing claims cannot both see a
+        workspace below its cap (SQLite has one writer).
+
+        With a cap the claim never walks the rows of a workspace at its cap (a backlog of
+        thousands behind a slow receiver would make every claim, every other workspace's
+        included, as slow as the backlog is long): it steps through the workspaces that have
+        ready rows one index seek each (status, workspace_id, due: a loose index scan), takes
+        each uncapped one's earliest due free row, and the earliest of those. The capped
+        workspaces are found from the leases in force (an index on lease_expires_at)."""
         if per_workspace is not None and lock_key is None:
             raise ValueError("a per-workspace cap needs a lock key for PostgreSQL's claims")
         table = model.__table__
         self._model = model
         self._extra = extra_columns
         now = sa.bindparam("now", type_=table.c[due_column].type)
-        free = sa.or_(table.c.lease_expires_at.is_(None), table.c.lease_expires_at < now)
-        claimable = ready(table)
-        if per_workspace is not None:
-            busy = table.alias("busy")
-            at_cap = (
-                sa.select(busy.c.workspace_id)
-                .where(ready(busy), busy.c.lease_expires_at >= now)
-                .group_by(busy.c.workspace_id)
-                .having(sa.func.count() >= sa.literal(per_workspace))
-            )
-            claimable = sa.and_(claimable, table.c.workspace_id.not_in(at_cap))
+
+        def free(rows: Any) -> sa.ColumnElement[bool]:
+            return sa.or_(rows.c.lease_expires_at.is_(None), rows.c.lease_expires_at < now)
+
+        claimable = _ready(table, ready_statuses)
         self._lock = (
             None
             if lock_key is None
             else sa.select(sa.func.pg_advisory_xact_lock(sa.literal(lock_key, sa.BigInteger)))
         )
-        due = (
-            sa.select(table.c.id)
-            .where(claimable, table.c[due_column] <= now, free)
-            .order_by(table.c[due_column])
-            .limit(1)
-        )
+        if per_workspace is None:
+            due = (
+                sa.select(table.c.id)
+                .where(claimable, table.c[due_column] <= now, free(table))
+                .order_by(table.c[due_column])
+                .limit(1)
+            )
+        else:
+            # The leases in force, found by their index and set apart first (materialized:
+            # left to itself, a planner without statistics would rather walk every ready row
+            # by its status).
+            busy = table.alias("busy")
+            leased = (
+                sa.select(busy.c.workspace_id, busy.c.status)
+                .where(busy.c.lease_expires_at >= now)
+                .cte("leased")
+                .prefix_with("MATERIALIZED")
+            )
+            at_cap = (
+                sa.select(leased.c.workspace_id)
+                .where(_ready(leased, ready_statuses))
+                .group_by(leased.c.workspace_id)
+                .having(sa.func.count() >= sa.literal(per_workspace))
+            )
+            claimable = sa.and_(claimable, table.c.workspace_id.not_in(at_cap))
+            heads = [
+                _earliest_per_workspace(table, status, due_column, now, free, at_cap, index)
+                for index, status in enumerate(ready_statuses)
+            ]
+            due = (
+                sa.select(table.c.id)
+                .where(table.c.id.in_(sa.union_all(*heads) if len(heads) > 1 else heads[0]))
+                .order_by(table.c[due_column])
+                .limit(1)
+            )
         lease_values = {
             "lease_owner": sa.bindparam("owner", type_=table.c.lease_owner.type),
             "lease_expires_at": sa.bindparam("expires", type_=table.c.lease_expires_at.type),
@@ -82,12 +169,12 @@ class Claimer:
         # UPDATE reaches it (another process may have claimed it meanwhile: then no row).
         self._claim: dict[str, sa.Executable] = {
             dialect: sa.update(table)
-            .where(table.c.id == chosen.scalar_subquery(), claimable, free)
+            .where(table.c.id == chosen.scalar_subquery(), claimable, free(table))
             .values(lease_values)
             .returning(*table.c)
             for dialect, chosen in (
                 ("sqlite", due),
-                ("postgresql", due.with_for_update(skip_locked=True)),
+                ("postgresql", due.with_for_update(skip_locked=True, of=table)),
             )
         }
         self._columns = tuple(c.name for c in table.c)

@@ -75,9 +75,7 @@ def _claimer(workspace_jobs_at_once: int) -> Claimer:
     workspace with fewer than `workspace_jobs_at_once` jobs leased (under way) right now."""
     return Claimer(
         VideoJob,
-        ready=lambda table: sa.or_(
-            table.c.status == jobs.PENDING, table.c.status == jobs.IN_PROGRESS
-        ),
+        ready_statuses=(jobs.PENDING, jobs.IN_PROGRESS),
         due_column="next_run_at",
         extra_columns=("status", "updated_at"),
         per_workspace=workspace_jobs_at_once,

@@ -76,7 +76,7 @@ def _claimer(workspace_concurrency: int) -> Claimer:
     with fewer than `workspace_concurrency` deliveries leased (in flight) right now."""
     return Claimer(
         WebhookDelivery,
-        ready=lambda deliveries: deliveries.c.status == "pending",
+        ready_statuses=("pending",),
         due_column="next_attempt_at",
         per_workspace=workspace_concurrency,
         lock_key=CLAIM_LOCK_KEY,
