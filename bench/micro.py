@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +45,12 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 import server.db.writer as writer_module
 from bench.harness.cli import add_json_argument
+from bench.harness.processes import PgServer
 from bench.request_steps import transcription_rig
 from server.billing.holds import _settlement
 from server.billing.ledger import CHARGE, COUNTERS, INSERT_ENTRY
 from server.compute import ComputePool
+from server.db import migrate
 from server.db.driver import (
     HotReads,
     _compile,
@@ -71,7 +73,8 @@ from server.transcription.request import from_http_in_worker, from_json
 from server.transcription.session import LazySession
 from server.transcription.transcriber import _end_reads
 from server.vault.crypto import MasterKey
-from server.workers.webhook_dispatcher import WebhookDispatcher
+from server.workers.webhook_dispatcher import WORKSPACE_CONCURRENCY, WebhookDispatcher
+from server.workers.webhook_dispatcher import _claimer as webhook_dispatcher_claimer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROVIDER_URL = "https://api.openai.com/v1/audio/transcriptions"
@@ -897,8 +900,87 @@ async def _webhook_claim(due: int) -> list[Row]:
 
 def webhook_claim() -> list[Row]:
     """The webhook dispatcher's claim (SQLite) with 20,000 pending deliveries due, all of
-    one workspace that has its cap (4) in flight: the claim scans them and takes none."""
+    one workspace that has its cap (4) in flight: a claim that finds nothing it may take,
+    then claims that take another workspace's delivery, due after that backlog."""
     return asyncio.run(_webhook_claim(20_000))
+
+
+async def _webhook_claim_pg(due: int) -> list[Row]:
+    server = PgServer.parse("postgresql")
+    name = f"bench_claim_{secrets.token_hex(6)}"
+    await server.create(name)
+    url = server.database_url(name)
+    try:
+        await migrate.upgrade(url)
+        engine = create_engine(url)
+        now = datetime.now(UTC)
+
+        def row(key: str, workspace: str, due_at: datetime, leased: bool) -> dict[str, Any]:
+            return {
+                "id": f"whd_{key}",
+                "workspace_id": workspace,
+                "job_id": f"vid_{key}",
+                "url": "https://receiver.example/hook",
+                "payload": "{}",
+                "status": "pending",
+                "attempts": 0,
+                "lease_owner": "someone" if leased else None,
+                "lease_expires_at": now.replace(year=now.year + 1) if leased else None,
+                "next_attempt_at": due_at,
+                "created_at": now,
+            }
+
+        backlog = now.replace(year=now.year - 1)
+        rows = [row(f"{n:020d}", "ws_capped", backlog, n < 4) for n in range(due + 4)]
+        rows += [
+            row(f"other_{n:02d}", f"ws_other_{n:02d}", now.replace(day=1), False) for n in range(20)
+        ]
+        async with engine.begin() as connection:
+            await connection.execute(sa.insert(WebhookDelivery.__table__), rows)
+            await connection.execute(sa.text("ANALYZE webhook_deliveries"))
+        claimer = webhook_dispatcher_claimer(WORKSPACE_CONCURRENCY)
+        sessions = session_factory(engine)
+        taken = []
+        for _ in range(20):
+            async with sessions() as session:
+                started = time.perf_counter()
+                claimed = await claimer.claim(
+                    session, owner="bench", now=datetime.now(UTC), lease=timedelta(minutes=1)
+                )
+                taken.append(time.perf_counter() - started)
+            assert claimed is not None and claimed.workspace_id.startswith("ws_other_")
+        nothing = []
+        for _ in range(20):
+            async with sessions() as session:
+                started = time.perf_counter()
+                claimed = await claimer.claim(
+                    session, owner="bench", now=datetime.now(UTC), lease=timedelta(minutes=1)
+                )
+                nothing.append(time.perf_counter() - started)
+            assert claimed is None
+        await engine.dispose()
+    finally:
+        await server.drop(name)
+    return [
+        (
+            "a claim taking another workspace's delivery, due after the backlog: median",
+            statistics.median(taken) * 1000,
+            "ms",
+        ),
+        ("  the slowest of 20", max(taken) * 1000, "ms"),
+        (
+            f"a claim finding nothing it may take, {due:,} due of one capped workspace: median",
+            statistics.median(nothing) * 1000,
+            "ms",
+        ),
+        ("  the slowest of 20", max(nothing) * 1000, "ms"),
+    ]
+
+
+def webhook_claim_pg() -> list[Row]:
+    """webhook-claim on PostgreSQL at 127.0.0.1:5432 (a database of its own, dropped after):
+    the claims taking other workspaces' deliveries first, then ones finding nothing."""
+    return asyncio.run(_webhook_claim_pg(20_000))
 
 
 # --- request bodies (server/transcription/request.py) -----------------------------------------
@@ -1307,6 +1389,7 @@ MEASUREMENTS: dict[str, Callable[[], list[Row]]] = {
     "orm-rows": orm_rows,
     "generation-index": generation_index,
     "webhook-claim": webhook_claim,
+    "webhook-claim-pg": webhook_claim_pg,
     "json-body": json_body,
     "render-gil": render_gil,
     "main-module": main_module,
