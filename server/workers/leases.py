@@ -21,7 +21,54 @@ def _ready(table: Any, statuses: tuple[str, ...]) -> sa.ColumnElement[bool]:
     return sa.or_(*(table.c.status == sa.literal(status) for status in statuses))
 
 
-def _earliest_per_workspace(
+# How many of the earliest due rows of a status a capped claim looks through before it walks
+# the workspaces instead (Claimer).
+HEAD_ROWS = 64
+
+
+def _earliest_uncapped(
+    table: Any,
+    status: str,
+    due_column: str,
+    now: sa.BindParameter[Any],
+    free: Callable[[Any], sa.ColumnElement[bool]],
+    at_cap: sa.Select[Any],
+    index: int,
+) -> sa.ScalarSelect[Any]:
+    """The id of the earliest due, free row of `status` whose workspace is below its cap.
+
+    First the head of the queue: the HEAD_ROWS earliest due rows of `status` (the index on
+    status and due), whose first row of an uncapped workspace is the one (every row before
+    it is a capped one's) — the usual case, however many workspaces have work waiting. Only
+    when capped workspaces fill the whole head (a backlog behind a slow receiver) the walk
+    through the workspaces (`_walk`), which COALESCE evaluates only then."""
+    rows = table.alias(f"queue_{index}")
+    head = (
+        sa.select(rows.c.id, rows.c.workspace_id, rows.c[due_column].label("due"))
+        .where(rows.c.status == sa.literal(status), rows.c[due_column] <= now, free(rows))
+        .order_by(rows.c[due_column])
+        .limit(HEAD_ROWS)
+        .subquery(f"head_{index}")
+    )
+    from_head = (
+        sa.select(head.c.id)
+        .where(head.c.workspace_id.not_in(at_cap))
+        .order_by(head.c.due)
+        .limit(1)
+        .scalar_subquery()
+    )
+    walked = table.alias(f"walked_{index}")
+    from_walk = (
+        sa.select(walked.c.id)
+        .where(walked.c.id.in_(_walk(table, status, due_column, now, free, at_cap, index)))
+        .order_by(walked.c[due_column])
+        .limit(1)
+        .scalar_subquery()
+    )
+    return sa.select(sa.func.coalesce(from_head, from_walk)).scalar_subquery()
+
+
+def _walk(
     table: Any,
     status: str,
     due_column: str,
@@ -35,7 +82,7 @@ def _earliest_per_workspace(
     status, workspace_id, due), then one seek per workspace for its earliest due row."""
     first = table.alias(f"first_{index}")
     step = table.alias(f"step_{index}")
-    head = table.alias(f"head_{index}")
+    head = table.alias(f"earliest_{index}")
     walk = (
         sa.select(first.c.workspace_id.label("workspace_id"))
         .where(first.c.status == sa.literal(status))
@@ -99,12 +146,15 @@ class Claimer:
         transaction lock `lock_key` in turn, so that two racing claims cannot both see a
         workspace below its cap (SQLite has one writer).
 
-        With a cap the claim never walks the rows of a workspace at its cap (a backlog of
-        thousands behind a slow receiver would make every claim, every other workspace's
-        included, as slow as the backlog is long): it steps through the workspaces that have
-        ready rows one index seek each (status, workspace_id, due: a loose index scan), takes
-        each uncapped one's earliest due free row, and the earliest of those. The capped
-        workspaces are found from the leases in force (an index on lease_expires_at)."""
+        With a cap the claim never walks more than HEAD_ROWS rows of a status that belong to
+        workspaces at their cap (a backlog of thousands behind a slow receiver would make
+        every claim, every other workspace's included, as slow as the backlog is long): it
+        looks at the earliest HEAD_ROWS due rows of each ready status, and only when every
+        one is a capped workspace's does it step through the workspaces that have ready rows
+        of that status, one index seek each (status, workspace_id, due: a loose index scan),
+        and take the earliest due free row of the uncapped ones (`_earliest_uncapped`). The
+        capped workspaces are found from the leases in force (an index on
+        lease_expires_at)."""
         if per_workspace is not None and lock_key is None:
             raise ValueError("a per-workspace cap needs a lock key for PostgreSQL's claims")
         table = model.__table__
@@ -146,13 +196,18 @@ class Claimer:
                 .having(sa.func.count() >= sa.literal(per_workspace))
             )
             claimable = sa.and_(claimable, table.c.workspace_id.not_in(at_cap))
-            heads = [
-                _earliest_per_workspace(table, status, due_column, now, free, at_cap, index)
+            # Each ready status's earliest row of an uncapped workspace; the earliest of them.
+            candidates = [
+                sa.select(_earliest_uncapped(table, status, due_column, now, free, at_cap, index))
                 for index, status in enumerate(ready_statuses)
             ]
             due = (
                 sa.select(table.c.id)
-                .where(table.c.id.in_(sa.union_all(*heads) if len(heads) > 1 else heads[0]))
+                .where(
+                    table.c.id.in_(
+                        sa.union_all(*candidates) if len(candidates) > 1 else candidates[0]
+                    )
+                )
                 .order_by(table.c[due_column])
                 .limit(1)
             )

@@ -7,10 +7,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from server.db.models import WebhookDelivery
-from server.workers.leases import Claimer
+from server.workers.leases import HEAD_ROWS, Claimer
 from testkit.domain import Domain
 
 _TABLE = WebhookDelivery.__table__
@@ -46,12 +47,15 @@ async def _claim(domain: Domain, claimer: Claimer) -> str | None:
     return None if claimed is None else str(claimed.id)
 
 
+@pytest.mark.parametrize("backlog", [HEAD_ROWS // 2, HEAD_ROWS + 10])
 async def test_a_claim_takes_the_earliest_due_row_of_a_workspace_below_its_cap(
-    any_domain: Domain,
+    any_domain: Domain, backlog: int
 ) -> None:
     """Two ready statuses, a cap of two. Workspace A is at its cap with a backlog due before
     everything else: none of it is taken, nor its row of the second status. A lapsed lease
-    is free and counts for nothing; rows not ready, or not yet due, are never taken."""
+    is free and counts for nothing; rows not ready, or not yet due, are never taken. With a
+    backlog shorter than the head the claim finds its row there; with a longer one, by the
+    walk through the workspaces."""
     domain = any_domain
     now = domain.clock.now()
     claimer = Claimer(
@@ -61,7 +65,7 @@ async def test_a_claim_takes_the_earliest_due_row_of_a_workspace_below_its_cap(
         per_workspace=2,
         lock_key=0x74_65_73_74,
     )
-    earlier = [now - timedelta(hours=1, seconds=n) for n in range(40)]
+    earlier = [now - timedelta(hours=1, seconds=n) for n in range(backlog)]
     rows = [
         _row("a-flight-1", "ws-a", now - timedelta(days=2), leased_until=now + LEASE),
         _row(
