@@ -278,7 +278,7 @@ def build_core(
                 or workspace_share(settings.body_budget_bytes, settings.max_request_bytes),
             ),
             settings.max_request_bytes,
-            settings.edge.upstream_timeout_seconds,
+            settings.edge.request_timeout_seconds,
         ),
         content=content,
         video_worker=VideoWorker(

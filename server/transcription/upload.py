@@ -13,10 +13,13 @@ from collections.abc import Sequence
 
 from server.auth import Authenticator
 from server.db.engine import SessionFactory
-from server.errors import GatewayError
+from server.errors import GatewayError, default_message
 from server.transcription.body import BodyBudget, BodySource, read_body
 from server.transcription.session import LazySession
 from server.transcription.transcriber import Transcriber, TranscriptionResult
+
+# How much longer than the edge's request timeout a body is waited for here.
+EDGE_MARGIN_SECONDS = 1.0
 
 
 class Uploads:
@@ -27,17 +30,18 @@ class Uploads:
         transcriber: Transcriber,
         bodies: BodyBudget,
         max_body_bytes: int,
-        max_seconds: float,
+        edge_request_seconds: float,
     ) -> None:
-        """`max_seconds`: the longest a request may take, its body's arrival included, when
-        its caller set no shorter deadline (the edge's upstream timeout: Envoy gives up on
-        the answer then)."""
+        """`edge_request_seconds`: how long the edge gives a whole request, body included, to
+        arrive (Envoy answers 408 after it). A body is waited for a little longer here
+        (EDGE_MARGIN_SECONDS: behind Envoy, Envoy's own 408 comes first), which bounds a
+        caller that reached the server without Envoy, too."""
         self._auth = auth
         self._sessions = sessions
         self.transcriber = transcriber
         self._bodies = bodies
         self._max_body_bytes = max_body_bytes
-        self._max_seconds = max_seconds
+        self._body_seconds = edge_request_seconds + EDGE_MARGIN_SECONDS
 
     async def transcribe(
         self,
@@ -49,26 +53,23 @@ class Uploads:
     ) -> TranscriptionResult:
         """`headers`: the request's (lower-case names), the key among them;
         `declared_length`: the client's Content-Length, when it sent one; `time_remaining`:
-        the caller's deadline in seconds (None: none), which a body still arriving when it
-        passes does not outlive (408), and whose rest the transcription gets."""
-        seconds = self._max_seconds if time_remaining is None else time_remaining
-        deadline = time.monotonic() + min(seconds, self._max_seconds)
+        the transcription's deadline in seconds (None: none). Envoy's route timeout, which
+        it is when Envoy set it, counts from the end of the request's body, so the body's
+        own arrival is bounded apart (408 past it)."""
+        body_deadline = time.monotonic() + self._body_seconds
         async with LazySession(self._sessions) as session:
             principal = await self._auth.authenticate(session, headers)
             if session.in_transaction():
                 await session.commit()  # no transaction held while a slow client uploads
             async with self._bodies.reservation(principal.workspace.id) as reservation:
                 try:
-                    async with asyncio.timeout(deadline - time.monotonic()):
+                    async with asyncio.timeout(body_deadline - time.monotonic()):
                         raw = await read_body(
                             body, reservation, self._max_body_bytes, declared_length
                         )
                 except TimeoutError:
-                    raise GatewayError(
-                        408, "The request body did not arrive within the request's deadline"
-                    ) from None
+                    # The words of the edge's own 408 (a body too slow for Envoy's timeout).
+                    raise GatewayError(408, default_message(408)) from None
                 parsed = await self.transcriber.parse(raw.data, raw.content_type, session_id)
                 del raw  # parsed holds the audio; the raw body can go
-                return await self.transcriber.transcribe(
-                    session, principal, parsed, deadline - time.monotonic()
-                )
+                return await self.transcriber.transcribe(session, principal, parsed, time_remaining)
