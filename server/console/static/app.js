@@ -1,7 +1,7 @@
 // The gateway's web console. It talks only to the gateway's public REST API (/api/v1), with
 // the API key kept in sessionStorage (never a URL, never a cookie). Preact + htm, no build.
 import { h, render } from "./vendor/preact-10.29.8.js";
-import { useCallback, useEffect, useRef, useState } from "./vendor/preact-hooks-10.29.8.js";
+import { useCallback, useEffect, useLayoutEffect, useRef, useState } from "./vendor/preact-hooks-10.29.8.js";
 import htm from "./vendor/htm-3.1.1.js";
 import { amount, micros, usd, usdFromMicros } from "./money.js";
 
@@ -177,8 +177,9 @@ function ConfirmButton({ label, confirmLabel, onConfirm, disabled, warning }) {
   const confirm = useRef(null);
   const first = useRef(null);
   // The keyboard stays where the question is: on the confirming button, back on the first
-  // one after Cancel or Escape.
-  useEffect(() => {
+  // one after Cancel or Escape. Moved as the buttons are put in place (a layout effect), not
+  // after the paint: by then the user may have begun on another field, and would lose it.
+  useLayoutEffect(() => {
     if (armed && confirm.current) confirm.current.focus();
     if (armed === false && first.current) first.current.focus();
   }, [armed]);
@@ -462,9 +463,10 @@ function KeysPage({ me }) {
     setCreated(answer.key);
     setRotated(answer.rotated);
   });
-  // The keyboard follows the limit form: into it when it opens, back to its button when it closes.
+  // The keyboard follows the limit form: into it when it opens, back to its button when it
+  // closes — as the form is put in place (see ConfirmButton).
   const wasEditing = useRef(null);
-  useEffect(() => {
+  useLayoutEffect(() => {
     const id = editing ? `limit-${editing}` : wasEditing.current ? `set-limit-${wasEditing.current}` : null;
     wasEditing.current = editing;
     if (id) document.getElementById(id)?.focus();
@@ -874,7 +876,9 @@ function GuardrailsPage() {
     if (!assigned.has(a.guardrail_id)) assigned.set(a.guardrail_id, []);
     assigned.get(a.guardrail_id).push(a);
   }
-  useEffect(() => { if (editing && form.current) form.current.elements.name.focus(); }, [editing]);
+  // Into the form as it opens, before the paint (see ConfirmButton): a field clicked or
+  // typed in right after Edit keeps what it was given.
+  useLayoutEffect(() => { if (editing && form.current) form.current.elements.name.focus(); }, [editing]);
   const cancel = () => { setEditing(null); form.current?.reset(); };
   const save = (event) => {
     event.preventDefault();
