@@ -82,15 +82,17 @@ def _walk(
     status, workspace_id, due), then one seek per workspace for its earliest due row."""
     first = table.alias(f"first_{index}")
     step = table.alias(f"step_{index}")
-    head = table.alias(f"earliest_{index}")
-    walk = (
+    rows = table.alias(f"earliest_{index}")
+    first_workspace = (
         sa.select(first.c.workspace_id.label("workspace_id"))
         .where(first.c.status == sa.literal(status))
         .order_by(first.c.workspace_id)
         .limit(1)
         .subquery()
     )
-    workspaces = sa.select(walk.c.workspace_id).cte(f"workspaces_{index}", recursive=True)
+    workspaces = sa.select(first_workspace.c.workspace_id).cte(
+        f"workspaces_{index}", recursive=True
+    )
     following = (
         sa.select(step.c.workspace_id)
         .where(
@@ -105,14 +107,14 @@ def _walk(
         sa.select(following).where(workspaces.c.workspace_id.is_not(None))
     )
     earliest = (
-        sa.select(head.c.id)
+        sa.select(rows.c.id)
         .where(
-            head.c.status == sa.literal(status),
-            head.c.workspace_id == workspaces.c.workspace_id,
-            head.c[due_column] <= now,
-            free(head),
+            rows.c.status == sa.literal(status),
+            rows.c.workspace_id == workspaces.c.workspace_id,
+            rows.c[due_column] <= now,
+            free(rows),
         )
-        .order_by(head.c[due_column])
+        .order_by(rows.c[due_column])
         .limit(1)
         .scalar_subquery()
     )
