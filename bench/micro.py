@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import functools
 import http.cookiejar
+import io
 import json
 import os
 import re
@@ -34,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -905,6 +907,58 @@ def webhook_claim() -> list[Row]:
     return asyncio.run(_webhook_claim(20_000))
 
 
+def _encoded(codec: str, container: str, rate: int, seconds: float) -> bytes:
+    """`seconds` of a 440 Hz tone, mono at `rate`, encoded with FFmpeg's `codec` (PyAV)."""
+    import av
+    import numpy as np
+
+    out_buffer = io.BytesIO()
+    with av.open(out_buffer, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate)
+        assert isinstance(stream, av.AudioStream)
+        stream.layout = "mono"
+        count = int(rate * seconds)
+        tone = (np.sin(np.arange(count) * 2 * np.pi * 440 / rate) * 0.3).astype(np.float32)
+        size = stream.codec_context.frame_size or 1024
+        for start in range(0, count, size):
+            frame = av.AudioFrame.from_ndarray(
+                tone[start : start + size].reshape(1, -1), format="flt", layout="mono"
+            )
+            frame.sample_rate, frame.pts = rate, start
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return out_buffer.getvalue()
+
+
+def codec_priming() -> list[Row]:
+    """How far an encoded file's packet timestamps end from its decoded samples (what
+    media.py's TIMESTAMP_TOLERANCE must leave room for): one second of a tone at 8 kHz, the
+    lowest common speech rate, through FFmpeg's MP3 (LAME) and AAC encoders."""
+    import av
+
+    rows: list[Row] = []
+    for codec, container in (("libmp3lame", "mp3"), ("aac", "mp4"), ("aac", "adts")):
+        data = _encoded(codec, container, 8000, 1.0)
+        with av.open(io.BytesIO(data), "r") as opened:
+            stream = opened.streams.audio[0]
+            decoded, packets_end = 0, Fraction(0)
+            for packet in opened.demux(stream):
+                if packet.pts is not None and packet.duration and packet.time_base:
+                    end = (packet.pts + packet.duration) * packet.time_base
+                    packets_end = max(packets_end, Fraction(end))
+                decoded += sum(frame.samples for frame in packet.decode())
+        rows.append(
+            (
+                f"{codec} in {container}: packets end minus decoded samples (1 s at 8 kHz)",
+                float(packets_end - Fraction(decoded, 8000)) * 1000,
+                "ms",
+            )
+        )
+    return rows
+
+
 async def _webhook_claim_many(workspaces: int) -> list[Row]:
     async with rig() as built:
         now = datetime.now(UTC)
@@ -1440,6 +1494,7 @@ MEASUREMENTS: dict[str, Callable[[], list[Row]]] = {
     "webhook-claim": webhook_claim,
     "webhook-claim-pg": webhook_claim_pg,
     "webhook-claim-many": webhook_claim_many,
+    "codec-priming": codec_priming,
     "json-body": json_body,
     "render-gil": render_gil,
     "main-module": main_module,

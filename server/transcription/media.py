@@ -41,8 +41,11 @@ FORMATS: dict[str, frozenset[str]] = {
 ALIASES = {"mpeg": "mp3", "mpga": "mp3", "mp4": "m4a", "oga": "ogg", "x-wav": "wav"}
 MAX_AUDIO_BYTES = 25 * 1000 * 1000
 # How far the packets' timestamps may stray from the decoded content's length before the audio
-# is refused: more than any codec's priming and padding (an MP3's padding or AAC's priming at
-# 8 kHz is about 0.15 s), far less than any forgery worth making.
+# is refused: more than any codec's priming and padding, far less than any forgery worth
+# making. At 8 kHz, the lowest common speech rate: an MP3 (FFmpeg's LAME) ends its packets
+# 0.152 s past its decoded samples, an AAC in MP4 0.024 s short of them (`python -m bench.micro
+# codec-priming`, 2026-11-28); AAC's priming is 1,024 samples (0.128 s) with FFmpeg's encoder
+# and 2,112 (0.264 s) with Apple's.
 TIMESTAMP_TOLERANCE = Fraction(1, 2)
 
 
