@@ -45,7 +45,7 @@ MAX_AUDIO_BYTES = 25 * 1000 * 1000
 # making. At 8 kHz, the lowest common speech rate: an MP3 (FFmpeg's LAME) ends its packets
 # 0.152 s past its decoded samples, an AAC in MP4 0.024 s short of them (`python -m bench.micro
 # codec-priming`, 2026-11-28); AAC's priming is 1,024 samples (0.128 s) with FFmpeg's encoder
-# and 2,112 (0.264 s) with Apple's.
+# and 2,112 (0.264 s) with Apple's (Apple's Technical Note TN2258).
 TIMESTAMP_TOLERANCE = Fraction(1, 2)
 
 
