@@ -4,6 +4,7 @@ webhook outbox without doing any item twice."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -26,101 +27,100 @@ def _ready(table: Any, statuses: tuple[str, ...]) -> sa.ColumnElement[bool]:
 HEAD_ROWS = 64
 
 
-def _earliest_uncapped(
-    table: Any,
-    status: str,
-    due_column: str,
-    now: sa.BindParameter[Any],
-    free: Callable[[Any], sa.ColumnElement[bool]],
-    at_cap: sa.Select[Any],
-    index: int,
-) -> sa.ScalarSelect[Any]:
-    """The id of the earliest due, free row of `status` whose workspace is below its cap.
+@dataclass(frozen=True)
+class _StatusQueue:
+    """The rows of one ready `status` of a capped queue, as the claim's statement reads them
+    (`index` names its aliases apart from another status's)."""
 
-    First the head of the queue: the HEAD_ROWS earliest due rows of `status` (the index on
-    status and due), whose first row of an uncapped workspace is the one (every row before
-    it is a capped one's) — the usual case, however many workspaces have work waiting. Only
-    when capped workspaces fill the whole head (a backlog behind a slow receiver) the walk
-    through the workspaces (`_walk`), which COALESCE evaluates only then."""
-    rows = table.alias(f"queue_{index}")
-    head = (
-        sa.select(rows.c.id, rows.c.workspace_id, rows.c[due_column].label("due"))
-        .where(rows.c.status == sa.literal(status), rows.c[due_column] <= now, free(rows))
-        .order_by(rows.c[due_column])
-        .limit(HEAD_ROWS)
-        .subquery(f"head_{index}")
-    )
-    from_head = (
-        sa.select(head.c.id)
-        .where(head.c.workspace_id.not_in(at_cap))
-        .order_by(head.c.due)
-        .limit(1)
-        .scalar_subquery()
-    )
-    walked = table.alias(f"walked_{index}")
-    from_walk = (
-        sa.select(walked.c.id)
-        .where(walked.c.id.in_(_walk(table, status, due_column, now, free, at_cap, index)))
-        .order_by(walked.c[due_column])
-        .limit(1)
-        .scalar_subquery()
-    )
-    return sa.select(sa.func.coalesce(from_head, from_walk)).scalar_subquery()
+    table: Any
+    status: str
+    due_column: str
+    now: sa.BindParameter[Any]
+    free: Callable[[Any], sa.ColumnElement[bool]]
+    at_cap: sa.Select[Any]
+    index: int
 
-
-def _walk(
-    table: Any,
-    status: str,
-    due_column: str,
-    now: sa.BindParameter[Any],
-    free: Callable[[Any], sa.ColumnElement[bool]],
-    at_cap: sa.Select[Any],
-    index: int,
-) -> sa.Select[Any]:
-    """The id of each uncapped workspace's earliest due, free row of `status`: a recursive
-    walk from one workspace with such rows to the next (each step one seek of the index on
-    status, workspace_id, due), then one seek per workspace for its earliest due row."""
-    first = table.alias(f"first_{index}")
-    step = table.alias(f"step_{index}")
-    rows = table.alias(f"earliest_{index}")
-    first_workspace = (
-        sa.select(first.c.workspace_id.label("workspace_id"))
-        .where(first.c.status == sa.literal(status))
-        .order_by(first.c.workspace_id)
-        .limit(1)
-        .subquery()
-    )
-    workspaces = sa.select(first_workspace.c.workspace_id).cte(
-        f"workspaces_{index}", recursive=True
-    )
-    following = (
-        sa.select(step.c.workspace_id)
-        .where(
-            step.c.status == sa.literal(status),
-            step.c.workspace_id > workspaces.c.workspace_id,
+    def _due(self, rows: Any) -> tuple[sa.ColumnElement[bool], ...]:
+        """Rows (of an alias) of this status that are due and free."""
+        return (
+            rows.c.status == sa.literal(self.status),
+            rows.c[self.due_column] <= self.now,
+            self.free(rows),
         )
-        .order_by(step.c.workspace_id)
-        .limit(1)
-        .scalar_subquery()
-    )
-    workspaces = workspaces.union_all(
-        sa.select(following).where(workspaces.c.workspace_id.is_not(None))
-    )
-    earliest = (
-        sa.select(rows.c.id)
-        .where(
-            rows.c.status == sa.literal(status),
-            rows.c.workspace_id == workspaces.c.workspace_id,
-            rows.c[due_column] <= now,
-            free(rows),
+
+    def earliest_uncapped(self) -> sa.ScalarSelect[Any]:
+        """The id of the earliest due, free row whose workspace is below its cap.
+
+        First the head of the queue: the HEAD_ROWS earliest due rows (the index on status and
+        due), whose first row of an uncapped workspace is the one (every row before it is a
+        capped one's) — the usual case, however many workspaces have work waiting. Only when
+        capped workspaces fill the whole head (a backlog behind a slow receiver) the walk
+        through the workspaces (`_walk`), which COALESCE evaluates only then."""
+        rows = self.table.alias(f"queue_{self.index}")
+        head = (
+            sa.select(rows.c.id, rows.c.workspace_id, rows.c[self.due_column].label("due"))
+            .where(*self._due(rows))
+            .order_by(rows.c[self.due_column])
+            .limit(HEAD_ROWS)
+            .subquery(f"head_{self.index}")
         )
-        .order_by(rows.c[due_column])
-        .limit(1)
-        .scalar_subquery()
-    )
-    return sa.select(earliest).where(
-        workspaces.c.workspace_id.is_not(None), workspaces.c.workspace_id.not_in(at_cap)
-    )
+        from_head = (
+            sa.select(head.c.id)
+            .where(head.c.workspace_id.not_in(self.at_cap))
+            .order_by(head.c.due)
+            .limit(1)
+            .scalar_subquery()
+        )
+        walked = self.table.alias(f"walked_{self.index}")
+        from_walk = (
+            sa.select(walked.c.id)
+            .where(walked.c.id.in_(self._walk()))
+            .order_by(walked.c[self.due_column])
+            .limit(1)
+            .scalar_subquery()
+        )
+        return sa.select(sa.func.coalesce(from_head, from_walk)).scalar_subquery()
+
+    def _walk(self) -> sa.Select[Any]:
+        """The id of each uncapped workspace's earliest due, free row: a recursive walk from
+        one workspace with rows of this status to the next (each step one seek of the index
+        on status, workspace_id, due), then one seek per workspace for its earliest due row."""
+        first = self.table.alias(f"first_{self.index}")
+        step = self.table.alias(f"step_{self.index}")
+        rows = self.table.alias(f"earliest_{self.index}")
+        first_workspace = (
+            sa.select(first.c.workspace_id.label("workspace_id"))
+            .where(first.c.status == sa.literal(self.status))
+            .order_by(first.c.workspace_id)
+            .limit(1)
+            .subquery()
+        )
+        workspaces = sa.select(first_workspace.c.workspace_id).cte(
+            f"workspaces_{self.index}", recursive=True
+        )
+        following = (
+            sa.select(step.c.workspace_id)
+            .where(
+                step.c.status == sa.literal(self.status),
+                step.c.workspace_id > workspaces.c.workspace_id,
+            )
+            .order_by(step.c.workspace_id)
+            .limit(1)
+            .scalar_subquery()
+        )
+        workspaces = workspaces.union_all(
+            sa.select(following).where(workspaces.c.workspace_id.is_not(None))
+        )
+        earliest = (
+            sa.select(rows.c.id)
+            .where(rows.c.workspace_id == workspaces.c.workspace_id, *self._due(rows))
+            .order_by(rows.c[self.due_column])
+            .limit(1)
+            .scalar_subquery()
+        )
+        return sa.select(earliest).where(
+            workspaces.c.workspace_id.is_not(None), workspaces.c.workspace_id.not_in(self.at_cap)
+        )
 
 
 class Claimer:
@@ -154,7 +154,7 @@ class Claimer:
         looks at the earliest HEAD_ROWS due rows of each ready status, and only when every
         one is a capped workspace's does it step through the workspaces that have ready rows
         of that status, one index seek each (status, workspace_id, due: a loose index scan),
-        and take the earliest due free row of the uncapped ones (`_earliest_uncapped`). The
+        and take the earliest due free row of the uncapped ones (`_StatusQueue`). The
         capped workspaces are found from the leases in force (an index on
         lease_expires_at)."""
         if per_workspace is not None and lock_key is None:
@@ -200,7 +200,11 @@ class Claimer:
             claimable = sa.and_(claimable, table.c.workspace_id.not_in(at_cap))
             # Each ready status's earliest row of an uncapped workspace; the earliest of them.
             candidates = [
-                sa.select(_earliest_uncapped(table, status, due_column, now, free, at_cap, index))
+                sa.select(
+                    _StatusQueue(
+                        table, status, due_column, now, free, at_cap, index
+                    ).earliest_uncapped()
+                )
                 for index, status in enumerate(ready_statuses)
             ]
             due = (
