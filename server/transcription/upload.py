@@ -8,7 +8,6 @@ in memory and in time."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 
 from server.auth import Authenticator
@@ -56,14 +55,14 @@ class Uploads:
         the transcription's deadline in seconds (None: none). Envoy's route timeout, which
         it is when Envoy set it, counts from the end of the request's body, so the body's
         own arrival is bounded apart (408 past it)."""
-        body_deadline = time.monotonic() + self._body_seconds
+        body_deadline = asyncio.get_running_loop().time() + self._body_seconds
         async with LazySession(self._sessions) as session:
             principal = await self._auth.authenticate(session, headers)
             if session.in_transaction():
                 await session.commit()  # no transaction held while a slow client uploads
             async with self._bodies.reservation(principal.workspace.id) as reservation:
                 try:
-                    async with asyncio.timeout(body_deadline - time.monotonic()):
+                    async with asyncio.timeout_at(body_deadline):
                         raw = await read_body(
                             body, reservation, self._max_body_bytes, declared_length
                         )
