@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from fractions import Fraction
@@ -827,77 +827,94 @@ def generation_index() -> list[Row]:
 # --- the webhook claim (server/workers/webhook_dispatcher.py) ---------------------------------
 
 
+OTHER = "ws_other_"  # the workspaces of the deliveries after a capped backlog
+
+
+def _delivery(
+    key: str, workspace: str, due_at: datetime, now: datetime, leased: bool = False
+) -> dict[str, Any]:
+    """A pending webhook_deliveries row; `leased`: in flight (for a year) elsewhere."""
+    return {
+        "id": f"whd_{key}",
+        "workspace_id": workspace,
+        "job_id": f"vid_{key}",
+        "url": "https://receiver.example/hook",
+        "payload": '{"type":"video.completed","data":{"status":"completed"}}',
+        "status": "pending",
+        "attempts": 0,
+        "lease_owner": "someone" if leased else None,
+        "lease_expires_at": now.replace(year=now.year + 1) if leased else None,
+        "next_attempt_at": due_at,
+        "created_at": now,
+    }
+
+
+def _capped_backlog(due: int, now: datetime) -> list[dict[str, Any]]:
+    """`due` deliveries of one workspace due a year ago, behind its cap's 4 in flight; then
+    20 of other workspaces (one each: a workspace's cap is 4), due after that backlog."""
+    backlog = now.replace(year=now.year - 1)
+    later = now.replace(day=1) if now.day > 1 else now
+    return [
+        _delivery(f"{n:020d}", "ws_capped", backlog, now, leased=n < 4) for n in range(due + 4)
+    ] + [_delivery(f"other_{n:02d}", f"{OTHER}{n:02d}", later, now) for n in range(20)]
+
+
+async def _timed(
+    claim: Callable[[], Awaitable[WebhookDelivery | None]],
+    taken: Callable[[WebhookDelivery | None], bool],
+) -> list[float]:
+    """20 claims' seconds, each claimed delivery checked with `taken`."""
+    timings = []
+    for _ in range(20):
+        started = time.perf_counter()
+        claimed = await claim()
+        timings.append(time.perf_counter() - started)
+        assert taken(claimed), claimed
+    return timings
+
+
+def _claim_rows(what: str, timings: list[float]) -> list[Row]:
+    return [
+        (f"{what}: median", statistics.median(timings) * 1000, "ms"),
+        ("  the slowest of 20", max(timings) * 1000, "ms"),
+    ]
+
+
+@contextlib.asynccontextmanager
+async def _dispatcher(built: Any, rows: list[dict[str, Any]]) -> AsyncIterator[WebhookDispatcher]:
+    """The rig's webhook dispatcher (SQLite), `rows` in its outbox."""
+    async with built.engine.begin() as connection:
+        await connection.execute(sa.insert(WebhookDelivery.__table__), rows)
+    async with httpx.AsyncClient() as client:
+        yield WebhookDispatcher(
+            built.sessions,
+            built.clock,
+            client,
+            master=MasterKey.from_base64(MasterKey.generate_base64()),
+        )
+
+
+def _is_none(claimed: WebhookDelivery | None) -> bool:
+    return claimed is None
+
+
+def _is_other(claimed: WebhookDelivery | None) -> bool:
+    return claimed is not None and claimed.workspace_id.startswith(OTHER)
+
+
 async def _webhook_claim(due: int) -> list[Row]:
+    now = datetime.now(UTC)
+    rows = _capped_backlog(due, now)
     async with rig() as built:
-        workspace_id = built.issued.workspace.id
-        now = datetime.now(UTC)
-        table = WebhookDelivery.__table__
-        rows = [
-            {
-                "id": f"whd_{n:020d}",
-                "workspace_id": workspace_id,
-                "job_id": f"vid_{n:020d}",
-                "url": "https://receiver.example/hook",
-                "payload": '{"type":"video.completed","data":{"status":"completed"}}',
-                "status": "pending",
-                "attempts": 0,
-                "lease_owner": "someone" if n < 4 else None,  # 4 in flight: the workspace's cap
-                "lease_expires_at": now.replace(year=now.year + 1) if n < 4 else None,
-                "next_attempt_at": now.replace(year=now.year - 1),
-                "created_at": now,
-            }
-            for n in range(due + 4)
-        ]
-        async with built.engine.begin() as connection:
-            await connection.execute(sa.insert(table), rows)
-        async with httpx.AsyncClient() as client:
-            dispatcher = WebhookDispatcher(
-                built.sessions,
-                built.clock,
-                client,
-                master=MasterKey.from_base64(MasterKey.generate_base64()),
-            )
-            timings = []
-            for _ in range(20):
-                started = time.perf_counter()
-                assert await dispatcher.claim() is None  # the workspace is at its cap
-                timings.append(time.perf_counter() - started)
-            # Other workspaces' deliveries (one each: a workspace's cap is 4), due after the
-            # whole backlog: each claim takes one. A claim reads no workspace row.
-            other = "ws_micro_other_"
+        # The others' deliveries come in after the claims that find nothing.
+        async with _dispatcher(built, rows[: due + 4]) as dispatcher:
+            nothing = await _timed(dispatcher.claim, _is_none)
             async with built.engine.begin() as connection:
-                await connection.execute(
-                    sa.insert(table),
-                    [
-                        {
-                            **rows[-1],
-                            "id": f"whd_other_{n:014d}",
-                            "workspace_id": f"{other}{n:02d}",
-                            "next_attempt_at": now.replace(day=1) if now.day > 1 else now,
-                        }
-                        for n in range(20)
-                    ],
-                )
-            taken = []
-            for _ in range(20):
-                started = time.perf_counter()
-                claimed = await dispatcher.claim()
-                taken.append(time.perf_counter() - started)
-                assert claimed is not None and claimed.workspace_id.startswith(other)
-        return [
-            (
-                f"a claim finding nothing it may take, {due:,} due of one capped workspace: median",
-                statistics.median(timings) * 1000,
-                "ms",
-            ),
-            ("  the slowest of 20", max(timings) * 1000, "ms"),
-            (
-                "a claim taking another workspace's delivery, due after them: median",
-                statistics.median(taken) * 1000,
-                "ms",
-            ),
-            ("  the slowest of 20", max(taken) * 1000, "ms"),
-        ]
+                await connection.execute(sa.insert(WebhookDelivery.__table__), rows[due + 4 :])
+            taken = await _timed(dispatcher.claim, _is_other)
+    return _claim_rows(
+        f"a claim finding nothing it may take, {due:,} due of one capped workspace", nothing
+    ) + _claim_rows("a claim taking another workspace's delivery, due after them", taken)
 
 
 def webhook_claim() -> list[Row]:
@@ -905,6 +922,65 @@ def webhook_claim() -> list[Row]:
     one workspace that has its cap (4) in flight: a claim that finds nothing it may take,
     then claims that take another workspace's delivery, due after that backlog."""
     return asyncio.run(_webhook_claim(20_000))
+
+
+async def _webhook_claim_many(workspaces: int) -> list[Row]:
+    now = datetime.now(UTC)
+    due = now.replace(year=now.year - 1)
+    rows = [_delivery(f"{n:020d}", f"ws_many_{n:08d}", due, now) for n in range(workspaces)]
+    async with rig() as built, _dispatcher(built, rows) as dispatcher:
+        timings = await _timed(dispatcher.claim, lambda claimed: claimed is not None)
+    return _claim_rows(f"a claim with {workspaces:,} workspaces each with a delivery due", timings)
+
+
+def webhook_claim_many() -> list[Row]:
+    """The webhook dispatcher's claim (SQLite) when 10,000 workspaces each have one delivery
+    due and none is at its cap: the head of the queue answers it."""
+    return asyncio.run(_webhook_claim_many(10_000))
+
+
+async def _webhook_claim_pg(due: int) -> list[Row]:
+    server = PgServer.parse("postgresql")
+    name = f"bench_claim_{secrets.token_hex(6)}"
+    await server.create(name)
+    url = server.database_url(name)
+    try:
+        await migrate.upgrade(url)
+        engine = create_engine(url)
+        async with engine.begin() as connection:
+            await connection.execute(
+                sa.insert(WebhookDelivery.__table__), _capped_backlog(due, datetime.now(UTC))
+            )
+            await connection.execute(sa.text("ANALYZE webhook_deliveries"))
+        claimer = webhook_dispatcher_claimer(WORKSPACE_CONCURRENCY)
+        sessions = session_factory(engine)
+
+        async def claim() -> WebhookDelivery | None:
+            async with sessions() as session:
+                claimed: WebhookDelivery | None = await claimer.claim(
+                    session, owner="bench", now=datetime.now(UTC), lease=timedelta(minutes=1)
+                )
+                return claimed
+
+        taken = await _timed(claim, _is_other)
+        nothing = await _timed(claim, _is_none)
+        await engine.dispose()
+    finally:
+        await server.drop(name)
+    return _claim_rows(
+        "a claim taking another workspace's delivery, due after the backlog", taken
+    ) + _claim_rows(
+        f"a claim finding nothing it may take, {due:,} due of one capped workspace", nothing
+    )
+
+
+def webhook_claim_pg() -> list[Row]:
+    """webhook-claim on PostgreSQL at 127.0.0.1:5432 (a database of its own, dropped after):
+    the claims taking other workspaces' deliveries first, then ones finding nothing."""
+    return asyncio.run(_webhook_claim_pg(20_000))
+
+
+# --- audio timestamps (server/transcription/media.py) -----------------------------------------
 
 
 def _encoded(codec: str, container: str, rate: int, seconds: float) -> bytes:
@@ -957,133 +1033,6 @@ def codec_priming() -> list[Row]:
             )
         )
     return rows
-
-
-async def _webhook_claim_many(workspaces: int) -> list[Row]:
-    async with rig() as built:
-        now = datetime.now(UTC)
-        rows = [
-            {
-                "id": f"whd_{n:020d}",
-                "workspace_id": f"ws_many_{n:08d}",
-                "job_id": f"vid_{n:020d}",
-                "url": "https://receiver.example/hook",
-                "payload": "{}",
-                "status": "pending",
-                "attempts": 0,
-                "lease_owner": None,
-                "lease_expires_at": None,
-                "next_attempt_at": now.replace(year=now.year - 1),
-                "created_at": now,
-            }
-            for n in range(workspaces)
-        ]
-        async with built.engine.begin() as connection:
-            await connection.execute(sa.insert(WebhookDelivery.__table__), rows)
-        async with httpx.AsyncClient() as client:
-            dispatcher = WebhookDispatcher(
-                built.sessions,
-                built.clock,
-                client,
-                master=MasterKey.from_base64(MasterKey.generate_base64()),
-            )
-            timings = []
-            for _ in range(20):
-                started = time.perf_counter()
-                assert await dispatcher.claim() is not None
-                timings.append(time.perf_counter() - started)
-    return [
-        (
-            f"a claim with {workspaces:,} workspaces each with a delivery due: median",
-            statistics.median(timings) * 1000,
-            "ms",
-        ),
-        ("  the slowest of 20", max(timings) * 1000, "ms"),
-    ]
-
-
-def webhook_claim_many() -> list[Row]:
-    """The webhook dispatcher's claim (SQLite) when 10,000 workspaces each have one delivery
-    due and none is at its cap: the head of the queue answers it."""
-    return asyncio.run(_webhook_claim_many(10_000))
-
-
-async def _webhook_claim_pg(due: int) -> list[Row]:
-    server = PgServer.parse("postgresql")
-    name = f"bench_claim_{secrets.token_hex(6)}"
-    await server.create(name)
-    url = server.database_url(name)
-    try:
-        await migrate.upgrade(url)
-        engine = create_engine(url)
-        now = datetime.now(UTC)
-
-        def row(key: str, workspace: str, due_at: datetime, leased: bool) -> dict[str, Any]:
-            return {
-                "id": f"whd_{key}",
-                "workspace_id": workspace,
-                "job_id": f"vid_{key}",
-                "url": "https://receiver.example/hook",
-                "payload": "{}",
-                "status": "pending",
-                "attempts": 0,
-                "lease_owner": "someone" if leased else None,
-                "lease_expires_at": now.replace(year=now.year + 1) if leased else None,
-                "next_attempt_at": due_at,
-                "created_at": now,
-            }
-
-        backlog = now.replace(year=now.year - 1)
-        rows = [row(f"{n:020d}", "ws_capped", backlog, n < 4) for n in range(due + 4)]
-        rows += [
-            row(f"other_{n:02d}", f"ws_other_{n:02d}", now.replace(day=1), False) for n in range(20)
-        ]
-        async with engine.begin() as connection:
-            await connection.execute(sa.insert(WebhookDelivery.__table__), rows)
-            await connection.execute(sa.text("ANALYZE webhook_deliveries"))
-        claimer = webhook_dispatcher_claimer(WORKSPACE_CONCURRENCY)
-        sessions = session_factory(engine)
-        taken = []
-        for _ in range(20):
-            async with sessions() as session:
-                started = time.perf_counter()
-                claimed = await claimer.claim(
-                    session, owner="bench", now=datetime.now(UTC), lease=timedelta(minutes=1)
-                )
-                taken.append(time.perf_counter() - started)
-            assert claimed is not None and claimed.workspace_id.startswith("ws_other_")
-        nothing = []
-        for _ in range(20):
-            async with sessions() as session:
-                started = time.perf_counter()
-                claimed = await claimer.claim(
-                    session, owner="bench", now=datetime.now(UTC), lease=timedelta(minutes=1)
-                )
-                nothing.append(time.perf_counter() - started)
-            assert claimed is None
-        await engine.dispose()
-    finally:
-        await server.drop(name)
-    return [
-        (
-            "a claim taking another workspace's delivery, due after the backlog: median",
-            statistics.median(taken) * 1000,
-            "ms",
-        ),
-        ("  the slowest of 20", max(taken) * 1000, "ms"),
-        (
-            f"a claim finding nothing it may take, {due:,} due of one capped workspace: median",
-            statistics.median(nothing) * 1000,
-            "ms",
-        ),
-        ("  the slowest of 20", max(nothing) * 1000, "ms"),
-    ]
-
-
-def webhook_claim_pg() -> list[Row]:
-    """webhook-claim on PostgreSQL at 127.0.0.1:5432 (a database of its own, dropped after):
-    the claims taking other workspaces' deliveries first, then ones finding nothing."""
-    return asyncio.run(_webhook_claim_pg(20_000))
 
 
 # --- request bodies (server/transcription/request.py) -----------------------------------------
