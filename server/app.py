@@ -53,6 +53,7 @@ from server.limits.admission import EnforcedLimits, Limits
 from server.limits.key_status import warm_key_status
 from server.limits.leases import BudgetLeases
 from server.maintenance import Maintenance
+from server.observability.in_flight import RequestsInFlight
 from server.observability.metrics import Metrics
 from server.observability.monitor import DatabaseMonitor, recovery_retry_seconds
 from server.observability.tracing import tracer_of, tracer_provider_from_environment
@@ -134,6 +135,8 @@ class Core:
     metrics: Metrics
     tracer: Tracer
     tracer_provider: TracerProvider | None  # None: traces are not exported
+    # The requests the process is answering: the observer counts them, the writer reads.
+    in_flight: RequestsInFlight
     pools: tuple[ComputePool, ...] = ()  # every pool of worker processes, to close
     hot_reads: HotReads | None = None  # GET /key's one read (server/db/driver.py)
     guardrails: GuardrailsCache | None = None  # callers' guardrails, under the auth's stamp
@@ -161,7 +164,8 @@ def build_core(
     """`limits` replaces the enforced limits only to measure what they cost (bench/)."""
     engine = create_engine(settings.database_url)
     sessions = session_factory(engine)
-    writer = Writer(sessions)
+    in_flight = RequestsInFlight()
+    writer = Writer(sessions, alone=in_flight.alone)
     clock = clock or SystemClock()
     principals = PrincipalStampView(clock)
     watch_principal_changes(engine, principals)
@@ -243,6 +247,7 @@ def build_core(
     auth = Authenticator(clock, principals)
     return Core(
         settings=settings,
+        in_flight=in_flight,
         engine=engine,
         sessions=sessions,
         writer=writer,
@@ -385,6 +390,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         core.metrics,
         core.tracer,
         database_retry_seconds=recovery_retry_seconds(core.settings.health_interval_seconds),
+        in_flight=core.in_flight,
     )
     # Every method, the gateway's and grpc's health and reflection, is found in one table,
     # the server's only handler (MethodTable says why).

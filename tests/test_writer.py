@@ -673,6 +673,130 @@ async def test_sqlite_a_unit_handed_to_an_idle_writer_runs_in_the_writers_task(
         await writer.close()
 
 
+def _alone() -> bool:
+    return True
+
+
+async def test_sqlite_a_lone_requests_unit_commits_in_its_callers_task(sqlite_db: Admin) -> None:
+    """With no other request in flight (`alone`) and the writer idle, the caller's task runs
+    its unit as a batch of one: committed when run() returns, no hand-off to the writer's
+    task. With another request in flight it goes to the writer's task as before."""
+    in_flight = [1]
+    writer = Writer(sqlite_db.sessions, alone=lambda: in_flight[0] <= 1)
+    try:
+        caller = asyncio.current_task()
+        ran_in: list[asyncio.Task[Any] | None] = []
+
+        def unit(who: str) -> Callable[[AsyncSession], Awaitable[str]]:
+            async def run(session: AsyncSession) -> str:
+                ran_in.append(asyncio.current_task())
+                return await _insert(who)(session)  # type: ignore[operator, no-any-return]
+
+            return run
+
+        assert await writer.run(unit("led")) == "led"
+        assert await writer.run(unit("led-bounded"), finish_within=5) == "led-bounded"
+        assert ran_in == [caller, caller]
+        assert await _stored(sqlite_db) == {"led", "led-bounded"}
+        in_flight[0] = 2
+        assert await writer.run(unit("handed")) == "handed"
+        assert ran_in[2] is not caller
+        assert writer.stats.led == 2
+        assert writer.stats.sizes == [1, 1, 1]
+    finally:
+        await writer.close()
+
+
+async def test_sqlite_a_lone_unit_is_not_led_past_units_queued_or_a_held_lock(
+    sqlite_db: Admin,
+) -> None:
+    """A lone caller does not jump the queue: while a batch runs (or units wait), its unit
+    queues behind them; and it never waits for the write lock in its own task (another
+    connection holds it): the writer's task takes the unit and commits it once the lock is
+    free."""
+    writer = Writer(sqlite_db.sessions, alone=_alone)
+    try:
+        gate, gated = await _hold(writer, writes="gate")
+        queued = asyncio.create_task(writer.run(_insert("after-gate")))  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        assert not queued.done()  # behind the running batch
+        gate.release.set()
+        assert await gated == "gate"
+        assert await queued == "after-gate"
+        assert writer.stats.led == 1  # the gate's, led in its own caller's task; not the second
+
+        async with _write_lock_held(sqlite_db, "other") as commit:
+            waiting = asyncio.create_task(writer.run(_insert("after-lock")))  # type: ignore[arg-type]
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            await commit()
+            assert await asyncio.wait_for(waiting, timeout=5) == "after-lock"
+        assert writer.stats.led == 1
+        assert await writer.run(_insert("led")) == "led"  # type: ignore[arg-type]
+        assert writer.stats.led == 2
+        assert await _stored(sqlite_db) == {"gate", "after-gate", "holder", "after-lock", "led"}
+    finally:
+        await writer.close()
+
+
+async def test_sqlite_a_led_unit_that_fails_writes_nothing(sqlite_db: Admin) -> None:
+    writer = Writer(sqlite_db.sessions, alone=_alone)
+
+    async def failing(session: AsyncSession) -> None:
+        await fetch_rows(session, _INSERT, _row("undone"))
+        raise GatewayError(402, "refused")
+
+    try:
+        with pytest.raises(GatewayError):
+            await writer.run(failing)
+        assert writer.stats.led == 1 and writer.stats.failed_units == 1
+        assert await writer.run(_insert("next")) == "next"  # type: ignore[arg-type]
+        assert await _stored(sqlite_db) == {"next"}
+    finally:
+        await writer.close()
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+async def test_sqlite_a_led_unit_that_waits_and_loses_its_caller_still_commits(
+    sqlite_db: Admin, bounded: bool
+) -> None:
+    """A unit must only run statements; one that waits on something else all the same, led
+    in its caller's task, and whose caller is cancelled meanwhile, is rolled back and run
+    again by the writer's task: it commits, as a begun unit whose caller left does. A
+    `finish_within` caller waits for that commit, then gets its CancelledError."""
+    writer = Writer(sqlite_db.sessions, alone=_alone)
+    runs: list[asyncio.Task[Any] | None] = []
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def waits(session: AsyncSession) -> str:
+        runs.append(asyncio.current_task())
+        started.set()
+        await fetch_rows(session, _INSERT, _row(f"run{len(runs)}"))
+        await release.wait()
+        return "done"
+
+    try:
+        caller = asyncio.create_task(writer.run(waits, finish_within=5 if bounded else None))
+        await started.wait()
+        caller.cancel()
+        await asyncio.sleep(0.05)
+        assert caller.done() is not bounded  # a bounded caller waits for the unit's commit
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(caller, timeout=5)
+        for _ in range(100):
+            if await _stored(sqlite_db):
+                break
+            await asyncio.sleep(0.01)
+        assert len(runs) == 2 and runs[0] is not runs[1]
+        # The first run's row was rolled back; the writer's run committed.
+        assert await _stored(sqlite_db) == {"run2"}
+        assert await writer.run(_insert("after")) == "after"  # type: ignore[arg-type]
+    finally:
+        await writer.close()
+
+
 def _size(path: Path) -> int:
     return path.stat().st_size
 

@@ -476,6 +476,27 @@ class InlineSqlite:
                 self.stats.busy_wait_seconds += time.perf_counter() - started
             return
 
+    def begin_at_once(self) -> bool:
+        """BEGIN IMMEDIATE now, without a turn of the loop; False (nothing begun) when that
+        could mean waiting: a thread has the connection, a checkpoint is due, this
+        process's pool holds the write lock, or another process does (busy). `begin` and
+        the writer's task then take over."""
+        thread = self._thread
+        if thread is not None or self.checkpoint_due():
+            return False
+        if self._pool is not None and self._pool.writing():
+            return False
+        connection = self.connection
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as error:
+            if _is_busy(error):
+                return False
+            raise
+        self._epoch += 1
+        self.stats.begins += 1
+        return True
+
     def _begin_waiting(self) -> None:
         connection = self.connection
         connection.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
@@ -507,16 +528,20 @@ class InlineSqlite:
     async def checkpoint_if_due(self) -> None:
         """Between batches: a PASSIVE checkpoint in a thread once enough was written."""
         await self._thread_done()  # (reading the connection would wait for the thread's)
-        connection = self.connection
-        if connection.total_changes - self._changes_at_checkpoint < self.checkpoint_after_changes:
+        if not self.checkpoint_due():
             return
-        self._changes_at_checkpoint = connection.total_changes
+        self._changes_at_checkpoint = self.connection.total_changes
         started = time.perf_counter()
         try:
             await self._in_thread(self._checkpoint)
         finally:
             self.stats.checkpoints += 1
             self.stats.checkpoint_seconds += time.perf_counter() - started
+
+    def checkpoint_due(self) -> bool:
+        """The batches changed CHECKPOINT_AFTER_CHANGES rows since the last checkpoint."""
+        changes = self.connection.total_changes - self._changes_at_checkpoint
+        return changes >= self.checkpoint_after_changes
 
     def _checkpoint(self) -> None:
         ((_busy, _log, checkpointed),) = self.connection.execute(
@@ -583,6 +608,17 @@ async def begin_batch(session: AsyncSession) -> None:
     dialect, driver = await _driver_of(session)
     if dialect == "sqlite":
         await driver.execute_fetchall("BEGIN IMMEDIATE")
+
+
+def begin_batch_at_once(session: AsyncSession) -> bool:
+    """Begin the batch's transaction on the writer's own SQLite connection at once (no turn
+    of the loop), or return False, having begun nothing, when that could wait
+    (InlineSqlite.begin_at_once)."""
+    inline = _inline(session)
+    if inline is None or not inline.begin_at_once():
+        return False
+    session.info[LOCKED_IN_BATCH] = set()
+    return True
 
 
 async def next_unit(session: AsyncSession, index: int) -> None:

@@ -40,9 +40,16 @@ A caller cancelled while its unit waits in the queue withdraws it (it never runs
 batch has begun, the cancellation does not stop it: the unit still commits with its batch
 (like a request whose client went away after its transaction began to commit).
 
-A unit is always run by the writer's task (one per writer): the caller's task only queues it
-and waits for its future, so nothing of a batch runs in a caller's task, and the caller's
-cancellation (or a timeout scoped to the caller's task) never reaches a batch under way.
+A unit is run by the writer's task (one per writer): the caller's task only queues it and
+waits for its future, so the caller's cancellation (or a timeout scoped to the caller's task)
+never reaches a batch under way. One exception saves the two turns of the loop that hand-off
+costs a lone request (to the writer's task and back): on a SQLite file, when no other request
+is in flight in the process (`alone`, from the request observer) and the writer is idle, the
+caller's task runs its unit as a batch of one at once (`_lead`) — nothing could have joined
+the batch, and the batch cannot wait: its BEGIN IMMEDIATE is taken only if it is free at once
+(InlineSqlite.begin_at_once), and its statements and COMMIT run inline. Should the unit wait
+on something all the same and its caller be cancelled meanwhile, it is rolled back and handed
+to the writer's task to run again, as a begun unit whose caller left is.
 
 One writer per process, created with the engine and passed to whoever writes through it.
 """
@@ -63,6 +70,7 @@ from server.db.driver import (
     INLINE_SQLITE,
     InlineSqlite,
     begin_batch,
+    begin_batch_at_once,
     commit_batch,
     next_unit,
     rollback_batch,
@@ -163,6 +171,9 @@ class _Queued(Generic[T]):
     answered: tuple[BaseException | None, Any] | None = None
     # A `run(finish_within=...)` caller cancelled before the answer waits on this instead.
     outcome: asyncio.Future[T] | None = None
+    # Begun in its caller's task (`Writer._lead`), then handed to the writer's task: a
+    # cancelled caller does not withdraw it.
+    begun: bool = False
 
     def answer(self, error: BaseException | None = None) -> None:
         """Give the caller the unit's outcome: `error`, else its result."""
@@ -194,6 +205,7 @@ class WriterStats:
     failed_units: int = 0
     failed_batches: int = 0
     largest_batch: int = 0
+    led: int = 0  # lone units run in their caller's task (Writer._lead)
     lock_race_retries: int = 0  # units run again after losing a deadlock (PostgreSQL)
     unguarded_reruns: int = 0  # batches run again with savepoints after a unit failed
     sizes: list[int] = field(default_factory=list)  # the last batches' sizes (bounded)
@@ -243,9 +255,13 @@ class Writer:
         *,
         max_batch: int = DEFAULT_MAX_BATCH,
         inline_sqlite: bool = True,
+        alone: Callable[[], bool] | None = None,
     ) -> None:
         """`inline_sqlite`: on a SQLite file, run batches on a connection of the writer's own
-        on the loop's thread (the module docstring); off, through the pool's as PostgreSQL."""
+        on the loop's thread (the module docstring); off, through the pool's as PostgreSQL.
+        `alone`: whether no other request than the caller's is in flight in the process
+        (RequestsInFlight.alone): a lone unit then runs in its caller's task (`_lead`).
+        Without it every unit goes to the writer's task."""
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self._sessions = sessions
@@ -262,6 +278,7 @@ class Writer:
         if engine is not None and path is not None:
             self.inline = InlineSqlite(path, engine.dialect, pool=pool_writes(engine))
             self._no_pool = create_async_engine(engine.url, async_creator=_refuse_connection)
+        self._alone = alone
         self._queue: list[_Queued[Any]] = []
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -288,19 +305,23 @@ class Writer:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         queued = _Queued(unit, future)
-        self._queue.append(queued)
-        self._wake_loop()
         if finish_within is None:
             try:
+                if not await self._lead(queued):
+                    self._queue.append(queued)
+                    self._wake_loop()
                 # Not shielded: cancelling the future only drops the answer (the writer skips
                 # a done future), never the unit of a batch that has begun.
                 return await future
             except asyncio.CancelledError:
-                if any(q is queued for q in self._queue):  # not begun: withdrawn, never run
-                    self._queue.remove(queued)
+                if not queued.begun and any(q is queued for q in self._queue):
+                    self._queue.remove(queued)  # not begun: withdrawn, never run
                 raise
         expiry = loop.call_later(finish_within, _expire, self._queue, queued)
         try:
+            if not await self._lead(queued):
+                self._queue.append(queued)
+                self._wake_loop()
             # Awaited directly, not through wait_uncancelled's shield: the answer reaches the
             # caller one turn of the loop sooner. A cancellation cancels this future, not the
             # unit (the writer answers a unit whatever became of its future).
@@ -310,6 +331,57 @@ class Writer:
             raise asyncio.CancelledError from error
         finally:
             expiry.cancel()
+
+    async def _lead(self, queued: _Queued[Any]) -> bool:
+        """Run a lone request's unit in its caller's task, as a batch of one, when nothing
+        could join it (the module docstring); True once it is answered (or handed on, see
+        below). False: it was not run (another request is in flight, the writer is busy or
+        has units queued, or the batch could not begin at once): the caller queues it."""
+        inline = self.inline
+        if self._alone is None or inline is None or self._busy or self._queue or not self._alone():
+            return False
+        session = self._inline_batch_session()
+        if not begin_batch_at_once(session):
+            return False
+        self._busy = True
+        try:
+            self._count([queued])
+            self.stats.led += 1
+            queued.begun = True
+            try:
+                await _run_unit(session, queued)
+            except asyncio.CancelledError:
+                # It waited on something after all, and its caller left meanwhile: nothing
+                # of this run is kept; the writer's task runs it again, as a begun unit.
+                queued.actions = []
+                self._queue.insert(0, queued)
+                raise
+            except Exception as error:
+                inline.rollback()
+                if not self._failed(queued, error):  # to run again (a lost lock race)
+                    self._queue.insert(0, queued)
+                elif queued.answered is None:
+                    queued.answer(error)
+                return True
+            try:
+                await commit_batch(session)
+            except Exception as error:  # the batch failed: nothing of it is written
+                self.stats.failed_batches += 1
+                log.warning("group commit of 1 unit failed: %r", error)
+                self._fail([queued], error)
+                return True
+            _act(queued)
+            if queued.answered is None:  # (unless its bound passed meanwhile: _expire)
+                queued.answer()
+            return True
+        finally:
+            # A batch that failed (or was cancelled) before its COMMIT writes nothing.
+            inline.rollback()
+            if session.in_transaction():  # a stray ORM call began one (it failed): drop it
+                await session.rollback()
+            self._busy = False
+            if self._queue:  # queued meanwhile, or handed on: the writer's task takes them
+                self._wake_loop()
 
     async def close(self) -> None:
         """Commit what is queued, then stop."""
@@ -374,12 +446,15 @@ class Writer:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._loop(), name="group-commit writer")
 
-    async def _commit(self, batch: list[_Queued[Any]]) -> None:
+    def _count(self, batch: list[_Queued[Any]]) -> None:
         stats = self.stats
         stats.batches += 1
         stats.units += len(batch)
         stats.largest_batch = max(stats.largest_batch, len(batch))
         stats.sizes = [*stats.sizes[-99:], len(batch)]
+
+    async def _commit(self, batch: list[_Queued[Any]]) -> None:
+        self._count(batch)
         async with self._batch_session() as session:
             if len(batch) == 1:
                 # A lone unit needs no savepoint: its failure rolls the transaction back.
@@ -460,13 +535,7 @@ class Writer:
             return
         # Between batches, so that the checkpoint is not racing the batch's writes.
         await inline.checkpoint_if_due()
-        if self._inline_session is None:
-            # One for every batch: it only carries the connection to the driver functions
-            # (its pool refuses to connect, so it never holds a connection, a transaction or
-            # an object), and building a session per batch would cost CPU for nothing.
-            self._inline_session = AsyncSession(bind=self._no_pool, expire_on_commit=False)
-            self._inline_session.info[INLINE_SQLITE] = inline
-        session = self._inline_session
+        session = self._inline_batch_session()
         try:
             yield session
         finally:
@@ -474,6 +543,15 @@ class Writer:
             inline.rollback()
             if session.in_transaction():  # a stray ORM call began one (it failed): drop it
                 await session.rollback()
+
+    def _inline_batch_session(self) -> AsyncSession:
+        """The session of every inline batch: it only carries the connection to the driver
+        functions (its pool refuses to connect, so it never holds a connection, a
+        transaction or an object); building one per batch would cost CPU for nothing."""
+        if self._inline_session is None:
+            self._inline_session = AsyncSession(bind=self._no_pool, expire_on_commit=False)
+            self._inline_session.info[INLINE_SQLITE] = self.inline
+        return self._inline_session
 
     def _retry_later(self, queued: _Queued[Any], error: BaseException) -> bool:
         """Whether the unit, rolled back, runs again in the next batch: PostgreSQL chose it

@@ -39,6 +39,7 @@ from server.errors import (
     bad_request,
     service_unavailable,
 )
+from server.observability.in_flight import RequestsInFlight
 from server.observability.logs import REQUEST_ID, log_access
 from server.observability.metrics import Metrics
 from server.validation import MAX_JSON_DEPTH, check_struct, check_struct_value, check_text
@@ -268,8 +269,12 @@ class RequestObserver:
         tracer: Tracer,
         *,
         database_retry_seconds: int = UNAVAILABLE_RETRY_SECONDS,
+        in_flight: RequestsInFlight | None = None,
     ) -> None:
+        """`in_flight`: counts the requests observed while they run (the process's one
+        counter, which the group-commit writer reads)."""
         self._metrics = metrics
+        self._in_flight = in_flight or RequestsInFlight()
         self._tracer = tracer
         # Not exported (no OTLP endpoint): no span to start, no traceparent to parse.
         self._tracing = not isinstance(tracer, NoOpTracer)
@@ -300,8 +305,8 @@ class RequestObserver:
             )
         return handler
 
-    @staticmethod
     def _begin(
+        self,
         context: grpc.aio.ServicerContext | None,
         metadata: Sequence[tuple[str, str | bytes]] | None = None,
     ) -> _Call:
@@ -311,6 +316,7 @@ class RequestObserver:
             metadata = tuple(context.invocation_metadata() or ())
         call = _Call(context, metadata, _request_id(metadata), started)
         call.tokens = (_CALL.set(call), REQUEST_ID.set(call.request_id))
+        self._in_flight.begun()
         return call
 
     async def answer(
@@ -337,6 +343,7 @@ class RequestObserver:
                 self._end(route, call)
 
     def _end(self, route: str, call: _Call) -> None:
+        self._in_flight.ended()
         elapsed = time.perf_counter() - call.started
         if call.tokens is not None:
             REQUEST_ID.reset(call.tokens[1])

@@ -14,6 +14,7 @@ from opentelemetry.trace import NoOpTracer
 
 from server.contract import keys_pb2, keys_pb2_grpc
 from server.errors import unauthorized
+from server.observability.in_flight import RequestsInFlight
 from server.observability.metrics import Metrics
 from server.services.rpc import (
     MethodTable,
@@ -154,3 +155,42 @@ async def test_a_gateway_error_is_answered_with_its_status() -> None:
     assert context.aborted[2]["x-http-status"] == "401"
     await asyncio.sleep(0)
     assert _count(metrics, "401") == 1
+
+
+class _Counting(_Keys):
+    def __init__(self, in_flight: RequestsInFlight, fail: bool = False) -> None:
+        super().__init__(fail)
+        self.in_flight = in_flight
+        self.counted: list[int] = []
+
+    async def GetCurrentKey(
+        self, request: keys_pb2.GetCurrentKeyRequest, context: grpc.aio.ServicerContext
+    ) -> keys_pb2.CurrentKeyResponse:
+        self.counted.append(self.in_flight.count)
+        return await super().GetCurrentKey(request, context)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+async def test_requests_in_flight_are_counted_while_they_run(fail: bool) -> None:
+    """The process's one count of requests in flight (the group-commit writer leads a lone
+    request's unit when it says `alone`): one while a call runs, none once it ended, however
+    it ended."""
+    in_flight = RequestsInFlight()
+    servicer = _Counting(in_flight, fail)
+    table = MethodTable()
+    server: Any = ObservedServer(
+        table, RequestObserver(Metrics(), NoOpTracer(), in_flight=in_flight)
+    )
+    keys_pb2_grpc.add_KeysServicer_to_server(servicer, server)
+    handler = _handler(table)
+    context = _Context()
+    if fail:
+        with pytest.raises(grpc.aio.AbortError):
+            await handler.unary_unary(keys_pb2.GetCurrentKeyRequest(), context)
+    else:
+        await handler.unary_unary(keys_pb2.GetCurrentKeyRequest(), context)
+    assert servicer.counted == [1]
+    assert in_flight.count == 0 and in_flight.alone()
+    in_flight.begun()
+    in_flight.begun()
+    assert not in_flight.alone()
