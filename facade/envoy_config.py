@@ -1025,6 +1025,17 @@ def render(options: EnvoyOptions) -> dict[str, Any]:
                 options,
                 [(u.host, u.rest_port) for u in options.upstreams],
                 {"http_health_check": {"path": REST_HEALTH_PATH}},
+                {
+                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3."
+                        "HttpProtocolOptions",
+                        # Closed before the listener closes them (EdgePolicy).
+                        "common_http_protocol_options": {
+                            "idle_timeout": _seconds(edge.upstream_idle_seconds)
+                        },
+                        "explicit_http_config": {"http_protocol_options": {}},
+                    }
+                },
             )
         )
     return {

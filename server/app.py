@@ -526,6 +526,7 @@ async def serve(
         settings.grpc_host,
         settings.rest_port,
         metadata_limit_bytes(settings.edge),
+        settings.edge.listener_idle_seconds,
     )
     await warm_hot_paths(core)
     tune_garbage_collector()

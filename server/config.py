@@ -110,6 +110,10 @@ def _seconds(default: float, variable: str, description: str) -> Any:
     return Field(default, gt=0, allow_inf_nan=False, alias=variable, description=description)
 
 
+# How much longer a REST listener keeps an idle connection than Envoy does.
+LISTENER_IDLE_MARGIN_SECONDS = 5.0
+
+
 class EdgePolicy(BaseModel):
     """What Envoy enforces before a request reaches a server: CORS, flood protection,
     timeouts and header size. Generous defaults: normal use never meets them. Each field
@@ -197,6 +201,19 @@ class EdgePolicy(BaseModel):
     @property
     def any_origin(self) -> bool:
         return ANY_ORIGIN in self.cors_origins
+
+    @property
+    def upstream_idle_seconds(self) -> float:
+        """Envoy closes a connection to a server process's REST listener that carried no
+        request for this long."""
+        return self.idle_timeout_seconds
+
+    @property
+    def listener_idle_seconds(self) -> float:
+        """A REST listener closes a connection that brought no whole request for this long:
+        later than Envoy closes its own idle ones (upstream_idle_seconds), so Envoy never
+        sends a request on a connection the listener is closing."""
+        return self.idle_timeout_seconds + LISTENER_IDLE_MARGIN_SECONDS
 
 
 DEFAULT_EDGE = EdgePolicy()

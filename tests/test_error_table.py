@@ -293,7 +293,7 @@ class _FailingCurrentKey:
 async def failing_rest_listener() -> AsyncIterator[int]:
     observer = RequestObserver(Metrics(), NoOpTracer())
     api = RestApi(None, _FailingCurrentKey(), observer)  # type: ignore[arg-type]
-    listener = RestListener(api, "127.0.0.1", 0, 64 * 1024)
+    listener = RestListener(api, "127.0.0.1", 0, 64 * 1024, idle_seconds=60)
     port = await listener.start()
     api.serving = True
     yield port

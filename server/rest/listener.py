@@ -18,11 +18,18 @@ CLOSE_SECONDS = 1.0
 
 
 class RestListener:
-    def __init__(self, api: RestApi, host: str, port: int, max_header_bytes: int) -> None:
+    def __init__(
+        self, api: RestApi, host: str, port: int, max_header_bytes: int, idle_seconds: float
+    ) -> None:
+        """`idle_seconds`: how long a connection may go without a whole request — a new one,
+        one between two requests, one whose caller trickles its headers — before it is
+        closed. Envoy closes its own idle connections to the listener sooner
+        (facade/envoy_config.py), so it never reuses one the listener is closing."""
         self._api = api
         self._host = host
         self._port = port
         self._max_header_bytes = max_header_bytes
+        self._idle_seconds = idle_seconds
         self._server: web.Server | None = None
         self._listening: asyncio.Server | None = None
 
@@ -43,6 +50,10 @@ class RestListener:
             # inflated here (the edge forwards no Content-Encoding; a direct caller's gzip
             # would otherwise be unpacked past what it sent).
             auto_decompress=False,
+            # aiohttp's keep-alive timer runs from the connection's start and after each
+            # answer, and closes the connection only while no request is being handled:
+            # headers that never end are bounded too (a body is bounded by the upload).
+            keepalive_timeout=self._idle_seconds,
         )
         try:
             self._listening = await asyncio.get_running_loop().create_server(

@@ -226,3 +226,18 @@ def test_a_content_length_skips_only_when_surely_under_the_limit(limit: int) -> 
         if under.fullmatch(str(value)):
             assert value <= limit
     assert not under.fullmatch(str(limit + 1)) and not under.fullmatch("1e3")
+
+
+def test_envoy_closes_its_idle_rest_connections_before_the_listener_does() -> None:
+    """A connection to a REST listener that Envoy keeps idle is closed by Envoy first: the
+    listener (which closes one without a whole request after listener_idle_seconds) never
+    closes one Envoy is about to send a request on."""
+    edge = EdgePolicy(GATEWAY_EDGE_IDLE_TIMEOUT_SECONDS=42)
+    clusters = render(compose_envoy_options(edge=edge))["static_resources"]["clusters"]
+    (rest,) = [c for c in clusters if c["name"] == "gateway_rest"]
+    options = rest["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]
+    idle = options["common_http_protocol_options"]["idle_timeout"]
+    assert idle == "42s"
+    assert edge.listener_idle_seconds > float(idle.removesuffix("s"))

@@ -36,6 +36,7 @@ from testkit.eventually import eventually
 MAX_BODY = 64 * 1024
 EDGE_REQUEST_SECONDS = 30.0
 HEADER_LIMIT = 64 * 1024
+IDLE_SECONDS = 0.5  # a connection without a whole request is closed after it
 
 
 @dataclass
@@ -77,7 +78,7 @@ async def listening(domain: Domain) -> AsyncIterator[Listening]:
     )
     keys = KeysService(auth, domain.sessions, domain.clock)
     api = RestApi(uploads, keys, RequestObserver(domain.metrics, NoOpTracer()))
-    listener = RestListener(api, "127.0.0.1", 0, HEADER_LIMIT)
+    listener = RestListener(api, "127.0.0.1", 0, HEADER_LIMIT, IDLE_SECONDS)
     port = await listener.start()
     api.serving = True
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
@@ -237,7 +238,7 @@ async def test_a_taken_port_is_an_error_naming_the_address_and_the_flag(
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(ListenError) as refused:
-            await RestListener(listening.api, "127.0.0.1", port, HEADER_LIMIT).start()
+            await RestListener(listening.api, "127.0.0.1", port, HEADER_LIMIT, IDLE_SECONDS).start()
     assert f"127.0.0.1:{port}" in str(refused.value)
     assert "--rest-port / GATEWAY_REST_PORT" in str(refused.value)
     assert "address already in use" in str(refused.value)
@@ -286,3 +287,47 @@ async def test_get_key_is_answered_as_the_transcoder_prints_the_grpc_answer(
     refused = await listening.client.get(KEY, headers={"authorization": "Bearer sk-gw-v1-no"})
     assert refused.status_code == 401
     assert refused.json()["error"]["code"] == 401
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """Whether the server closes the connection within `seconds` (what it sends first, an
+    answer or nothing, is read and dropped)."""
+    try:
+        async with asyncio.timeout(seconds):
+            while await reader.read(65536):
+                pass
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /api/v1/audio/transcriptions HTTP/1.1\r\nHo"])
+async def test_a_connection_without_a_whole_request_is_closed_once_idle(
+    listening: Listening, sent: bytes
+) -> None:
+    """A caller that reaches the listener without Envoy and sends nothing, or headers that
+    never end, holds its connection only for the listener's idle time."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", listening.port)
+    try:
+        writer.write(sent)
+        await writer.drain()
+        assert await _closed_within(reader, IDLE_SECONDS * 6)
+    finally:
+        writer.close()
+
+
+async def test_a_kept_alive_connection_serves_within_its_idle_time_then_closes(
+    listening: Listening,
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", listening.port)
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    try:
+        for _ in range(2):
+            writer.write(health)
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            assert head.startswith(b"HTTP/1.1 200")
+            await asyncio.sleep(IDLE_SECONDS / 2)  # idle, but not long enough
+        assert await _closed_within(reader, IDLE_SECONDS * 6)
+    finally:
+        writer.close()
