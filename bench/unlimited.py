@@ -69,6 +69,7 @@ async def up(args: argparse.Namespace) -> None:
         args.database_url,
         catalog_file=args.catalog,
         grpc_port=args.grpc_port,
+        rest_port=args.rest_port,
         http_port=args.http_port,
         metrics_port=args.metrics_port,
     )
@@ -94,6 +95,7 @@ async def serve_alone(args: argparse.Namespace) -> None:
         args.database_url,
         catalog_file=args.catalog,
         grpc_port=args.grpc_port,
+        rest_port=args.rest_port,
         metrics_port=args.metrics_port,
     )
     port_file = args.port_file
@@ -117,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--database-url")
         command.add_argument("--catalog")
         command.add_argument("--grpc-port", type=int, required=True)
+        # The REST listener's port (`gateway serve --rest-port`; 0: a free one), as
+        # facade.stack's serve_command passes it to every server process.
+        command.add_argument("--rest-port", type=int, default=0)
         command.add_argument("--metrics-port", type=int, default=0)
         if name == "serve":
             command.add_argument("--port-file")
