@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import functools
 import http.cookiejar
+import importlib
 import io
 import json
 import os
@@ -149,6 +150,126 @@ async def rig(*, inline_sqlite: bool = True) -> Any:
 
 
 # --- the provider client (server/providers/http.py) -------------------------------------------
+
+
+def provider_call_pieces() -> list[Row]:
+    """The CPU of each piece of an OpenAI-style provider call that a bare socket does not
+    pay (bench.provider_call: the whole call), in-process: the multipart form, the request
+    built by the client and by httpx.Request directly, the transport's head and its checks,
+    the answer's Response read whole, the JSON answer parsed into a Transcript."""
+    from server.providers.openai_stt import parse
+    from server.providers.transport import _head
+
+    client = provider_client(ssl.create_default_context())
+    call = SttCall(audio=AUDIO, format="wav", filename="audio.wav", model="whisper-1")
+    content_type, body = multipart_form(
+        form_fields(call), "file", call.filename, call.audio, MIME["wav"]
+    )
+    url = parsed_url(PROVIDER_URL)
+    headers = {"Authorization": "Bearer sk-provider", "Content-Type": content_type}
+    request = client.build_request("POST", url, content=body, headers=headers, timeout=120.0)
+    answer = json.dumps({"text": "hello world, a transcript of a few words"}).encode()
+    answer_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(answer)).encode()),
+        (b"date", b"Sat, 28 Nov 2026 08:00:00 GMT"),
+    ]
+    loop = asyncio.new_event_loop()
+
+    async def read_answer() -> httpx.Response:
+        response = httpx.Response(
+            200, headers=answer_headers, stream=httpx.ByteStream(answer), request=request
+        )
+        await response.aread()
+        return response
+
+    response = loop.run_until_complete(read_answer())
+    try:
+        return [
+            (
+                "multipart_form (3 fields, 32 KiB)",
+                cpu_us(
+                    lambda: multipart_form(
+                        form_fields(call), "file", call.filename, call.audio, MIME["wav"]
+                    ),
+                    20_000,
+                ),
+                "us",
+            ),
+            (
+                "the client's build_request",
+                cpu_us(
+                    lambda: client.build_request(
+                        "POST", url, content=body, headers=headers, timeout=120.0
+                    ),
+                    20_000,
+                ),
+                "us",
+            ),
+            (
+                "httpx.Request directly (not used: the client's defaults would be copied)",
+                cpu_us(lambda: httpx.Request("POST", url, content=body, headers=headers), 20_000),
+                "us",
+            ),
+            (
+                "the transport's head and its checks (_head)",
+                cpu_us(lambda: _head(request), 20_000),
+                "us",
+            ),
+            (
+                "the answer's Response, read whole (a loop turn included)",
+                cpu_us(lambda: loop.run_until_complete(read_answer()), 5_000)
+                - cpu_us(lambda: loop.run_until_complete(asyncio.sleep(0)), 5_000),
+                "us",
+            ),
+            ("the JSON answer parsed", cpu_us(lambda: parse(response.json(), False), 20_000), "us"),
+        ]
+    finally:
+        loop.close()
+
+
+def upload_parts() -> list[Row]:
+    """The parts of a transcription's 32 KiB multipart upload, in-process: python-multipart
+    (what the gateway uses: multipart_parts), and, when installed, the `multipart` package
+    (defnull's push parser) and werkzeug's sans-io decoder, for comparison."""
+    from server.transcription.request import multipart_parts
+
+    content_type, body = multipart_form(
+        [("model", "openai/whisper-1"), ("response_format", "json")],
+        "file",
+        "audio.wav",
+        AUDIO,
+        MIME["wav"],
+    )
+    boundary = content_type.split("boundary=")[1]
+    rows: list[Row] = [
+        (
+            "python-multipart (multipart_parts)",
+            cpu_us(lambda: multipart_parts(body, boundary.encode()), 20_000),
+            "us",
+        )
+    ]
+    try:
+        multipart: Any = importlib.import_module("multipart")  # optional: not a dependency
+    except ImportError:
+        rows.append(("multipart (defnull): not installed", float("nan"), "us"))
+    else:
+
+        def defnull() -> list[bytes]:
+            parser = multipart.PushMultipartParser(boundary)
+            parts: list[bytes] = []
+            data: list[bytes] = []
+            for event in parser.parse(body):
+                if event is None:
+                    parts.append(b"".join(data))
+                    data = []
+                elif isinstance(event, bytes | bytearray):
+                    data.append(bytes(event))
+            parser.close()
+            return parts
+
+        rows.append(("multipart (defnull) PushMultipartParser", cpu_us(defnull, 20_000), "us"))
+    return rows
 
 
 def url_parse() -> list[Row]:
@@ -564,6 +685,68 @@ def wal_commits() -> list[Row]:
     for variant in ("now", "automatic", "racing"):
         rows += asyncio.run(_wal_commits(variant, 4_000))
     return rows
+
+
+def _statement_label(statement: object) -> str:
+    if isinstance(statement, dict):  # one statement per dialect (ledger.COUNTERS)
+        statement = statement["sqlite"]
+    table = getattr(statement, "table", None)
+    kind = type(statement).__name__.lower()
+    return f"{kind} {table.name}" if isinstance(table, sa.Table) else kind
+
+
+async def _settlement_statements(count: int) -> list[Row]:
+    async with rig() as built:
+        settle = await built.settlement()
+        inline = built.writer.inline
+        assert inline is not None
+        for _ in range(200):
+            await settle()
+        times: dict[str, list[float]] = {}
+        run, commit = inline.run, inline.commit
+
+        def timed_run(statement: Any, rows: Any, *, many: bool) -> Any:
+            started = time.perf_counter()
+            result = run(statement, rows, many=many)
+            times.setdefault(_statement_label(statement), []).append(time.perf_counter() - started)
+            return result
+
+        def timed_commit() -> None:
+            started = time.perf_counter()
+            commit()
+            times.setdefault("COMMIT", []).append(time.perf_counter() - started)
+
+        inline.run = timed_run
+        inline.commit = timed_commit
+        for _ in range(count):  # checkpoints between batches as in the server
+            await settle()
+        inline.run, inline.commit = run, commit
+        # The WAL frames a commit appends, with checkpoints off (the WAL only grows: a
+        # commit past its end costs more than one into a restarted WAL, hence apart).
+        inline.checkpoint_after_changes = 1 << 62
+        wal = built.folder / "gateway.db-wal"
+        before = wal.stat().st_size
+        for _ in range(500):
+            await settle()
+        frames = (wal.stat().st_size - before) / (4096 + 24) / 500
+        rows: list[Row] = [
+            (
+                f"{label} (x{len(values) / count:.2f} per settlement), median",
+                1e6 * statistics.median(values),
+                "us",
+            )
+            for label, values in sorted(times.items(), key=lambda item: -sum(item[1]))
+        ]
+        rows.append(("WAL frames (4 KiB pages) one settlement's commit appends", frames, "frames"))
+        return rows
+
+
+def settlement_statements() -> list[Row]:
+    """A lone settlement on SQLite (bench.request_steps' rig), statement by statement: each
+    statement's wall time on the writer's inline connection (its arguments included) and the
+    COMMIT's, with checkpoints between batches as in the server; then how many WAL frames a
+    settlement's commit appends (checkpoints off for that count)."""
+    return asyncio.run(_settlement_statements(2_000))
 
 
 # --- sessions (server/db/engine.py, server/transcription/session.py) --------------------------
@@ -1444,6 +1627,9 @@ MEASUREMENTS: dict[str, Callable[[], list[Row]]] = {
     "webhook-claim-pg": webhook_claim_pg,
     "webhook-claim-many": webhook_claim_many,
     "codec-priming": codec_priming,
+    "provider-call-pieces": provider_call_pieces,
+    "upload-parts": upload_parts,
+    "settlement-statements": settlement_statements,
     "json-body": json_body,
     "render-gil": render_gil,
     "main-module": main_module,
