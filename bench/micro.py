@@ -677,8 +677,10 @@ async def _wal_commits(variant: str, count: int) -> list[Row]:
 
 def wal_commits() -> list[Row]:
     """The writer's inline COMMIT of a lone settlement (WAL, synchronous=NORMAL), 4,000 in a
-    row on a new database: with the automatic checkpoint off and a PASSIVE one in a thread
-    between batches (now), with SQLite's automatic checkpoint inside the commit
+    row on a new database: with the automatic checkpoint off and PASSIVE ones beside the
+    batches, on a connection and a thread of their own, and between two batches only once
+    the WAL passed its bound (now: InlineSqlite), with SQLite's automatic checkpoint inside
+    the commit
     (wal_autocheckpoint=1000, SQLite's default), and with PASSIVE checkpoints racing the
     batches from another thread; the WAL file's size at the end."""
     rows: list[Row] = []

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.billing.holds import Hold, place_hold
+from server.db import driver as driver_module
 from server.db import writer as writer_module
 from server.db.driver import fetch_rows, insert_statement
 from server.db.engine import create_engine, session_factory
@@ -801,10 +803,13 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
-async def test_sqlite_the_wal_is_checkpointed_between_batches(sqlite_db: Admin) -> None:
-    """The writer's connection does not checkpoint inside its commits; a PASSIVE checkpoint
-    runs in a thread between batches once enough was written, and the WAL restarts (it
-    does not grow with every batch)."""
+async def test_sqlite_the_wal_is_checkpointed_beside_the_batches_and_restarts(
+    sqlite_db: Admin,
+) -> None:
+    """The writer's connection does not checkpoint inside its commits; once enough was
+    written a COMMIT starts a PASSIVE checkpoint beside the batches (a connection and a
+    thread of its own), and with the pauses between requests a server has, the WAL restarts:
+    four times as many commits leave it about as large, and no batch waited for one."""
     writer = Writer(sqlite_db.sessions)
     inline = writer.inline
     assert inline is not None
@@ -814,17 +819,81 @@ async def test_sqlite_the_wal_is_checkpointed_between_batches(sqlite_db: Admin) 
     try:
         for i in range(60):
             await writer.run(_insert(f"c{i}"))  # type: ignore[arg-type]
+            await asyncio.sleep(0.002)
         size_after_first = _size(wal)
         for i in range(60, 300):
             await writer.run(_insert(f"c{i}"))  # type: ignore[arg-type]
+            await asyncio.sleep(0.002)
         assert inline.stats.checkpoints >= 10
         assert inline.stats.checkpointed_frames > 0
-        # Restarted from its beginning after each checkpoint: four times as many commits
-        # leave it about as large (without the checkpoints it grew 5.4 times, measured).
+        assert inline.stats.checkpoints_between_batches == 0
+        # Restarted from its beginning after the checkpoints: without them it grew 5.4
+        # times (measured).
         assert _size(wal) < 2 * size_after_first
         assert len(await _stored(sqlite_db)) == 300
     finally:
         await writer.close()
+
+
+async def test_sqlite_a_writer_that_never_pauses_still_bounds_its_wal(
+    sqlite_db: Admin,
+) -> None:
+    """Commits back to back leave no moment for a checkpoint beside them to catch up with
+    the WAL's end (and SQLite restarts it only once one did): past its bound, the writer
+    checkpoints between two batches instead, and the WAL stays within the bound."""
+    writer = Writer(sqlite_db.sessions)
+    inline = writer.inline
+    assert inline is not None
+    inline.checkpoint_after_changes = 20
+    bind = sqlite_db.sessions.kw["bind"]
+    wal = Path(bind.url.database + "-wal")
+    try:
+        for i in range(400):
+            await writer.run(_insert(f"c{i}"))  # type: ignore[arg-type]
+        size_after_first = _size(wal)
+        for i in range(400, 2000):
+            await writer.run(_insert(f"c{i}"))  # type: ignore[arg-type]
+        assert inline.stats.checkpoints_between_batches > 0
+        # Four times as many commits, and the WAL (its file keeps its largest size) is no
+        # larger: its growth is bounded (WAL_BOUND_CHECKPOINTS checkpoints' worth of rows
+        # past the last checkpoint that copied all of it).
+        assert _size(wal) < 2 * size_after_first
+        assert len(await _stored(sqlite_db)) == 2000
+    finally:
+        await writer.close()
+
+
+async def test_sqlite_a_batch_does_not_wait_for_a_checkpoint_beside_it(
+    sqlite_db: Admin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint beside the batches (its copy and fsync can take milliseconds) holds no
+    batch up: units commit while it runs; close waits for it."""
+    writer = Writer(sqlite_db.sessions)
+    inline = writer.inline
+    assert inline is not None
+    inline.checkpoint_after_changes = 1  # the first commit starts one
+    started, release = threading.Event(), threading.Event()
+    checkpoint = driver_module._checkpoint
+
+    def held(connection: sqlite3.Connection) -> tuple[int, int, int]:
+        started.set()
+        release.wait(10)
+        return checkpoint(connection)
+
+    monkeypatch.setattr(driver_module, "_checkpoint", held)
+    try:
+        assert await writer.run(_insert("first")) == "first"  # type: ignore[arg-type]
+        assert await asyncio.to_thread(started.wait, 10)  # the checkpoint runs, held
+        inline.checkpoint_after_changes = 100  # (its bound far off: no wait for it)
+        for i in range(5):
+            assert await asyncio.wait_for(writer.run(_insert(f"w{i}")), 5) == f"w{i}"  # type: ignore[arg-type]
+        assert inline.stats.checkpoints == 0  # still running
+        release.set()
+    finally:
+        release.set()
+        await writer.close()
+    assert inline.stats.checkpoints >= 1
+    assert inline.stats.checkpoints_between_batches == 0
 
 
 async def test_sqlite_without_inline_batches_on_the_pool(databases: Databases) -> None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import operator
 import sqlite3
 import time
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from datetime import date as date_type
 from datetime import datetime as datetime_type
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import sqlalchemy as sa
@@ -33,6 +35,9 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.db.engine import SQLITE_BUSY_TIMEOUT_MS, PoolWrites, connect_sqlite, sqlite_file
 from server.db.models import UtcDateTime
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Raised by asyncpg when the connection or the server went away.
 CONNECTION_LOST = (asyncpg.InterfaceError, asyncpg.PostgresConnectionError, OSError)
@@ -330,6 +335,14 @@ INLINE_SQLITE = "gateway.inline_sqlite"
 # about 80 transcriptions (12 rows each), roughly the 1,000 pages after which SQLite itself
 # would checkpoint.
 CHECKPOINT_AFTER_CHANGES = 1_000
+# How far the WAL may grow past the last checkpoint that copied all of it (in changed rows,
+# as CHECKPOINT_AFTER_CHANGES counts them) before the writer stops checkpointing beside its
+# batches and checkpoints between two of them instead (see InlineSqlite): four checkpoints'
+# worth, a few MiB by default.
+WAL_BOUND_CHECKPOINTS = 4
+# A checkpoint that ended short is followed by another at the first COMMIT this long after it
+# (not at once: under a steady load every COMMIT would start one, each with its fsyncs).
+CATCH_UP_AFTER_SECONDS = 0.02
 
 
 # How long a transaction of the pool's connection may find the write lock taken by batch
@@ -349,6 +362,15 @@ def _is_busy(error: sqlite3.OperationalError) -> bool:
     )
 
 
+def _checkpoint(connection: sqlite3.Connection) -> tuple[int, int, int]:
+    """A PASSIVE checkpoint (in a thread): it copies what no reader still needs and waits
+    for nobody. (busy, the WAL's frames, the frames copied)."""
+    ((busy, frames, checkpointed),) = connection.execute(
+        "PRAGMA wal_checkpoint(PASSIVE)"
+    ).fetchall()
+    return int(busy), int(frames), int(checkpointed)
+
+
 @dataclass
 class InlineStats:
     """What the writer's connection waited for, for tests and benchmarks."""
@@ -358,6 +380,7 @@ class InlineStats:
     busy_waits: int = 0  # ... held elsewhere (another process): waited in a thread
     busy_wait_seconds: float = 0.0
     checkpoints: int = 0
+    checkpoints_between_batches: int = 0  # the WAL past its bound: the writer waited for it
     checkpoint_seconds: float = 0.0
     checkpointed_frames: int = 0
 
@@ -378,13 +401,21 @@ class InlineSqlite:
       (figures: docs/performance.md). What can take milliseconds is the
       automatic checkpoint SQLite runs inside a commit once the WAL passes 1000 pages (it
       copies pages into the database and fsyncs both files: its tail latency, measured, is
-      in docs/performance.md). So this connection has wal_autocheckpoint=0, and
-      `checkpoint_if_due` runs a PASSIVE checkpoint in a thread between two batches once
-      the batches changed CHECKPOINT_AFTER_CHANGES rows. Between batches, not alongside
-      them: a checkpoint racing a steady writer never catches up with the WAL's end, and
-      SQLite restarts the WAL from its beginning only when a checkpoint did, so the WAL
-      grows for as long as the commits keep coming (figures: docs/performance.md). Units
-      queued meanwhile wait for the next batch, as they wait for a commit.
+      in docs/performance.md). So this connection has wal_autocheckpoint=0, and once the
+      batches changed CHECKPOINT_AFTER_CHANGES rows a COMMIT starts a PASSIVE checkpoint on
+      a connection of its own, in a thread (`_start_checkpoint`): the batches go on
+      meanwhile (a WAL checkpointer and a writer do not wait for each other), so no request
+      waits for the copy and its fsync. SQLite restarts the WAL from its beginning only at
+      a write that begins when a checkpoint had copied all of it; commits that land while a
+      checkpoint runs leave it short, so a checkpoint that ended short is followed by
+      another at the first COMMIT CATCH_UP_AFTER_SECONDS later: a short one, that needs
+      little time and ends between two batches. A writer that never pauses long enough
+      would still grow the WAL without end (a checkpoint racing a steady writer never
+      catches up: figures in docs/performance.md): once the batches changed
+      WAL_BOUND_CHECKPOINTS times CHECKPOINT_AFTER_CHANGES rows since the last checkpoint
+      that copied all of the WAL, `checkpoint_if_due` checkpoints between two batches
+      instead, with the writer's own connection, and units queued meanwhile wait for the
+      next batch, as they wait for a commit.
 
     The pool's aiosqlite connection still writes too (workers' claims, management writes,
     a failed request's release); it waits for this one in SQLite's busy handler on
@@ -407,9 +438,16 @@ class InlineSqlite:
         self.checkpoint_after_changes = checkpoint_after_changes
         self._connection: sqlite3.Connection | None = None
         self._changes_at_checkpoint = 0
+        # The checkpoint running beside the batches, on `_checkpointer` (one at a time).
+        self._beside: asyncio.Future[tuple[int, int, int]] | None = None
+        self._checkpointer: sqlite3.Connection | None = None
+        self._short = False  # the last checkpoint left frames committed while it ran
+        # total_changes when the last checkpoint that copied the whole WAL began.
+        self._complete_at = 0
+        self._ended_at = 0.0  # (perf_counter) when the last checkpoint ended
         # A thread using the connection (a lock wait, a checkpoint): while it runs, the loop
         # must not touch the connection, even when the batch that started it was cancelled.
-        self._thread: asyncio.Future[None] | None = None
+        self._thread: asyncio.Future[Any] | None = None
         self._epoch = 0  # bumped whenever the connection is handed to a thread or taken back
         self.stats = InlineStats()
 
@@ -483,7 +521,7 @@ class InlineSqlite:
         the writer's task then take over."""
         thread = self._thread
         if thread is not None or self.checkpoint_due():
-            return False
+            return False  # (a checkpoint between batches: the WAL is past its bound)
         if self._pool is not None and self._pool.writing():
             return False
         connection = self.connection
@@ -507,6 +545,7 @@ class InlineSqlite:
 
     def commit(self) -> None:
         self.connection.execute("COMMIT")
+        self._start_checkpoint()
 
     def rollback(self) -> None:
         """End the batch's transaction if it is still open (a failure, a cancellation). A
@@ -526,36 +565,88 @@ class InlineSqlite:
             self.rollback()
 
     async def checkpoint_if_due(self) -> None:
-        """Between batches: a PASSIVE checkpoint in a thread once enough was written."""
+        """Between batches, only once the WAL is past its bound (the class docstring): the
+        checkpoint beside the batches ends first, then a PASSIVE one runs in a thread on
+        this connection, with no batch alongside it, so it copies the whole WAL."""
         await self._thread_done()  # (reading the connection would wait for the thread's)
         if not self.checkpoint_due():
             return
-        self._changes_at_checkpoint = self.connection.total_changes
+        beside = self._beside
+        if beside is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(beside)
+        began_at = self._changes_at_checkpoint = self.connection.total_changes
         started = time.perf_counter()
         try:
-            await self._in_thread(self._checkpoint)
+            result = await self._in_thread(functools.partial(_checkpoint, self.connection))
+            self._record(result, began_at)
         finally:
+            self._ended_at = time.perf_counter()
             self.stats.checkpoints += 1
+            self.stats.checkpoints_between_batches += 1
             self.stats.checkpoint_seconds += time.perf_counter() - started
 
     def checkpoint_due(self) -> bool:
-        """The batches changed CHECKPOINT_AFTER_CHANGES rows since the last checkpoint."""
+        """A checkpoint between batches is due: the WAL may be past its bound (the batches
+        changed WAL_BOUND_CHECKPOINTS times CHECKPOINT_AFTER_CHANGES rows since the last
+        checkpoint that copied all of it began)."""
+        changes = self.connection.total_changes - self._complete_at
+        return changes > WAL_BOUND_CHECKPOINTS * self.checkpoint_after_changes
+
+    def _start_checkpoint(self) -> None:
+        """After a COMMIT: a PASSIVE checkpoint beside the batches, on the checkpointer's
+        own connection in a thread, once the batches changed CHECKPOINT_AFTER_CHANGES rows
+        since the last one began, or at once when the last one ended short."""
+        if self._beside is not None:
+            return
         changes = self.connection.total_changes - self._changes_at_checkpoint
-        return changes >= self.checkpoint_after_changes
+        if changes < self.checkpoint_after_changes and not (
+            self._short and time.perf_counter() - self._ended_at >= CATCH_UP_AFTER_SECONDS
+        ):
+            return
+        began_at = self._changes_at_checkpoint = self.connection.total_changes
+        if self._checkpointer is None:
+            self._checkpointer = connect_sqlite(self._path)
+        beside = asyncio.ensure_future(asyncio.to_thread(_checkpoint, self._checkpointer))
+        self._beside = beside
+        started = time.perf_counter()
 
-    def _checkpoint(self) -> None:
-        ((_busy, _log, checkpointed),) = self.connection.execute(
-            "PRAGMA wal_checkpoint(PASSIVE)"
-        ).fetchall()
+        def ended(done: asyncio.Future[tuple[int, int, int]]) -> None:
+            self._beside = None
+            self._ended_at = time.perf_counter()
+            self.stats.checkpoints += 1
+            self.stats.checkpoint_seconds += self._ended_at - started
+            if done.cancelled():
+                return
+            error = done.exception()
+            if error is not None:
+                log.warning("WAL checkpoint failed: %r", error)
+                return
+            self._record(done.result(), began_at)
+
+        beside.add_done_callback(ended)
+
+    def _record(self, result: tuple[int, int, int], began_at: int) -> None:
+        """What a checkpoint that began at `began_at` (total_changes) found: (busy, the
+        WAL's frames, the frames it copied). A PASSIVE checkpoint copies the WAL as it was
+        when it began: it has copied all of it only if it copied every frame it saw and no
+        batch committed while it ran."""
+        busy, frames, checkpointed = result
         self.stats.checkpointed_frames += max(0, checkpointed)
+        committed_meanwhile = self.connection.total_changes != began_at
+        self._short = bool(busy) or checkpointed < frames or committed_meanwhile
+        if not self._short:
+            self._complete_at = began_at
 
-    async def _in_thread(self, work: Callable[[], None]) -> None:
+    async def _in_thread(self, work: Callable[[], T]) -> T:
         # Shielded: a cancelled caller leaves the thread running (it cannot be stopped);
         # `_thread` keeps the loop off the connection until it ends.
         self._epoch += 1
-        self._thread = asyncio.ensure_future(asyncio.to_thread(work))
-        await asyncio.shield(self._thread)
+        thread = asyncio.ensure_future(asyncio.to_thread(work))
+        self._thread = thread
+        result = await asyncio.shield(thread)
         self._thread = None
+        return result
 
     async def _thread_done(self) -> None:
         """Wait for a thread that a cancelled caller left using the connection, and end
@@ -572,6 +663,13 @@ class InlineSqlite:
 
     async def close(self) -> None:
         await self._thread_done()
+        beside = self._beside
+        if beside is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(beside)
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
         if self._connection is not None:
             self.rollback()
             self._connection.close()
