@@ -112,6 +112,11 @@ PHASE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "h11/",
         ),
     ),
+    # The writer's own BEGIN and COMMIT (a unit's statements are its caller's phase: the
+    # deepest frame that names one wins).
+    ("group commit (the writer's BEGIN and COMMIT)", ("server/db/writer.py",)),
+    # InlineSqlite's WAL checkpoints: a thread of their own, beside the batches.
+    ("WAL checkpoint (a thread beside the batches)", ("_checkpoint (server/db/driver.py",)),
     ("settlement / ledger", ("_settle (", "server/billing/ledger.py", "settle_hold", "drop_hold")),
     ("generation record", ("server/observability/generations.py",)),
     ("failure path", ("_fail (",)),

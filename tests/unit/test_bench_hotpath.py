@@ -53,6 +53,17 @@ def test_phase_is_the_deepest_named_frame() -> None:
     )
     assert phase_of(["send_bytes (multiprocessing/connection.py:1)"]) == POOL_IPC
     assert phase_of(["greenlet_spawn (sqlalchemy/util/concurrency.py:1)"]) == ORM_UNATTRIBUTED
+    # The writer's COMMIT is its own phase; a unit's statements are its caller's.
+    writer = ["run (server/db/writer.py:300)", "_lead (server/db/writer.py:350)"]
+    commit = [*writer, "commit (server/db/driver.py:520)"]
+    assert phase_of(commit) == "group commit (the writer's BEGIN and COMMIT)"
+    unit = [*writer, "settle_hold (server/billing/holds.py:419)", "run (server/db/driver.py:1)"]
+    assert phase_of(unit) == "settlement / ledger"
+    checkpoint = [
+        "_worker (concurrent/futures/thread.py:83)",
+        "_checkpoint (server/db/driver.py:368)",
+    ]
+    assert phase_of(checkpoint) == "WAL checkpoint (a thread beside the batches)"
 
 
 def test_parse_raw_counts_samples_and_sql_and_leaves_idle_out_of_the_total() -> None:
