@@ -633,7 +633,8 @@ class InlineSqlite:
         batch committed while it ran."""
         busy, frames, checkpointed = result
         self.stats.checkpointed_frames += max(0, checkpointed)
-        committed_meanwhile = self.connection.total_changes != began_at
+        connection = self._connection  # (None: closed meanwhile)
+        committed_meanwhile = connection is None or connection.total_changes != began_at
         self._short = bool(busy) or checkpointed < frames or committed_meanwhile
         if not self._short:
             self._complete_at = began_at
