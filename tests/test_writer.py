@@ -23,7 +23,7 @@ from server.billing.holds import Hold, place_hold
 from server.db import driver as driver_module
 from server.db import writer as writer_module
 from server.db.driver import fetch_rows, insert_statement
-from server.db.engine import create_engine, session_factory
+from server.db.engine import connect_sqlite, create_engine, session_factory
 from server.db.models import CreditHold, RateWindow
 from server.db.writer import GUARDED_AFTER_FAILURE, StrayStatement, Writer, on_outcome
 from server.errors import GatewayError
@@ -861,6 +861,40 @@ async def test_sqlite_a_writer_that_never_pauses_still_bounds_its_wal(
         assert len(await _stored(sqlite_db)) == 2000
     finally:
         await writer.close()
+
+
+@pytest.mark.parametrize("past_bound", [False, True])
+async def test_sqlite_a_wal_file_past_its_bound_is_emptied(
+    sqlite_db: Admin, past_bound: bool
+) -> None:
+    """Other processes' commits are not in the writer's count of changed rows: a checkpoint
+    beside the batches that leaves the WAL file past its bound (wherever its frames came
+    from) ends with a TRUNCATE checkpoint, which empties the file; within the bound the file
+    is left as it is (PASSIVE only)."""
+    bind = sqlite_db.sessions.kw["bind"]
+    path = bind.url.database
+    wal = Path(path + "-wal")
+    other = sqlite3.connect(path, isolation_level=None)  # as another process's
+    other.execute("PRAGMA wal_autocheckpoint=0")
+    for count in range(300):
+        other.execute(
+            "INSERT INTO rate_windows (subject_id, period, window_start, count) "
+            f"VALUES ('other-{count}', 'minute', '2026-07-01 12:30:00.000000', 1)"
+        )
+    size = _size(wal)
+    assert size > 100_000
+    checkpointer = connect_sqlite(path)
+    try:
+        bound = size // 2 if past_bound else size * 2
+        busy, _frames, _copied = await asyncio.to_thread(
+            driver_module._checkpoint_bounded, checkpointer, str(wal), bound
+        )
+        assert busy == 0
+        assert _size(wal) == (0 if past_bound else size)
+        assert len(await _stored(sqlite_db)) == 300  # nothing lost either way
+    finally:
+        checkpointer.close()
+        other.close()
 
 
 async def test_sqlite_a_batch_does_not_wait_for_a_checkpoint_beside_it(

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 import operator
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -340,6 +341,13 @@ CHECKPOINT_AFTER_CHANGES = 1_000
 # batches and checkpoints between two of them instead (see InlineSqlite): four checkpoints'
 # worth, a few MiB by default.
 WAL_BOUND_CHECKPOINTS = 4
+# The WAL file's size past which a checkpoint beside the batches ends with a TRUNCATE one:
+# commits of other processes (`gateway up --workers N`) are not seen by this process's
+# count of changed rows, and checkpoints racing several steady writers never catch up.
+WAL_FILE_BOUND_BYTES = 64 * 1024 * 1024
+# How long that TRUNCATE checkpoint may wait for the write lock and for readers (it holds
+# new writers off while it copies what is left and empties the file: a short stall).
+TRUNCATE_BUSY_TIMEOUT_MS = 5_000
 # A checkpoint that ended short is followed by another at the first COMMIT this long after it
 # (not at once: under a steady load every COMMIT would start one, each with its fsyncs).
 CATCH_UP_AFTER_SECONDS = 0.02
@@ -368,6 +376,30 @@ def _checkpoint(connection: sqlite3.Connection) -> tuple[int, int, int]:
     ((busy, frames, checkpointed),) = connection.execute(
         "PRAGMA wal_checkpoint(PASSIVE)"
     ).fetchall()
+    return int(busy), int(frames), int(checkpointed)
+
+
+def _checkpoint_bounded(
+    connection: sqlite3.Connection, wal_path: str, bound_bytes: int
+) -> tuple[int, int, int]:
+    """A PASSIVE checkpoint beside the batches (in a thread); if the WAL file is still past
+    `bound_bytes`, a TRUNCATE one after it: it waits (up to TRUNCATE_BUSY_TIMEOUT_MS) for
+    the writers of every process and for readers, copies what is left and empties the
+    file, so that the WAL stays bounded whoever writes to it."""
+    result = _checkpoint(connection)
+    try:
+        size = os.path.getsize(wal_path)
+    except OSError:
+        return result
+    if size <= bound_bytes:
+        return result
+    connection.execute(f"PRAGMA busy_timeout={TRUNCATE_BUSY_TIMEOUT_MS}")
+    try:
+        ((busy, frames, checkpointed),) = connection.execute(
+            "PRAGMA wal_checkpoint(TRUNCATE)"
+        ).fetchall()
+    finally:
+        connection.execute("PRAGMA busy_timeout=0")
     return int(busy), int(frames), int(checkpointed)
 
 
@@ -415,7 +447,10 @@ class InlineSqlite:
       WAL_BOUND_CHECKPOINTS times CHECKPOINT_AFTER_CHANGES rows since the last checkpoint
       that copied all of the WAL, `checkpoint_if_due` checkpoints between two batches
       instead, with the writer's own connection, and units queued meanwhile wait for the
-      next batch, as they wait for a commit.
+      next batch, as they wait for a commit. Other processes' commits (`--workers N`) are
+      not in that count: a checkpoint beside the batches that leaves the WAL file past
+      WAL_FILE_BOUND_BYTES ends with a TRUNCATE one, which holds every process's writers
+      off while it copies what is left and empties the file (a short stall, only then).
 
     The pool's aiosqlite connection still writes too (workers' claims, management writes,
     a failed request's release); it waits for this one in SQLite's busy handler on
@@ -436,6 +471,7 @@ class InlineSqlite:
         self._pool = pool
         self._busy_timeout_ms = busy_timeout_ms
         self.checkpoint_after_changes = checkpoint_after_changes
+        self.wal_file_bound = WAL_FILE_BOUND_BYTES
         self._connection: sqlite3.Connection | None = None
         self._changes_at_checkpoint = 0
         # The checkpoint running beside the batches, on `_checkpointer` (one at a time).
@@ -607,7 +643,11 @@ class InlineSqlite:
         began_at = self._changes_at_checkpoint = self.connection.total_changes
         if self._checkpointer is None:
             self._checkpointer = connect_sqlite(self._path)
-        beside = asyncio.ensure_future(asyncio.to_thread(_checkpoint, self._checkpointer))
+        beside = asyncio.ensure_future(
+            asyncio.to_thread(
+                _checkpoint_bounded, self._checkpointer, f"{self._path}-wal", self.wal_file_bound
+            )
+        )
         self._beside = beside
         started = time.perf_counter()
 
