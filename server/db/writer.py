@@ -337,8 +337,13 @@ class Writer:
         could join it (the module docstring); True once it is answered (or handed on, see
         below). False: it was not run (another request is in flight, the writer is busy or
         has units queued, or the batch could not begin at once): the caller queues it."""
-        inline = self.inline
-        if self._alone is None or inline is None or self._busy or self._queue or not self._alone():
+        if (
+            self._alone is None
+            or self.inline is None
+            or self._busy
+            or self._queue
+            or not self._alone()
+        ):
             return False
         session = self._inline_batch_session()
         if not begin_batch_at_once(session):
@@ -349,7 +354,7 @@ class Writer:
             self.stats.led += 1
             queued.begun = True
             try:
-                await _run_unit(session, queued)
+                await self._commit_lone(session, queued)
             except asyncio.CancelledError:
                 # It waited on something after all, and its caller left meanwhile: nothing
                 # of this run is kept; the writer's task runs it again, as a begun unit.
@@ -357,28 +362,12 @@ class Writer:
                 self._queue.insert(0, queued)
                 raise
             except Exception as error:
-                inline.rollback()
-                if not self._failed(queued, error):  # to run again (a lost lock race)
-                    self._queue.insert(0, queued)
-                elif queued.answered is None:
-                    queued.answer(error)
-                return True
-            try:
-                await commit_batch(session)
-            except Exception as error:  # the batch failed: nothing of it is written
-                self.stats.failed_batches += 1
-                log.warning("group commit of 1 unit failed: %r", error)
-                self._fail([queued], error)
-                return True
-            _act(queued)
-            if queued.answered is None:  # (unless its bound passed meanwhile: _expire)
-                queued.answer()
+                self._batch_failed([queued], error)
+            else:
+                self._answer([queued])
             return True
         finally:
-            # A batch that failed (or was cancelled) before its COMMIT writes nothing.
-            inline.rollback()
-            if session.in_transaction():  # a stray ORM call began one (it failed): drop it
-                await session.rollback()
+            await self._end_inline_batch(session)
             self._busy = False
             if self._queue:  # queued meanwhile, or handed on: the writer's task takes them
                 self._wake_loop()
@@ -420,24 +409,33 @@ class Writer:
                 self._fail(self._queue, ConnectionError("the writer stopped"))
                 self._queue.clear()
                 raise
-            except Exception as error:  # the batch failed as a whole: nothing of it is written
-                self.stats.failed_batches += 1
-                log.warning("group commit of %d units failed: %r", len(batch), error)
-                self._fail(batch, error)
+            except Exception as error:
+                self._batch_failed(batch, error)
             else:
-                retries = [queued for queued in batch if queued.retry]
-                for queued in retries:
-                    queued.retry = False
-                # The batch that held the other side of the race has committed by now.
-                self._queue[:0] = retries
-                for queued in batch:
-                    if queued.answered is not None or queued in retries:
-                        continue
-                    queued.answer(queued.error)
+                self._answer(batch)
         finally:
             self._busy = False
             if self._queue:  # queued meanwhile (or to retry): the writer's task takes them
                 self._wake_loop()
+
+    def _batch_failed(self, batch: list[_Queued[Any]], error: Exception) -> None:
+        """The batch failed as a whole: nothing of it is written; its callers get `error`."""
+        self.stats.failed_batches += 1
+        log.warning("group commit of %d units failed: %r", len(batch), error)
+        self._fail(batch, error)
+
+    def _answer(self, batch: list[_Queued[Any]]) -> None:
+        """The batch committed: each caller gets its unit's outcome, but units that lost a
+        lock race, which go first in the queue to run again."""
+        retries = [queued for queued in batch if queued.retry]
+        for queued in retries:
+            queued.retry = False
+        # The batch that held the other side of the race has committed by now.
+        self._queue[:0] = retries
+        for queued in batch:
+            if queued.answered is not None or queued in retries:
+                continue
+            queued.answer(queued.error)
 
     def _wake_loop(self) -> None:
         """Have the writer's task take what is queued: woken, or started (first use, or
@@ -458,17 +456,9 @@ class Writer:
         async with self._batch_session() as session:
             if len(batch) == 1:
                 # A lone unit needs no savepoint: its failure rolls the transaction back.
-                queued = batch[0]
                 if self.inline is not None:  # autocommit connection: begin explicitly
                     await begin_batch(session)
-                try:
-                    await _run_unit(session, queued)
-                except Exception as error:
-                    await rollback_batch(session)
-                    self._failed(queued, error)
-                    return
-                await commit_batch(session)
-                _act(queued)
+                await self._commit_lone(session, batch[0])
                 return
             await begin_batch(session)
             if self.inline is None:
@@ -491,6 +481,18 @@ class Writer:
             await commit_batch(session)
             for queued in batch:  # a failed unit acted already, a retried one has nothing
                 _act(queued)
+
+    async def _commit_lone(self, session: AsyncSession, queued: _Queued[Any]) -> None:
+        """A batch of one unit, its transaction begun: no savepoint (the unit's failure
+        rolls the transaction back), then the commit."""
+        try:
+            await _run_unit(session, queued)
+        except Exception as error:
+            await rollback_batch(session)
+            self._failed(queued, error)
+            return
+        await commit_batch(session)
+        _act(queued)
 
     async def _run_unguarded(self, session: AsyncSession, batch: list[_Queued[Any]]) -> bool:
         """Run the batch's units with no savepoint between them, and commit: on PostgreSQL
@@ -539,10 +541,15 @@ class Writer:
         try:
             yield session
         finally:
-            # A batch that failed (or was cancelled) before its COMMIT writes nothing.
-            inline.rollback()
-            if session.in_transaction():  # a stray ORM call began one (it failed): drop it
-                await session.rollback()
+            await self._end_inline_batch(session)
+
+    async def _end_inline_batch(self, session: AsyncSession) -> None:
+        """After an inline batch: one that failed (or was cancelled) before its COMMIT
+        writes nothing."""
+        assert self.inline is not None
+        self.inline.rollback()
+        if session.in_transaction():  # a stray ORM call began one (it failed): drop it
+            await session.rollback()
 
     def _inline_batch_session(self) -> AsyncSession:
         """The session of every inline batch: it only carries the connection to the driver
