@@ -22,7 +22,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from server.billing.holds import Hold, place_hold
 from server.db import driver as driver_module
 from server.db import writer as writer_module
-from server.db.driver import fetch_rows, insert_statement
+from server.db.driver import InlineStats, fetch_rows, insert_statement
 from server.db.engine import connect_sqlite, create_engine, session_factory
 from server.db.models import CreditHold, RateWindow
 from server.db.writer import GUARDED_AFTER_FAILURE, StrayStatement, Writer, on_outcome
@@ -803,6 +803,31 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
+async def _wal_sizes(
+    admin: Admin, first: int, total: int, pause: float
+) -> tuple[InlineStats, int, int]:
+    """`total` lone units (`pause` seconds apart) through a writer that checkpoints every 20
+    changed rows: its connection's stats, and the WAL file's size after the `first` and
+    after all of them (every row stored)."""
+    writer = Writer(admin.sessions)
+    inline = writer.inline
+    assert inline is not None
+    inline.checkpoint_after_changes = 20
+    wal = Path(admin.sessions.kw["bind"].url.database + "-wal")
+    size_after_first = 0
+    try:
+        for i in range(total):
+            await writer.run(_insert(f"c{i}"))  # type: ignore[arg-type]
+            if pause:
+                await asyncio.sleep(pause)
+            if i == first - 1:
+                size_after_first = _size(wal)
+        assert len(await _stored(admin)) == total
+        return inline.stats, size_after_first, _size(wal)
+    finally:
+        await writer.close()
+
+
 async def test_sqlite_the_wal_is_checkpointed_beside_the_batches_and_restarts(
     sqlite_db: Admin,
 ) -> None:
@@ -810,29 +835,13 @@ async def test_sqlite_the_wal_is_checkpointed_beside_the_batches_and_restarts(
     written a COMMIT starts a PASSIVE checkpoint beside the batches (a connection and a
     thread of its own), and with the pauses between requests a server has, the WAL restarts:
     four times as many commits leave it about as large, and no batch waited for one."""
-    writer = Writer(sqlite_db.sessions)
-    inline = writer.inline
-    assert inline is not None
-    inline.checkpoint_after_changes = 20
-    bind = sqlite_db.sessions.kw["bind"]
-    wal = Path(bind.url.database + "-wal")
-    try:
-        for i in range(60):
-            await writer.run(_insert(f"c{i}"))  # type: ignore[arg-type]
-            await asyncio.sleep(0.002)
-        size_after_first = _size(wal)
-        for i in range(60, 300):
-            await writer.run(_insert(f"c{i}"))  # type: ignore[arg-type]
-            await asyncio.sleep(0.002)
-        assert inline.stats.checkpoints >= 10
-        assert inline.stats.checkpointed_frames > 0
-        assert inline.stats.checkpoints_between_batches == 0
-        # Restarted from its beginning after the checkpoints: without them it grew 5.4
-        # times (measured).
-        assert _size(wal) < 2 * size_after_first
-        assert len(await _stored(sqlite_db)) == 300
-    finally:
-        await writer.close()
+    stats, size_after_first, size = await _wal_sizes(sqlite_db, 60, 300, pause=0.002)
+    assert stats.checkpoints >= 10
+    assert stats.checkpointed_frames > 0
+    assert stats.checkpoints_between_batches == 0
+    # Restarted from its beginning after the checkpoints: without them it grew 5.4 times
+    # (measured).
+    assert size < 2 * size_after_first
 
 
 async def test_sqlite_a_writer_that_never_pauses_still_bounds_its_wal(
@@ -841,26 +850,12 @@ async def test_sqlite_a_writer_that_never_pauses_still_bounds_its_wal(
     """Commits back to back leave no moment for a checkpoint beside them to catch up with
     the WAL's end (and SQLite restarts it only once one did): past its bound, the writer
     checkpoints between two batches instead, and the WAL stays within the bound."""
-    writer = Writer(sqlite_db.sessions)
-    inline = writer.inline
-    assert inline is not None
-    inline.checkpoint_after_changes = 20
-    bind = sqlite_db.sessions.kw["bind"]
-    wal = Path(bind.url.database + "-wal")
-    try:
-        for i in range(400):
-            await writer.run(_insert(f"c{i}"))  # type: ignore[arg-type]
-        size_after_first = _size(wal)
-        for i in range(400, 2000):
-            await writer.run(_insert(f"c{i}"))  # type: ignore[arg-type]
-        assert inline.stats.checkpoints_between_batches > 0
-        # Four times as many commits, and the WAL (its file keeps its largest size) is no
-        # larger: its growth is bounded (WAL_BOUND_CHECKPOINTS checkpoints' worth of rows
-        # past the last checkpoint that copied all of it).
-        assert _size(wal) < 2 * size_after_first
-        assert len(await _stored(sqlite_db)) == 2000
-    finally:
-        await writer.close()
+    stats, size_after_first, size = await _wal_sizes(sqlite_db, 400, 2000, pause=0)
+    assert stats.checkpoints_between_batches > 0
+    # Four times as many commits, and the WAL (its file keeps its largest size) is no
+    # larger: its growth is bounded (WAL_BOUND_CHECKPOINTS checkpoints' worth of rows past
+    # the last checkpoint that copied all of it).
+    assert size < 2 * size_after_first
 
 
 @pytest.mark.parametrize("past_bound", [False, True])
