@@ -370,11 +370,11 @@ def _is_busy(error: sqlite3.OperationalError) -> bool:
     )
 
 
-def _checkpoint(connection: sqlite3.Connection) -> tuple[int, int, int]:
-    """A PASSIVE checkpoint (in a thread): it copies what no reader still needs and waits
-    for nobody. (busy, the WAL's frames, the frames copied)."""
+def _checkpoint(connection: sqlite3.Connection, mode: str = "PASSIVE") -> tuple[int, int, int]:
+    """A checkpoint (in a thread); PASSIVE copies what no reader still needs and waits for
+    nobody. (busy, the WAL's frames, the frames copied)."""
     ((busy, frames, checkpointed),) = connection.execute(
-        "PRAGMA wal_checkpoint(PASSIVE)"
+        f"PRAGMA wal_checkpoint({mode})"
     ).fetchall()
     return int(busy), int(frames), int(checkpointed)
 
@@ -395,12 +395,9 @@ def _checkpoint_bounded(
         return result
     connection.execute(f"PRAGMA busy_timeout={TRUNCATE_BUSY_TIMEOUT_MS}")
     try:
-        ((busy, frames, checkpointed),) = connection.execute(
-            "PRAGMA wal_checkpoint(TRUNCATE)"
-        ).fetchall()
+        return _checkpoint(connection, "TRUNCATE")
     finally:
         connection.execute("PRAGMA busy_timeout=0")
-    return int(busy), int(frames), int(checkpointed)
 
 
 @dataclass
