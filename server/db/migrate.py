@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # The newest migration's revision (migrations/versions/): a test checks it is alembic's head.
-HEAD_REVISION = "0017_claim_indexes"
+HEAD_REVISION = "0018_ledger_indexes"
 # The child's database URL: in its environment, as a password must not be in `ps` output.
 DATABASE_URL_ENV = "GATEWAY_MIGRATE_DATABASE_URL"
 # How much of a failed child's exception line its error repeats.

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from openrouter import components
 
 from server.accounts.interns import intern_document, list_interns
-from server.billing.purchases import list_purchases, purchase_document
+from server.billing.purchases import list_purchases, purchase_document, purchases_page
 from server.db.models import Generation, VideoJob, WebhookDelivery
 from server.errors import GatewayError
 from server.observability.activity import activity, list_generations, page_of
@@ -215,6 +215,21 @@ async def test_purchases_are_the_account_s_own_newest_first(domain: Domain) -> N
     assert [purchase_document(e)["amount"] for e in entries] == [1.5, 3] and total == 2
     assert [e.id for e in second_page] == [entries[1].id]
     assert other.workspace.account_id not in {e.account_id for e in entries}
+
+
+async def test_purchases_are_read_by_their_index_in_page_order(domain: Domain) -> None:
+    """The purchases list seeks the account's purchases in the index made for it (migration
+    0018), already in the order it pages them: no scan of the account's charges, no sort."""
+    issued = await domain.funded_key("purchases-plan", usd="3")
+    statement = purchases_page(issued.workspace.account_id, 0, 20)
+    async with domain.sessions() as session:
+        connection = await session.connection()
+        sql = str(statement.compile(connection.engine, compile_kwargs={"literal_binds": True}))
+        plan = " | ".join(
+            str(row[-1]) for row in await connection.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}")
+        )
+    assert "ix_ledger_entries_account_kind_created" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
 
 
 async def test_interns_are_listed_only_inside_the_intern_programme(domain: Domain) -> None:
