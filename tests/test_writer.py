@@ -108,7 +108,7 @@ async def test_a_lone_unit_commits_in_a_batch_of_its_own(admin_db: Admin, peek: 
         assert await writer.run(_insert("alone")) == "alone"  # type: ignore[arg-type]
         # Committed before run() returned: another session sees it.
         assert await peek() == {"alone"}
-        assert writer.stats.sizes == [1]
+        assert list(writer.stats.sizes) == [1]
     finally:
         await writer.close()
 
@@ -125,7 +125,7 @@ async def test_what_queues_during_a_commit_shares_the_next_one(admin_db: Admin, 
         assert await first == "first"
         assert await asyncio.gather(*rest) == [f"w{i}" for i in range(20)]
         # Twenty callers, one commit: each answered after it.
-        assert writer.stats.sizes == [1, 20]
+        assert list(writer.stats.sizes) == [1, 20]
         assert await peek() == {"first", *(f"w{i}" for i in range(20))}
     finally:
         await writer.close()
@@ -150,7 +150,7 @@ async def test_one_failing_unit_fails_alone_and_writes_nothing(
             assert isinstance(results[1], ValueError)
         else:
             assert isinstance(results[1], Exception) and not isinstance(results[1], ValueError)
-        assert writer.stats.sizes == [1, 3] and writer.stats.failed_units == 1
+        assert list(writer.stats.sizes) == [1, 3] and writer.stats.failed_units == 1
         assert await peek() == {"ok-0", "ok-2"}  # nothing of the failed unit
     finally:
         await writer.close()
@@ -270,7 +270,7 @@ async def test_holds_in_one_batch_stay_exact(admin_db: Admin) -> None:
         refused = [r for r in results if isinstance(r, GatewayError)]
         assert len(held) == 5 and len(refused) == 7
         assert all(r.status == 402 for r in refused)
-        assert writer.stats.sizes == [1, 12]
+        assert list(writer.stats.sizes) == [1, 12]
         count = await admin_db.count(
             CreditHold,
             CreditHold.account_id == workspace.account_id,  # type: ignore[arg-type]
@@ -296,7 +296,7 @@ async def test_a_caller_cancelled_while_queued_withdraws_its_unit(
         assert await kept == "kept"
         assert gone.cancelled()
         assert await peek() == {"kept"}  # the withdrawn unit never ran
-        assert writer.stats.sizes == [1, 1]
+        assert list(writer.stats.sizes) == [1, 1]
     finally:
         await writer.close()
 
@@ -322,7 +322,7 @@ async def test_failures_anywhere_in_a_batch_undo_only_their_own_unit(
         )
         for who, result in zip(plan, results, strict=True):
             assert isinstance(result, ValueError) if who.startswith("bad") else result == who
-        assert writer.stats.sizes == [1, len(plan)]
+        assert list(writer.stats.sizes) == [1, len(plan)]
         assert await peek() == {"ok-1", "ok-4", "ok-5"}
     finally:
         await writer.close()
@@ -670,7 +670,7 @@ async def test_sqlite_a_unit_handed_to_an_idle_writer_runs_in_the_writers_task(
             await commit()
             assert await asyncio.wait_for(first, timeout=5) == "first"
             assert await asyncio.wait_for(asyncio.gather(*rest), timeout=5) == ["r0", "r1", "r2"]
-        assert writer.stats.sizes == [1, 1, 3]
+        assert list(writer.stats.sizes) == [1, 1, 3]
     finally:
         await writer.close()
 
@@ -704,7 +704,7 @@ async def test_sqlite_a_lone_requests_unit_commits_in_its_callers_task(sqlite_db
         assert await writer.run(unit("handed")) == "handed"
         assert ran_in[2] is not caller
         assert writer.stats.led == 2
-        assert writer.stats.sizes == [1, 1, 1]
+        assert list(writer.stats.sizes) == [1, 1, 1]
     finally:
         await writer.close()
 
@@ -796,6 +796,37 @@ async def test_sqlite_a_led_unit_that_waits_and_loses_its_caller_still_commits(
         assert await _stored(sqlite_db) == {"run2"}
         assert await writer.run(_insert("after")) == "after"  # type: ignore[arg-type]
     finally:
+        await writer.close()
+
+
+async def test_sqlite_a_led_unit_cancelled_mid_unit_is_still_bounded_by_finish_within(
+    sqlite_db: Admin,
+) -> None:
+    """A led unit sets no timer while it runs to its end; one cancelled mid-unit (handed to
+    the writer's task to run again) still has its caller's bound: past `finish_within` the
+    caller stops waiting (CancelledError, chained from the TimeoutError) even though the
+    unit's second run has not ended."""
+    writer = Writer(sqlite_db.sessions, alone=_alone)
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def waits(session: AsyncSession) -> str:
+        started.set()
+        await fetch_rows(session, _INSERT, _row("slow"))
+        await release.wait()
+        return "done"
+
+    try:
+        caller = asyncio.create_task(writer.run(waits, finish_within=0.2))
+        await started.wait()
+        began = asyncio.get_running_loop().time()
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError) as ended:
+            await asyncio.wait_for(caller, timeout=5)
+        assert asyncio.get_running_loop().time() - began < 2
+        assert isinstance(ended.value.__cause__, TimeoutError)
+    finally:
+        release.set()
         await writer.close()
 
 

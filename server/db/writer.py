@@ -59,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, TypeVar
@@ -100,6 +101,8 @@ def lost_a_lock_race(error: BaseException) -> bool:
     return False
 
 
+# How many of the last batches' sizes WriterStats keeps.
+SIZES_KEPT = 100
 # The most units one transaction takes; the rest wait for the next commit.
 DEFAULT_MAX_BATCH = 256
 # After a batch had to be run again (a unit failed with no savepoint to roll back to), this
@@ -208,7 +211,8 @@ class WriterStats:
     led: int = 0  # lone units run in their caller's task (Writer._lead)
     lock_race_retries: int = 0  # units run again after losing a deadlock (PostgreSQL)
     unguarded_reruns: int = 0  # batches run again with savepoints after a unit failed
-    sizes: list[int] = field(default_factory=list)  # the last batches' sizes (bounded)
+    # The last batches' sizes (the last SIZES_KEPT).
+    sizes: deque[int] = field(default_factory=lambda: deque(maxlen=SIZES_KEPT))
 
 
 async def wait_uncancelled(future: asyncio.Future[T]) -> T:
@@ -317,9 +321,19 @@ class Writer:
                 if not queued.begun and any(q is queued for q in self._queue):
                     self._queue.remove(queued)  # not begun: withdrawn, never run
                 raise
-        expiry = loop.call_later(finish_within, _expire, self._queue, queued)
+        # The bound counts from here; its timer is set only once the unit may wait (queued,
+        # handed on, or led and cancelled mid-unit): a lone unit led to its end needs none.
+        deadline = loop.time() + finish_within
+        expiry: asyncio.TimerHandle | None = None
         try:
-            if not await self._lead(queued):
+            try:
+                led = await self._lead(queued)
+            except asyncio.CancelledError:
+                expiry = loop.call_at(deadline, _expire, self._queue, queued)
+                raise
+            if not future.done():  # queued now, or led and handed on to run again
+                expiry = loop.call_at(deadline, _expire, self._queue, queued)
+            if not led:
                 self._queue.append(queued)
                 self._wake_loop()
             # Awaited directly, not through wait_uncancelled's shield: the answer reaches the
@@ -330,7 +344,8 @@ class Writer:
             error = await _answer_of(queued)
             raise asyncio.CancelledError from error
         finally:
-            expiry.cancel()
+            if expiry is not None:
+                expiry.cancel()
 
     async def _lead(self, queued: _Queued[Any]) -> bool:
         """Run a lone request's unit in its caller's task, as a batch of one, when nothing
@@ -449,7 +464,7 @@ class Writer:
         stats.batches += 1
         stats.units += len(batch)
         stats.largest_batch = max(stats.largest_batch, len(batch))
-        stats.sizes = [*stats.sizes[-99:], len(batch)]
+        stats.sizes.append(len(batch))
 
     async def _commit(self, batch: list[_Queued[Any]]) -> None:
         self._count(batch)
