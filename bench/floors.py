@@ -20,7 +20,8 @@
 One process serves both (the servicers are registered together; F1 only ever calls Keys,
 F2 only Audio), started by bench.hotpath as `python -m bench.floors --provider-url URL
 --provider-key KEY`; it prints `Floor listening on 127.0.0.1:PORT` when Envoy is ready and
-stops on SIGTERM. Only 127.0.0.1 is contacted.
+stops on SIGTERM. Every floor runs on the gateway's event loop (server/event_loop.py). Only
+127.0.0.1 is contacted.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from bench.harness.load import LOOPBACK, REQUEST_TIMEOUT
 from bench.harness.processes import UNCAPPED_EDGE
 from facade.envoy_config import EnvoyOptions, Upstream
 from facade.launcher import ENVOY_WORKERS, EnvoyProcess, dying_with_this_process
+from server import event_loop
 from server.config import EdgePolicy
 from server.contract import DESCRIPTOR_SET, SERVICES, audio_pb2_grpc, keys_pb2, keys_pb2_grpc
 from testkit.processes import free_port
@@ -451,12 +453,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--provider-url must be on {LOOPBACK}")
     http_port = args.http_port or free_port()
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
+        # On the gateway's own event loop: a floor of the same stack.
         if args.plain_http:
-            asyncio.run(
+            event_loop.run(
                 serve_plain_http(args.provider_url, args.provider_key, http_port, Path(tmp))
             )
             return 0
-        asyncio.run(
+        event_loop.run(
             serve(
                 args.provider_url, args.provider_key, http_port, Path(tmp), args.bare_provider_call
             )

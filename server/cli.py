@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from server import event_loop
 from server.accounts import keys as key_store
 from server.accounts import workspaces
 from server.accounts.operator import ensure_operator_key, rotate_operator_key
@@ -1079,7 +1080,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # its owner's only. Restored on return, for callers in-process.
     umask = os.umask(0o077)
     try:
-        code: int = asyncio.run(args.run(args))
+        code: int = event_loop.run(args.run(args))
         return code
     except DataDirMismatch as error:
         print(f"gateway: error: {error}", file=sys.stderr)

@@ -21,6 +21,7 @@ import pytest
 import pytest_asyncio
 from sqlmodel import SQLModel
 
+from server import event_loop
 from server.db.engine import create_engine, session_factory
 from server.db.migrate import upgrade
 from server.db.models import LedgerEntry
@@ -38,6 +39,16 @@ PG_HOST = os.environ.get("GATEWAY_TEST_PG_HOST", "127.0.0.1")
 PG_USER = os.environ.get("GATEWAY_TEST_PG_USER", "postgres")
 PG_ADMIN_DSN = f"postgresql://{PG_USER}@{PG_HOST}:5432/test"
 BACKENDS = ("sqlite", "postgres")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every async test and fixture runs on the event loop the gateway's processes run on
+    (server/event_loop.py): one loop to support. pytest-asyncio makes its loops with the
+    current policy (its loop-factory hook parametrizes the async tests only, which tears
+    session fixtures down between them and the sync tests that use them)."""
+    asyncio.set_event_loop_policy(event_loop.EventLoopPolicy())
+
+
 # What the end-to-end `stack` runs on: the route, Envoy and gRPC behave the same on either
 # database, so SQLite only, unless a test (or its module) is marked `both_backends` because
 # the database is its point (exactness under concurrency, holds, stored values, ...).

@@ -1,4 +1,4 @@
-"""The pooled provider client's transport: HTTP/1.1 over asyncio's own protocols, answers
+"""The pooled provider client's transport: HTTP/1.1 over asyncio's protocols, answers
 parsed by llhttp (`httptools`, the parser uvicorn serves with), connections kept alive in a
 pool per origin under httpx's limits and timeouts. An `httpx.AsyncBaseTransport` (httpx's
 documented extension point), so callers keep the one httpx client and its exception types.
@@ -35,12 +35,14 @@ import asyncio
 import math
 import re
 import select
+import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
+import aiohappyeyeballs
 import httptools
 import httpx
 
@@ -114,8 +116,8 @@ class _Connection(asyncio.Protocol):
         self.read_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (create_connection's), whichever event loop's class it is.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.active_at = self.loop.time()
@@ -202,6 +204,13 @@ class _Connection(asyncio.Protocol):
             transport.abort()
         else:
             transport.close()
+
+
+def _close(sock: socket.socket | None) -> None:
+    """A connected socket no transport took over (the TLS handshake failed, time ran out):
+    closed here. (One a transport took over is closed again harmlessly: a no-op.)"""
+    if sock is not None:
+        sock.close()
 
 
 def _socket_readable(transport: asyncio.Transport) -> bool:
@@ -537,24 +546,34 @@ class Http11Transport(httpx.AsyncBaseTransport):
         scheme, host, port, sni = origin
         loop = asyncio.get_running_loop()
         tls = scheme == "https"
+        sock: socket.socket | None = None
         try:
             async with asyncio.timeout(seconds):
+                addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                # The host's addresses raced (RFC 8305), as asyncio's own create_connection
+                # does with happy_eyeballs_delay, but on any event loop: aiohttp's library.
+                sock = await aiohappyeyeballs.start_connection(
+                    addresses, happy_eyeballs_delay=_HAPPY_EYEBALLS_DELAY, interleave=1
+                )
                 _, connection = await loop.create_connection(
                     _Connection,
-                    host,
-                    port,
+                    sock=sock,
                     ssl=self._tls if tls else None,
                     server_hostname=sni if tls else None,
-                    happy_eyeballs_delay=_HAPPY_EYEBALLS_DELAY,
                     # asyncio's own 60 s default would end a longer `seconds` early.
                     ssl_handshake_timeout=(None if seconds is None else seconds + 1.0)
                     if tls
                     else None,
                 )
         except TimeoutError as exc:  # before OSError: TimeoutError is one
+            _close(sock)
             raise httpx.ConnectTimeout(str(exc) or "timed out connecting", request=request) from exc
         except OSError as exc:  # ssl.SSLError (a refused certificate) is one
+            _close(sock)
             raise httpx.ConnectError(str(exc), request=request) from exc
+        except BaseException:
+            _close(sock)
+            raise
         return connection
 
     def _fresh(self, connection: _Connection, now: float) -> bool:

@@ -47,6 +47,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "config",
                 "db",
                 "errors",
+                "event_loop",
                 "hostnames",
                 "ports",
                 "validation",

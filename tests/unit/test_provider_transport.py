@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import gc
 import gzip
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -322,6 +323,32 @@ async def test_refused_and_dropped_connections_are_unreachable(kind: str) -> Non
     async with client_of(kind) as client:
         with pytest.raises(httpx.ConnectError):
             await client.post(f"http://{LOOPBACK}:{closed}/", content=b"a")
+
+
+async def test_a_host_whose_first_address_refuses_is_reached_at_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A provider's name resolves to several addresses: they are tried in turn (raced, RFC
+    8305), so one that refuses does not make the provider unreachable. 127.0.0.2 is
+    loopback too, but the server listens on 127.0.0.1 only. (The gateway's transport alone:
+    httpx's own resolves through anyio, not the event loop this test steers.)"""
+    loop = asyncio.get_running_loop()
+    real = type(loop).getaddrinfo
+
+    async def two_addresses(
+        self: asyncio.AbstractEventLoop, host: object, port: object, *args: object, **kwargs: object
+    ) -> list[tuple]:  # type: ignore[type-arg]
+        if host != "provider.test":
+            return await real(self, host, port, *args, **kwargs)  # type: ignore[no-any-return]
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.2", port)),
+            (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (LOOPBACK, port)),
+        ]
+
+    monkeypatch.setattr(type(loop), "getaddrinfo", two_addresses)
+    async with Server(echo) as server, client_of("http11") as client:
+        response = await client.post(f"http://provider.test:{server.port}/", content=b"hi")
+        assert response.content == b"hi"
 
 
 async def test_a_cancelled_request_leaves_no_broken_connection(kind: str) -> None:
