@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import grpc
 import httptools
@@ -192,8 +193,8 @@ class PlainHttpTranscriptions(asyncio.Protocol):
         self._writer: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport (create_server's), whichever event loop's class it is.
+        self._transport = cast(asyncio.Transport, transport)
         self._writer = asyncio.get_running_loop().create_task(self._write_answers())
 
     def data_received(self, data: bytes) -> None:
