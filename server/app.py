@@ -228,6 +228,8 @@ def build_core(
     guardrails = GuardrailsCache(principals)
     cooldowns = Cooldowns(clock)  # shared by transcription and video submission routing
     metrics = Metrics()
+    if writer.inline is not None:
+        metrics.watch_sqlite_writer(writer.inline.stats)
     tracer_provider = tracer_provider_from_environment()
     tracer = tracer_of(tracer_provider)
     # Leases are part of the enforced limits: a stand-in `limits` (bench/) admits alone.

@@ -103,6 +103,10 @@ async def test_metrics_count_routes_providers_fallbacks_and_admissions(
         ("gateway_webhook_backlog", {}),
         ("gateway_credit_holds_open", {}),
         ("gateway_credit_holds_open_usd", {}),
+        # The stack runs on a SQLite file: its writer's connection is reported too.
+        ("gateway_sqlite_wal_checkpoints_total", {"when": "beside"}),
+        ("gateway_sqlite_wal_truncations_total", {}),
+        ("gateway_sqlite_lock_waits_total", {}),
     ):
         assert (name, tuple(sorted(labels.items()))) in after, name
 

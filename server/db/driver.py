@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from datetime import date as date_type
 from datetime import datetime as datetime_type
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import asyncpg
 import sqlalchemy as sa
@@ -379,25 +379,36 @@ def _checkpoint(connection: sqlite3.Connection, mode: str = "PASSIVE") -> tuple[
     return int(busy), int(frames), int(checkpointed)
 
 
-def _checkpoint_bounded(
-    connection: sqlite3.Connection, wal_path: str, bound_bytes: int
-) -> tuple[int, int, int]:
+class Bounded(NamedTuple):
+    """What `_checkpoint_bounded` did: the last checkpoint's (busy, the WAL's frames, the
+    frames copied), and how long its TRUNCATE checkpoint took (None: none was needed)."""
+
+    busy: int
+    frames: int
+    checkpointed: int
+    truncate_seconds: float | None
+
+
+def _checkpoint_bounded(connection: sqlite3.Connection, wal_path: str, bound_bytes: int) -> Bounded:
     """A PASSIVE checkpoint beside the batches (in a thread); if the WAL file is still past
     `bound_bytes`, a TRUNCATE one after it: it waits (up to TRUNCATE_BUSY_TIMEOUT_MS) for
     the writers of every process and for readers, copies what is left and empties the
-    file, so that the WAL stays bounded whoever writes to it."""
+    file, so that the WAL stays bounded whoever writes to it. Every process's writers wait
+    while it runs: its length is what InlineStats (and the writer's metrics) report."""
     result = _checkpoint(connection)
     try:
         size = os.path.getsize(wal_path)
     except OSError:
-        return result
+        return Bounded(*result, None)
     if size <= bound_bytes:
-        return result
+        return Bounded(*result, None)
     connection.execute(f"PRAGMA busy_timeout={TRUNCATE_BUSY_TIMEOUT_MS}")
+    started = time.perf_counter()
     try:
-        return _checkpoint(connection, "TRUNCATE")
+        truncated = _checkpoint(connection, "TRUNCATE")
     finally:
         connection.execute("PRAGMA busy_timeout=0")
+    return Bounded(*truncated, time.perf_counter() - started)
 
 
 @dataclass
@@ -412,6 +423,11 @@ class InlineStats:
     checkpoints_between_batches: int = 0  # the WAL past its bound: the writer waited for it
     checkpoint_seconds: float = 0.0
     checkpointed_frames: int = 0
+    # TRUNCATE checkpoints (the WAL file past WAL_FILE_BOUND_BYTES): every process's writers
+    # wait while one runs.
+    truncations: int = 0
+    truncation_seconds: float = 0.0
+    longest_truncation_seconds: float = 0.0
 
 
 class InlineSqlite:
@@ -472,7 +488,7 @@ class InlineSqlite:
         self._connection: sqlite3.Connection | None = None
         self._changes_at_checkpoint = 0
         # The checkpoint running beside the batches, on `_checkpointer` (one at a time).
-        self._beside: asyncio.Future[tuple[int, int, int]] | None = None
+        self._beside: asyncio.Future[Bounded] | None = None
         self._checkpointer: sqlite3.Connection | None = None
         self._short = False  # the last checkpoint left frames committed while it ran
         # total_changes when the last checkpoint that copied the whole WAL began.
@@ -648,7 +664,7 @@ class InlineSqlite:
         self._beside = beside
         started = time.perf_counter()
 
-        def ended(done: asyncio.Future[tuple[int, int, int]]) -> None:
+        def ended(done: asyncio.Future[Bounded]) -> None:
             self._beside = None
             self._ended_at = time.perf_counter()
             self.stats.checkpoints += 1
@@ -659,7 +675,15 @@ class InlineSqlite:
             if error is not None:
                 log.warning("WAL checkpoint failed: %r", error)
                 return
-            self._record(done.result(), began_at)
+            bounded = done.result()
+            if bounded.truncate_seconds is not None:
+                stats = self.stats
+                stats.truncations += 1
+                stats.truncation_seconds += bounded.truncate_seconds
+                stats.longest_truncation_seconds = max(
+                    stats.longest_truncation_seconds, bounded.truncate_seconds
+                )
+            self._record(bounded[:3], began_at)
 
         beside.add_done_callback(ended)
 

@@ -13,6 +13,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from server.db.driver import InlineStats
 
 # Request latencies from a fast key lookup to a slow provider call.
 _LATENCY_BUCKETS = (0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -160,7 +164,63 @@ class Metrics:
                 seconds = self._call_seconds[key[:2]] = self.provider_seconds.labels(*key[:2])
             seconds.observe(elapsed)
 
+    def watch_sqlite_writer(self, stats: InlineStats) -> None:
+        """Report the group-commit writer's own SQLite connection (a SQLite file only): its
+        WAL checkpoints, the TRUNCATE ones that hold every process's writers off, and its
+        waits for another process's write lock. Read at each scrape."""
+        self.registry.register(_SqliteWriterCollector(stats))
+
     def serve(self, host: str, port: int) -> Any:
         """Serve /metrics on host:port from a daemon thread; returns the HTTP server."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return server
+
+
+class _SqliteWriterCollector(Collector):
+    def __init__(self, stats: InlineStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats
+        checkpoints = CounterMetricFamily(
+            "gateway_sqlite_wal_checkpoints",
+            "WAL checkpoints of this process's writer: beside its batches, or between them "
+            "(the WAL past its bound: the writer's batches waited)",
+            labels=["when"],
+        )
+        between = stats.checkpoints_between_batches
+        checkpoints.add_metric(["beside"], stats.checkpoints - between)
+        checkpoints.add_metric(["between"], between)
+        yield checkpoints
+        yield CounterMetricFamily(
+            "gateway_sqlite_wal_checkpoint_seconds",
+            "Time this process's writer spent in WAL checkpoints",
+            value=stats.checkpoint_seconds,
+        )
+        yield CounterMetricFamily(
+            "gateway_sqlite_wal_truncations",
+            "TRUNCATE checkpoints (the WAL file past its bound): every process's writers wait "
+            "while one runs",
+            value=stats.truncations,
+        )
+        yield CounterMetricFamily(
+            "gateway_sqlite_wal_truncation_seconds",
+            "Time those TRUNCATE checkpoints took",
+            value=stats.truncation_seconds,
+        )
+        yield GaugeMetricFamily(
+            "gateway_sqlite_wal_truncation_longest_seconds",
+            "The longest TRUNCATE checkpoint since the process started",
+            value=stats.longest_truncation_seconds,
+        )
+        yield CounterMetricFamily(
+            "gateway_sqlite_lock_waits",
+            "Batches of this process's writer that found the write lock held by another "
+            "process and waited for it",
+            value=stats.busy_waits,
+        )
+        yield CounterMetricFamily(
+            "gateway_sqlite_lock_wait_seconds",
+            "Time those batches waited",
+            value=stats.busy_wait_seconds,
+        )
