@@ -560,7 +560,7 @@ class Http11Transport(httpx.AsyncBaseTransport):
                     sock=sock,
                     ssl=self._tls if tls else None,
                     server_hostname=sni if tls else None,
-                    # asyncio's own 60 s default would end a longer `seconds` early.
+                    # The event loop's own 60 s default would end a longer `seconds` early.
                     ssl_handshake_timeout=(None if seconds is None else seconds + 1.0)
                     if tls
                     else None,
