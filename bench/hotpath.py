@@ -388,6 +388,24 @@ def summarise(
     return figures
 
 
+def added_p50_by_round(results: Sequence[CaseResult], path: str, peer: str) -> list[float]:
+    """`path`'s added p50 at concurrency 1 over `peer`'s, round by round (each round's p50s
+    less that round's direct call): how far the run's noise moves the ratio the target is
+    judged on (the median's)."""
+    by_path: dict[str, list[float | None]] = {}
+    for result in results:
+        if result.concurrency == 1:
+            by_path.setdefault(result.path, []).append(result.p50_ms)
+    ratios = []
+    for ours, theirs, direct in zip(
+        by_path.get(path, []), by_path.get(peer, []), by_path.get(DIRECT_STT, []), strict=False
+    ):
+        if ours is None or theirs is None or direct is None or theirs <= direct:
+            continue
+        ratios.append(round((ours - direct) / (theirs - direct), 3))
+    return ratios
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
@@ -882,6 +900,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     targets = evaluate(figures, videos, rss, peer_rss)
     machine = machine_info(database.label)
     print(report(figures, targets, machine, load_at_start, notes))
+    by_round = added_p50_by_round(results, GW_STT, PORTKEY_STT)
+    if by_round:
+        print(
+            "transcription added p50 at 1 against Portkey's, round by round: "
+            + ", ".join(f"{ratio:.3f}" for ratio in by_round)
+        )
     print(f"Took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if args.json is not None:
         args.json.write_text(
@@ -904,6 +928,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "cpu": [asdict(c) for c in cpu],
                     "figures": [asdict(f) for f in figures.values()],
                     "targets": [asdict(t) for t in targets],
+                    "gateway_against_portkey_by_round": by_round,
                 },
                 indent=2,
             )

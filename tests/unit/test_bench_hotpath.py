@@ -24,6 +24,7 @@ from bench.hotpath import (
     PORTKEY_STT,
     Case,
     CaseCpu,
+    added_p50_by_round,
     build_parser,
     evaluate,
     run_rounds,
@@ -174,6 +175,22 @@ def test_portkey_targets_are_ratios_within_the_run() -> None:
     # The issue's transcription throughput target is 80% of F2's.
     f2 = targets["transcription req/s at 16 >= 80% of F2"]
     assert (f2.ratio, f2.met) == (0.857, True)
+
+
+def test_the_portkey_latency_ratio_is_also_given_round_by_round() -> None:
+    """Each round's added p50s (less that round's direct call) as a ratio: the spread of the
+    figure the target takes the median of. A round without a peer's figure is left out."""
+    results = [
+        _result(DIRECT_STT, 1, 100, 0.2),
+        _result(GW_STT, 1, 100, 1.2),
+        _result(PORTKEY_STT, 1, 100, 1.0),
+        _result(GW_STT, 16, 100, 9.0),  # concurrency 16: not this ratio's
+        _result(DIRECT_STT, 1, 100, 0.1),
+        _result(GW_STT, 1, 100, 1.0),
+        _result(PORTKEY_STT, 1, 100, 1.1),
+    ]
+    assert added_p50_by_round(results, GW_STT, PORTKEY_STT) == [1.25, 0.9]
+    assert added_p50_by_round(results, GW_STT, "nobody") == []
 
 
 def test_portkey_targets_without_portkey_are_not_judged() -> None:
