@@ -620,20 +620,15 @@ class InlineSqlite:
         await self._thread_done()  # (reading the connection would wait for the thread's)
         if not self.checkpoint_due():
             return
-        beside = self._beside
-        if beside is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(beside)
+        await self._beside_done()
         began_at = self._changes_at_checkpoint = self.connection.total_changes
         started = time.perf_counter()
         try:
             result = await self._in_thread(functools.partial(_checkpoint, self.connection))
             self._record(result, began_at)
         finally:
-            self._ended_at = time.perf_counter()
-            self.stats.checkpoints += 1
+            self._checkpoint_ended(started)
             self.stats.checkpoints_between_batches += 1
-            self.stats.checkpoint_seconds += time.perf_counter() - started
 
     def checkpoint_due(self) -> bool:
         """A checkpoint between batches is due: the WAL may be past its bound (the batches
@@ -666,9 +661,7 @@ class InlineSqlite:
 
         def ended(done: asyncio.Future[Bounded]) -> None:
             self._beside = None
-            self._ended_at = time.perf_counter()
-            self.stats.checkpoints += 1
-            self.stats.checkpoint_seconds += self._ended_at - started
+            self._checkpoint_ended(started)
             if done.cancelled():
                 return
             error = done.exception()
@@ -686,6 +679,21 @@ class InlineSqlite:
             self._record(bounded[:3], began_at)
 
         beside.add_done_callback(ended)
+
+    def _checkpoint_ended(self, started: float) -> None:
+        """Count a checkpoint (either kind) that began at `started` (perf_counter) and ended
+        now."""
+        self._ended_at = time.perf_counter()
+        self.stats.checkpoints += 1
+        self.stats.checkpoint_seconds += self._ended_at - started
+
+    async def _beside_done(self) -> None:
+        """Wait for the checkpoint beside the batches, if one runs (a failure of it is
+        logged by its own callback)."""
+        beside = self._beside
+        if beside is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(beside)
 
     def _record(self, result: tuple[int, int, int], began_at: int) -> None:
         """What a checkpoint that began at `began_at` (total_changes) found: (busy, the
@@ -725,10 +733,7 @@ class InlineSqlite:
 
     async def close(self) -> None:
         await self._thread_done()
-        beside = self._beside
-        if beside is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(beside)
+        await self._beside_done()
         if self._checkpointer is not None:
             self._checkpointer.close()
             self._checkpointer = None

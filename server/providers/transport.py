@@ -206,13 +206,6 @@ class _Connection(asyncio.Protocol):
             transport.close()
 
 
-def _close(sock: socket.socket | None) -> None:
-    """A connected socket no transport took over (the TLS handshake failed, time ran out):
-    closed here. (One a transport took over is closed again harmlessly: a no-op.)"""
-    if sock is not None:
-        sock.close()
-
-
 def _socket_readable(transport: asyncio.Transport) -> bool:
     """Whether the kernel holds bytes (or the end of stream) the event loop has not read."""
     sock = transport.get_extra_info("socket")
@@ -546,7 +539,6 @@ class Http11Transport(httpx.AsyncBaseTransport):
         scheme, host, port, sni = origin
         loop = asyncio.get_running_loop()
         tls = scheme == "https"
-        sock: socket.socket | None = None
         try:
             async with asyncio.timeout(seconds):
                 addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -555,25 +547,26 @@ class Http11Transport(httpx.AsyncBaseTransport):
                 sock = await aiohappyeyeballs.start_connection(
                     addresses, happy_eyeballs_delay=_HAPPY_EYEBALLS_DELAY, interleave=1
                 )
-                _, connection = await loop.create_connection(
-                    _Connection,
-                    sock=sock,
-                    ssl=self._tls if tls else None,
-                    server_hostname=sni if tls else None,
-                    # The event loop's own 60 s default would end a longer `seconds` early.
-                    ssl_handshake_timeout=(None if seconds is None else seconds + 1.0)
-                    if tls
-                    else None,
-                )
+                try:
+                    _, connection = await loop.create_connection(
+                        _Connection,
+                        sock=sock,
+                        ssl=self._tls if tls else None,
+                        server_hostname=sni if tls else None,
+                        # The event loop's own 60 s default would end a longer `seconds` early.
+                        ssl_handshake_timeout=(None if seconds is None else seconds + 1.0)
+                        if tls
+                        else None,
+                    )
+                except BaseException:
+                    # No transport kept the socket (the TLS handshake failed, time ran out).
+                    # (Closing one a failed transport already closed does nothing.)
+                    sock.close()
+                    raise
         except TimeoutError as exc:  # before OSError: TimeoutError is one
-            _close(sock)
             raise httpx.ConnectTimeout(str(exc) or "timed out connecting", request=request) from exc
         except OSError as exc:  # ssl.SSLError (a refused certificate) is one
-            _close(sock)
             raise httpx.ConnectError(str(exc), request=request) from exc
-        except BaseException:
-            _close(sock)
-            raise
         return connection
 
     def _fresh(self, connection: _Connection, now: float) -> bool:
