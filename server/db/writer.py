@@ -318,6 +318,9 @@ class Writer:
                 # a done future), never the unit of a batch that has begun.
                 return await future
             except asyncio.CancelledError:
+                # Nobody awaits the caller's future now (cancelled while led, it was not
+                # awaited yet): dropped, so that a later failure is not left unretrieved.
+                future.cancel()
                 if not queued.begun and any(q is queued for q in self._queue):
                     self._queue.remove(queued)  # not begun: withdrawn, never run
                 raise
@@ -341,6 +344,7 @@ class Writer:
             # unit (the writer answers a unit whatever became of its future).
             return await future
         except asyncio.CancelledError:
+            future.cancel()  # (as above: the answer comes through `outcome` now)
             error = await _answer_of(queued)
             raise asyncio.CancelledError from error
         finally:
