@@ -309,16 +309,16 @@ class _Answer:
     def on_message_complete(self) -> None:
         if self.head_done and not self.complete:
             self.complete = True
-            # llhttp resets its flags once the message ends: ask while it is ending.
-            self.keep_alive = (
-                self.parser.should_keep_alive() and self.parser.get_http_version() == "1.1"
-            )
+            self.keep_alive = self._keeps_alive()
 
     def _keeps_alive(self) -> bool:
-        """An answer to HEAD (llhttp, not told the request was HEAD, would expect a body):
-        HTTP/1.1 without `Connection: close`. HTTP/1.0 connections are not kept (nor are they
-        by httpx's own transport)."""
-        if self.parser.get_http_version() != "1.1":
+        """Whether the server keeps the connection (RFC 9112 9.3): HTTP/1.1 or later without
+        `Connection: close`, as httpx's own transport (h11) reads it; llhttp's
+        should_keep_alive would close after a later version. HTTP/1.0 connections are not
+        kept (nor are they by httpx's own transport). How the body ended is the caller's
+        (`until_eof`)."""
+        major, _, minor = self.parser.get_http_version().partition(".")
+        if (int(major), int(minor or 0)) < (1, 1):
             return False
         for name, value in self.headers:
             if name.lower() == b"connection" and b"close" in (

@@ -777,6 +777,22 @@ async def test_a_head_answer_without_length_keeps_its_connection() -> None:
         assert connections == 1, kind
 
 
+@pytest.mark.parametrize(
+    ("version", "kept"),
+    [(b"1.1", True), (b"2.0", True), (b"1.0", False)],
+)
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_a_connection_is_kept_after_http_1_1_or_later(
+    version: bytes, kept: bool, method: str
+) -> None:
+    """RFC 9112 9.3: a connection persists after an HTTP/1.1 "or later" answer without
+    `Connection: close`, as httpx's own transport keeps it; not after HTTP/1.0."""
+    raw = b"HTTP/" + version + b" 200 OK\r\nContent-Length: 0\r\n\r\n"
+    for kind in ("httpx", "http11"):
+        _, connections = await twice(kind, raw, method)
+        assert connections == (1 if kept else 2), kind
+
+
 async def test_bytes_after_an_answer_that_are_not_http_do_not_fail_it() -> None:
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     outcome = await exchange("http11", scripted(answer + b"xx", [], False, True), "GET")
