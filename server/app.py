@@ -7,7 +7,7 @@ import gc
 import logging
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +20,8 @@ from opentelemetry.trace import Tracer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from server.auth import Authenticator
+from server.billing.holds import FINISH_TIMEOUT_SECONDS
+from server.billing.settlements import Settlements
 from server.byok.cache import ByokKeysCache
 from server.byok.fees import ByokFees
 from server.byok.routing import ByokRouting
@@ -141,8 +143,12 @@ class Core:
     hot_reads: HotReads | None = None  # GET /key's one read (server/db/driver.py)
     guardrails: GuardrailsCache | None = None  # callers' guardrails, under the auth's stamp
     leases: BudgetLeases | None = None  # slices of callers' budgets (limits/leases.py)
+    # Leased requests' charges still committing after their answers (billing/settlements.py).
+    settlements: Settlements = field(default_factory=Settlements)
 
     async def close(self) -> None:
+        # Every charge still committing first: it needs its lease and the writer.
+        await self.settlements.close(FINISH_TIMEOUT_SECONDS)
         for pool in self.pools:
             await pool.close()
         await self.http.aclose()
@@ -234,6 +240,7 @@ def build_core(
     tracer = tracer_of(tracer_provider)
     # Leases are part of the enforced limits: a stand-in `limits` (bench/) admits alone.
     leases = BudgetLeases(writer, clock, metrics) if limits is None else None
+    settlements = Settlements()
     limits = limits or EnforcedLimits(metrics)
     webhooks = WebhookDispatcher(
         sessions,
@@ -275,6 +282,7 @@ def build_core(
                 writer=writer,
                 guardrails=guardrails,
                 leases=leases,
+                settlements=settlements if leases is not None else None,
             ),
             BodyBudget(
                 settings.body_budget_bytes,
@@ -322,6 +330,7 @@ def build_core(
         tracer=tracer,
         tracer_provider=tracer_provider,
         leases=leases,
+        settlements=settlements,
         pools=(decoder, local_stt),
         guardrails=guardrails,
     )
@@ -399,7 +408,14 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
     table = MethodTable()
     server.add_generic_rpc_handlers((table,))
     observed: Any = ObservedServer(table, observer)  # the generated functions' `server`
-    keys = KeysService(core.auth, core.sessions, core.clock, core.hot_reads, core.guardrails)
+    keys = KeysService(
+        core.auth,
+        core.sessions,
+        core.clock,
+        core.hot_reads,
+        core.guardrails,
+        settlements=core.settlements,
+    )
     keys_pb2_grpc.add_KeysServicer_to_server(keys, observed)
     management_pb2_grpc.add_ManagementServicer_to_server(
         ManagementService(
@@ -410,6 +426,7 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
                 core.settings.key_rotation_grace_seconds,
                 core.settings.key_rotation_max_grace_seconds,
             ),
+            settlements=core.settlements,
         ),
         observed,
     )
@@ -446,10 +463,10 @@ def build_server(core: Core) -> tuple[grpc.aio.Server, health.aio.HealthServicer
         GuardrailsService(core.auth, core.sessions, core.clock, core.catalog), observed
     )
     generations_pb2_grpc.add_GenerationsServicer_to_server(
-        GenerationsService(core.auth, core.sessions), observed
+        GenerationsService(core.auth, core.sessions, core.settlements), observed
     )
     console_pb2_grpc.add_ActivityServicer_to_server(
-        ActivityService(core.auth, core.sessions, core.clock), observed
+        ActivityService(core.auth, core.sessions, core.clock, core.settlements), observed
     )
     console_pb2_grpc.add_ConsoleServicer_to_server(ConsoleService(ConsoleAssets()), observed)
     models_pb2_grpc.add_ModelsServicer_to_server(

@@ -16,6 +16,7 @@ from opentelemetry.trace import NoOpTracer
 from sqlmodel import SQLModel, select
 
 from server.auth import Authenticator, Principal
+from server.billing.settlements import Settlements
 from server.clock import ManualClock
 from server.compute import ComputePool
 from server.db.engine import SessionFactory
@@ -202,6 +203,10 @@ class Domain:
     admin: Admin
     dialect: str
     leases: BudgetLeases | None = None  # as build_core wires them (server/limits/leases.py)
+    # Leased charges committing after their answers (server/billing/settlements.py).
+    settlements: Settlements = field(default_factory=Settlements)
+    # False: every charge commits before its answer, as a request that is not leased does.
+    charges_beside_answers: bool = True
 
     @property
     def limits(self) -> EnforcedLimits:
@@ -220,6 +225,11 @@ class Domain:
             decoder,
             writer=self.writer,
             leases=self.leases,
+            settlements=(
+                self.settlements
+                if self.leases is not None and self.charges_beside_answers
+                else None
+            ),
         )
 
     def video_adapters(self) -> dict[str, OpenAIVideoAdapter]:
@@ -236,10 +246,13 @@ class Domain:
         return await self.admin.key(workspace, **key)
 
     async def transcribe(self, issued: IssuedKey, model: str = "unit/ok") -> TranscriptionResult:
-        """One transcription of the `hello` fixture by `issued`, as the audio service runs it."""
+        """One transcription of the `hello` fixture by `issued`, as the audio service runs it;
+        returned once its charge has committed, as a reader of its account then sees it."""
         async with self.sessions() as session:
             principal = await self.principal(issued)
-            return await self.transcriber().transcribe(session, principal, stt_input(model))
+            result = await self.transcriber().transcribe(session, principal, stt_input(model))
+        await self.settlements.settled(principal.account.id)
+        return result
 
     async def drain_leases(self) -> None:
         """Give back this process's budget leases that no request runs on, as an idle lease

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from server.billing.money import micros_to_json_number
 from server.db.driver import InlineStats
 
 # Request latencies from a fast key lookup to a slow provider call.
@@ -64,6 +65,17 @@ class Metrics:
             "Billable requests admitted or refused by the limits "
             "(admitted, credits, key_limit, in_flight_budget, free_minute, free_day)",
             ["outcome"],
+            registry=r,
+        )
+        self.charges_lost = Counter(
+            "gateway_charges_lost",
+            "Requests answered whose charge could not be recorded after the answer (tried "
+            "again, then given up: not charged)",
+            registry=r,
+        )
+        self.charges_lost_usd = Counter(
+            "gateway_charges_lost_usd",
+            "What the requests of gateway_charges_lost would have been charged, in USD",
             registry=r,
         )
         self.holds_open = Gauge(
@@ -119,6 +131,11 @@ class Metrics:
         for task in ("holds", "videos", "rate_windows"):  # exported from the start, at 0
             self.maintenance_rows.labels(task)
             self.maintenance_failures.labels(task)
+
+    def charge_lost(self, micros: int) -> None:
+        """Count an answered request whose charge was given up (not charged)."""
+        self.charges_lost.inc()
+        self.charges_lost_usd.inc(micros_to_json_number(micros))  # a metric, not a record
 
     def request_done(self, route: str, status: int, seconds: float) -> None:
         """Count one answered rpc and its duration. The labelled children are looked up once

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import grpc
 from google.protobuf import json_format
+from sqlmodel.ext.asyncio.session import AsyncSession
 
 from server.accounts.interns import intern_document, list_interns
-from server.auth import Authenticator, own_records
+from server.auth import Authenticator, Principal, own_records
 from server.billing.purchases import list_purchases, purchase_document
+from server.billing.settlements import Settlements
 from server.clock import Clock
 from server.contract import console_pb2, console_pb2_grpc
 from server.db.engine import SessionFactory
@@ -31,16 +33,32 @@ def _page(
 
 
 class ActivityService(console_pb2_grpc.ActivityServicer):
-    def __init__(self, auth: Authenticator, sessions: SessionFactory, clock: Clock) -> None:
+    def __init__(
+        self,
+        auth: Authenticator,
+        sessions: SessionFactory,
+        clock: Clock,
+        settlements: Settlements | None = None,
+    ) -> None:
         self._auth = auth
         self._sessions = sessions
         self._clock = clock
+        # The caller's charges still committing here are waited for before a read.
+        self._settlements = settlements
+
+    async def _principal(
+        self, session: AsyncSession, context: grpc.aio.ServicerContext
+    ) -> Principal:
+        principal = await self._auth.authenticate(session, metadata_of(context))
+        if self._settlements is not None:
+            await self._settlements.settled(principal.account.id)
+        return principal
 
     async def GetActivity(
         self, request: console_pb2.GetActivityRequest, context: grpc.aio.ServicerContext
     ) -> console_pb2.ActivityResponse:
         async with self._sessions() as session:
-            principal = await self._auth.authenticate(session, metadata_of(context))
+            principal = await self._principal(session, context)
             items = await activity(
                 session,
                 principal.workspace.id,
@@ -55,7 +73,7 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
         self, request: console_pb2.ListGenerationsRequest, context: grpc.aio.ServicerContext
     ) -> console_pb2.GenerationListResponse:
         async with self._sessions() as session:
-            principal = await self._auth.authenticate(session, metadata_of(context))
+            principal = await self._principal(session, context)
             page = _page(request)
             records, total = await list_generations(
                 session,
@@ -75,7 +93,7 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
         self, request: console_pb2.ListVideosRequest, context: grpc.aio.ServicerContext
     ) -> console_pb2.VideoJobListResponse:
         async with self._sessions() as session:
-            principal = await self._auth.authenticate(session, metadata_of(context))
+            principal = await self._principal(session, context)
             page = _page(request)
             jobs, total = await list_jobs(
                 session,
@@ -118,7 +136,7 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
         self, request: console_pb2.ListVideoWebhooksRequest, context: grpc.aio.ServicerContext
     ) -> console_pb2.WebhookDeliveryListResponse:
         async with self._sessions() as session:
-            principal = await self._auth.authenticate(session, metadata_of(context))
+            principal = await self._principal(session, context)
             deliveries = await job_deliveries(session, principal, request.job_id)
         return json_format.ParseDict(
             {"data": [delivery_document(d) for d in deliveries]},

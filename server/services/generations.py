@@ -7,6 +7,7 @@ import grpc
 from google.protobuf import json_format
 
 from server.auth import Authenticator, visible
+from server.billing.settlements import Settlements
 from server.contract import generations_pb2, generations_pb2_grpc
 from server.db.engine import SessionFactory
 from server.observability.generations import (
@@ -18,15 +19,21 @@ from server.services.rpc import metadata_of
 
 
 class GenerationsService(generations_pb2_grpc.GenerationsServicer):
-    def __init__(self, auth: Authenticator, sessions: SessionFactory) -> None:
+    def __init__(
+        self, auth: Authenticator, sessions: SessionFactory, settlements: Settlements | None = None
+    ) -> None:
         self._auth = auth
         self._sessions = sessions
+        # The caller's charges still committing here are waited for: its record is read.
+        self._settlements = settlements
 
     async def GetGeneration(
         self, request: generations_pb2.GetGenerationRequest, context: grpc.aio.ServicerContext
     ) -> generations_pb2.GenerationResponse:
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
+            if self._settlements is not None:
+                await self._settlements.settled(principal.account.id)
             record = visible(
                 principal,
                 await find_generation(session, request.id),

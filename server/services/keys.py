@@ -11,6 +11,7 @@ from google.protobuf import struct_pb2
 
 from server.auth import Authenticator
 from server.billing.money import micros_to_json_number
+from server.billing.settlements import Settlements
 from server.clock import Clock, rfc3339
 from server.contract import keys_pb2, keys_pb2_grpc
 from server.db.driver import HotReads
@@ -149,11 +150,14 @@ class KeysService(keys_pb2_grpc.KeysServicer):
         clock: Clock,
         reads: HotReads | None = None,
         guardrails: GuardrailsCache | None = None,
+        settlements: Settlements | None = None,
     ) -> None:
         self._auth = auth
         self._sessions = sessions
         self._clock = clock
         self._reads = reads
+        # The caller's charges still committing here are waited for: GET /key shows usage.
+        self._settlements = settlements
         self._guardrails = guardrails if guardrails is not None else GuardrailsCache(auth.stamp)
         # key hash -> (the cached key row they were built from, its key_fields)
         self._fields: dict[str, tuple[ApiKey, Workspace, keys_pb2.CurrentKey]] = {}
@@ -172,8 +176,10 @@ class KeysService(keys_pb2_grpc.KeysServicer):
         stamp newer than the caches' means the caller changed elsewhere since it was cached:
         it is looked up again, so GET /key answers from the database's view of the key even
         inside the caches' second."""
-        now = self._clock.now()
         principal = self._auth.cached(metadata)
+        if self._settlements is not None and principal is not None:
+            await self._settlements.settled(principal.account.id)
+        now = self._clock.now()
         guardrails = (
             None
             if principal is None
@@ -188,6 +194,8 @@ class KeysService(keys_pb2_grpc.KeysServicer):
                 return self._response(status, guardrails, now, principal.workspace)
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata)
+            if self._settlements is not None:
+                await self._settlements.settled(principal.account.id)
             now = self._clock.now()
             status, stamp = await key_status_and_stamp(
                 session, principal.key, principal.account, now

@@ -17,6 +17,7 @@ from server.accounts.workspaces import (
 )
 from server.auth import Authenticator, Principal
 from server.billing.money import micros_to_json_number
+from server.billing.settlements import Settlements
 from server.billing.usage import ACCOUNT, read_usage
 from server.clock import Clock, rfc3339
 from server.contract import management_pb2, management_pb2_grpc
@@ -89,16 +90,23 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
         sessions: SessionFactory,
         clock: Clock,
         rotation: KeyRotation | None = None,
+        settlements: Settlements | None = None,
     ) -> None:
         self._auth = auth
         self._sessions = sessions
         self._clock = clock
         self._rotation = rotation if rotation is not None else KeyRotation()
+        # The account's charges still committing here are waited for: keys and credits
+        # show usage.
+        self._settlements = settlements
 
     async def _principal(
         self, session: AsyncSession, context: grpc.aio.ServicerContext
     ) -> Principal:
-        return await self._auth.authenticate_management(session, metadata_of(context))
+        principal = await self._auth.authenticate_management(session, metadata_of(context))
+        if self._settlements is not None:
+            await self._settlements.settled(principal.account.id)
+        return principal
 
     async def _key_message(
         self, session: AsyncSession, key: ApiKey, principal: Principal

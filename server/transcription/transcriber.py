@@ -30,6 +30,7 @@ from server.billing.holds import (
     settle_hold,
 )
 from server.billing.money import micros_to_json_number, usd_to_micros
+from server.billing.settlements import Settlements
 from server.byok.routing import ByokRouting, billing_plan
 from server.clock import Clock
 from server.compute import ComputePool, PoolBusy, WorkerLost
@@ -66,6 +67,9 @@ DEADLINE_MARGIN_SECONDS = 0.25
 # (Transcriber.parse): handing a body over costs more than parsing a small one, and less
 # than the stall of parsing a large one on the loop.
 INLINE_PARSE_BYTES = 1024 * 1024
+# A charge that commits after its answer (Settlements) and fails is tried again after each
+# of these pauses (seconds) — its unit wrote nothing — then given up: not charged, counted.
+CHARGE_RETRY_PAUSES = (0.1, 1.0)
 # What json.dumps(..., separators=(",", ":")) writes; built once (dumps builds an encoder
 # per call for any non-default argument).
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
@@ -148,9 +152,12 @@ class Transcriber:
         cooldowns: Cooldowns | None = None,
         guardrails: GuardrailsCache | None = None,
         leases: BudgetLeases | None = None,
+        settlements: Settlements | None = None,
     ) -> None:
         # Slices of callers' budgets this process admits against (None: a hold per request).
         self._leases = leases
+        # Where a leased request's charge commits beside its answer (None: before it).
+        self._settlements = settlements
         # The caller's guardrails, cached under the principal stamp (None: read each time).
         self._guardrails = guardrails
         # Admissions and settlements commit in the group-commit writer's batches.
@@ -323,6 +330,7 @@ class Transcriber:
         except BaseException as exc:
             await fail(holds, exc)
             raise
+        ended = time.monotonic()
         try:
             # The charge and the generation record commit together; once the provider has
             # answered, that finishes even if the caller leaves meanwhile.
@@ -338,11 +346,21 @@ class Transcriber:
                 cost=cost,
                 seconds=audio.seconds,
                 started=started,
+                ended=ended,
                 started_at=started_at,
             )
-            charged, record = await self._settle_through(settle, holds[0])
-            # Committed now: the span of what was recorded.
-            self._emit_span(record, started_at)
+            if leased is not None and self._settlements is not None and not routed.endpoint.is_byok:
+                # Its amount stays held in the lease until the charge commits, beside the
+                # answer (billing/settlements.py): what the credits pay is the cost.
+                self._settlements.start(
+                    principal.account.id,
+                    self._charge_after_answer(settle, leased, generation_id, started_at),
+                )
+                charged = cost
+            else:
+                charged, record = await self._settle_through(settle, holds[0])
+                # Committed now: the span of what was recorded.
+                self._emit_span(record, started_at)
         except asyncio.CancelledError as cancelled:
             # The caller went away after the answer: settled — unless the settlement failed.
             if cancelled.__cause__ is not None:
@@ -462,6 +480,37 @@ class Transcriber:
             self._leases.settled(hold)
         return result
 
+    async def _charge_after_answer(
+        self,
+        settle: Callable[[AsyncSession], Awaitable[tuple[int, dict[str, Any]]]],
+        hold: Hold,
+        generation_id: str,
+        started_at: datetime,
+    ) -> None:
+        """Commit a leased request's charge (its unit `settle`) once its answer is on its
+        way; the lease holds its amount until then. A failed unit wrote nothing and is tried
+        again (CHARGE_RETRY_PAUSES); given up, the amount goes back to the lease — the
+        request is not charged — and that is logged and counted."""
+        assert self._leases is not None
+        for pause in (*CHARGE_RETRY_PAUSES, None):
+            try:
+                _, record = await self._writer.run(settle)
+            except Exception as error:
+                if pause is not None:
+                    await asyncio.sleep(pause)
+                    continue
+                self._leases.released(hold)
+                self._metrics.charge_lost(hold.amount_micros)
+                log.error(
+                    "charge of %s not recorded after its answer, not charged: %s",
+                    generation_id,
+                    type(error).__name__,
+                )
+                return
+            self._leases.settled(hold)
+            self._emit_span(record, started_at)
+            return
+
     async def _settle(
         self,
         session: AsyncSession,
@@ -477,6 +526,7 @@ class Transcriber:
         seconds: Decimal,
         started: float,
         started_at: datetime,
+        ended: float | None = None,
     ) -> tuple[int, dict[str, Any]]:
         """Charge the request (and record it); return what the credits paid, and the record.
         Served with the workspace's key: the provider cost goes to the BYOK counters, the
@@ -503,6 +553,7 @@ class Transcriber:
             cost=charged,
             seconds=seconds,
             started=started,
+            ended=ended,
             started_at=started_at,
             is_byok=is_byok,
         )
@@ -652,10 +703,12 @@ class Transcriber:
         is_byok: bool = False,
         commit: bool = True,
         store: bool = True,
+        ended: float | None = None,
     ) -> dict[str, Any]:
         """The generation record (as its columns' values), stored unless `store` is off (the
         caller inserts it); with `commit`, committed and reported as a span (else the
-        caller does both)."""
+        caller does both). Its latency runs from `started` to `ended` (the provider's
+        answer; None: now)."""
         record = {
             "id": generation_id,
             "account_id": principal.account.id,
@@ -668,7 +721,7 @@ class Transcriber:
             "cost_micros": cost,
             "is_byok": is_byok,
             "seconds": seconds,
-            "latency_ms": int((time.monotonic() - started) * 1000),
+            "latency_ms": int(((time.monotonic() if ended is None else ended) - started) * 1000),
             "session_id": request.session_id,
             "user": request.user,
             "trace": request.trace,

@@ -72,6 +72,7 @@ async def _domain(url: str, dialect: str, clock: ManualClock, folder: Path) -> D
 
 
 async def _close(domain: Domain) -> None:
+    await domain.settlements.close(5.0)
     if domain.leases is not None:
         await domain.leases.close()
     await domain.writer.close()

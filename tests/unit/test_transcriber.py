@@ -75,7 +75,9 @@ async def test_a_failure_after_a_rollback_is_still_recorded(
 ) -> None:
     """The caller authenticated in the request's own session (as the service does), and the
     settlement fails mid-transaction: the rollback expires the caller's rows, yet the hold is
-    released and the failure recorded (it went unrecorded: MissingGreenlet)."""
+    released and the failure recorded (it went unrecorded: MissingGreenlet). A charge that
+    commits before its answer (one not leased; test_settlements.py has the leased one's)."""
+    domain.charges_beside_answers = False
     from server.auth import Authenticator
     from server.transcription import transcriber as module
 
@@ -106,7 +108,9 @@ async def test_a_caller_cancelled_during_its_settlement_waits_for_its_end(
     """The request's task is cancelled (a deadline, then a client cancel) while its charge
     is in the writer's batch: the settlement still runs to its end, the lease learns of it,
     and only then is the cancellation passed on. A settlement that fails releases the hold
-    and records the failure, as when nobody cancels."""
+    and records the failure, as when nobody cancels. A charge that commits before its
+    answer (a leased one's commits after it, whatever becomes of its caller)."""
+    domain.charges_beside_answers = False
     from server.transcription import transcriber as module
 
     real_settle = module.settle_hold
