@@ -4,6 +4,7 @@ fallback, settle, record."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -351,10 +352,13 @@ class Transcriber:
             )
             if leased is not None and self._settlements is not None and not routed.endpoint.is_byok:
                 # Its amount stays held in the lease until the charge commits, beside the
-                # answer (billing/settlements.py): what the credits pay is the cost.
+                # answer (billing/settlements.py): what the credits pay is the cost. The
+                # charge keeps none of the audio: the body's budget is given back with the
+                # answer, and a charge may wait for the writer past it.
+                slim = functools.partial(settle, request=dataclasses.replace(request, audio=b""))
                 self._settlements.start(
                     principal.account.id,
-                    self._charge_after_answer(settle, leased, generation_id, started_at),
+                    self._charge_after_answer(slim, leased, generation_id, started_at),
                 )
                 charged = cost
             else:

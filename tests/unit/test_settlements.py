@@ -53,8 +53,10 @@ async def test_the_answer_does_not_wait_for_its_charge(
     assert cost > 0
     real_run = domain.writer.run
     committing = asyncio.Event()
+    units = []
 
     async def held_run(unit, **kwargs):  # type: ignore[no-untyped-def]
+        units.append(unit)
         await committing.wait()
         return await real_run(unit, **kwargs)
 
@@ -67,6 +69,10 @@ async def test_the_answer_does_not_wait_for_its_charge(
     # The lease's row still holds the amount (no other request can spend it meanwhile).
     assert await _lease_row(domain, issued) == (SLICE_REQUESTS - 1) * cost
     assert await domain.count(Generation, Generation.id == result.generation_id) == 0
+    # The charge waiting for the writer keeps none of the audio (its body's budget is back).
+    (unit,) = units
+    assert unit.keywords["request"].audio == b""
+    assert unit.keywords["request"].session_id == result.request.session_id
     reader = asyncio.ensure_future(domain.settlements.settled(account))
     await asyncio.sleep(0.01)
     assert not reader.done()  # a reader of the account waits for it
