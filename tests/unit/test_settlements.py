@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 
 import pytest
 from sqlalchemy.exc import OperationalError
 
+from server.billing.holds import DEFAULT_HOLD_TTL, sweep_expired_holds
 from server.billing.settlements import Settlements
 from server.db.models import CreditHold, Generation
-from server.limits.leases import SLICE_REQUESTS
+from server.limits.leases import LEASE_WINDOW, SLICE_REQUESTS
 from server.transcription import transcriber as transcriber_module
 from server.transcription.transcriber import TranscriptionResult
 from testkit.admin import IssuedKey
@@ -144,6 +146,37 @@ async def test_a_charge_given_up_is_not_charged_and_is_counted(
     # but for the first charge.
     assert await _lease_row(domain, issued) == (SLICE_REQUESTS - 1) * first.cost_micros
     await domain.drain_leases()
+    assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
+
+
+async def test_a_process_that_dies_before_its_charge_commits_charges_nothing(
+    domain: Domain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crash window after the answer: the charge never commits, and the lease's row,
+    which still holds the amount, lapses like any hold of a dead process. The request is
+    free (the operator's loss); nothing is half-written."""
+    issued = await domain.funded_key("beside-crash", usd="100")
+    account = issued.workspace.account_id
+    first = await domain.transcribe(issued)  # takes the lease; its charge commits
+    never = asyncio.Event()
+
+    async def stuck_run(unit, **kwargs):  # type: ignore[no-untyped-def]
+        await never.wait()
+
+    monkeypatch.setattr(domain.writer, "run", stuck_run)
+    answered = await _answered(domain, issued)
+    assert answered.cost_micros == first.cost_micros
+    for tasks in domain.settlements._pending.values():  # the process dies
+        for task in tasks:
+            task.cancel()
+    await asyncio.sleep(0)
+    monkeypatch.undo()
+    async with domain.sessions() as session:
+        later = domain.clock.now() + LEASE_WINDOW + DEFAULT_HOLD_TTL + timedelta(seconds=1)
+        assert await sweep_expired_holds(session, later) == 1
+    assert await domain.charges(account) == [first.cost_micros]
+    assert await domain.counted_spend(account) == first.cost_micros
+    assert await domain.count(Generation, Generation.id == answered.generation_id) == 0
     assert await domain.count(CreditHold, CreditHold.account_id == account) == 0
 
 
