@@ -282,7 +282,7 @@ def build_core(
                 writer=writer,
                 guardrails=guardrails,
                 leases=leases,
-                settlements=settlements if leases is not None else None,
+                settlements=settlements,
             ),
             BodyBudget(
                 settings.body_budget_bytes,

@@ -225,11 +225,7 @@ class Domain:
             decoder,
             writer=self.writer,
             leases=self.leases,
-            settlements=(
-                self.settlements
-                if self.leases is not None and self.charges_beside_answers
-                else None
-            ),
+            settlements=self.settlements if self.charges_beside_answers else None,
         )
 
     def video_adapters(self) -> dict[str, OpenAIVideoAdapter]:

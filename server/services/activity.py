@@ -43,15 +43,15 @@ class ActivityService(console_pb2_grpc.ActivityServicer):
         self._auth = auth
         self._sessions = sessions
         self._clock = clock
-        # The caller's charges still committing here are waited for before a read.
-        self._settlements = settlements
+        # The caller's charges still committing here are waited for before a read (none
+        # given: nothing ever commits beside an answer).
+        self._settlements = settlements if settlements is not None else Settlements()
 
     async def _principal(
         self, session: AsyncSession, context: grpc.aio.ServicerContext
     ) -> Principal:
         principal = await self._auth.authenticate(session, metadata_of(context))
-        if self._settlements is not None:
-            await self._settlements.settled(principal.account.id)
+        await self._settlements.settled(principal.account.id)
         return principal
 
     async def GetActivity(

@@ -24,16 +24,16 @@ class GenerationsService(generations_pb2_grpc.GenerationsServicer):
     ) -> None:
         self._auth = auth
         self._sessions = sessions
-        # The caller's charges still committing here are waited for: its record is read.
-        self._settlements = settlements
+        # The caller's charges still committing here are waited for: its record is read
+        # (none given: nothing ever commits beside an answer).
+        self._settlements = settlements if settlements is not None else Settlements()
 
     async def GetGeneration(
         self, request: generations_pb2.GetGenerationRequest, context: grpc.aio.ServicerContext
     ) -> generations_pb2.GenerationResponse:
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata_of(context))
-            if self._settlements is not None:
-                await self._settlements.settled(principal.account.id)
+            await self._settlements.settled(principal.account.id)
             record = visible(
                 principal,
                 await find_generation(session, request.id),

@@ -156,8 +156,9 @@ class KeysService(keys_pb2_grpc.KeysServicer):
         self._sessions = sessions
         self._clock = clock
         self._reads = reads
-        # The caller's charges still committing here are waited for: GET /key shows usage.
-        self._settlements = settlements
+        # The caller's charges still committing here are waited for: GET /key shows usage
+        # (none given: nothing ever commits beside an answer).
+        self._settlements = settlements if settlements is not None else Settlements()
         self._guardrails = guardrails if guardrails is not None else GuardrailsCache(auth.stamp)
         # key hash -> (the cached key row they were built from, its key_fields)
         self._fields: dict[str, tuple[ApiKey, Workspace, keys_pb2.CurrentKey]] = {}
@@ -177,7 +178,7 @@ class KeysService(keys_pb2_grpc.KeysServicer):
         it is looked up again, so GET /key answers from the database's view of the key even
         inside the caches' second."""
         principal = self._auth.cached(metadata)
-        if self._settlements is not None and principal is not None:
+        if principal is not None:
             await self._settlements.settled(principal.account.id)
         now = self._clock.now()
         guardrails = (
@@ -194,8 +195,7 @@ class KeysService(keys_pb2_grpc.KeysServicer):
                 return self._response(status, guardrails, now, principal.workspace)
         async with self._sessions() as session:
             principal = await self._auth.authenticate(session, metadata)
-            if self._settlements is not None:
-                await self._settlements.settled(principal.account.id)
+            await self._settlements.settled(principal.account.id)
             now = self._clock.now()
             status, stamp = await key_status_and_stamp(
                 session, principal.key, principal.account, now

@@ -97,15 +97,14 @@ class ManagementService(management_pb2_grpc.ManagementServicer):
         self._clock = clock
         self._rotation = rotation if rotation is not None else KeyRotation()
         # The account's charges still committing here are waited for: keys and credits
-        # show usage.
-        self._settlements = settlements
+        # show usage (none given: nothing ever commits beside an answer).
+        self._settlements = settlements if settlements is not None else Settlements()
 
     async def _principal(
         self, session: AsyncSession, context: grpc.aio.ServicerContext
     ) -> Principal:
         principal = await self._auth.authenticate_management(session, metadata_of(context))
-        if self._settlements is not None:
-            await self._settlements.settled(principal.account.id)
+        await self._settlements.settled(principal.account.id)
         return principal
 
     async def _key_message(
